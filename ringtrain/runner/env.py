@@ -1,0 +1,265 @@
+"""The launcher-to-worker environment contract: the only module that names these variables.
+
+The launcher builds each worker's environment with :func:`worker_environ`; a worker parses its own
+with :func:`read_worker_env`, once, inside ``init()``. A worker started by another launcher
+(torchrun, mpirun, Slurm's srun) or by hand as a single process is recognised from that
+launcher's own variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ringtrain.errors import ConfigError
+
+#: Horovod's default fusion buffer, in bytes.
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+DEFAULT_CYCLE_TIME_MS = 1.0
+DEFAULT_CACHE_CAPACITY = 1024
+DEFAULT_STALL_WARNING_S = 60.0
+DEFAULT_START_TIMEOUT_S = 30.0
+DEFAULT_MASTER_PORT = 29500
+
+# Set by `ringtrain run` only: the rendezvous store is served by the launcher, so every rank is a
+# client of it (otherwise rank 0 serves it).
+LAUNCHER_STORE = "RINGTRAIN_LAUNCHER_STORE"
+# Set by `ringtrain run` only: the prefix under which this launch's keys live in the store.
+RUN_ID = "RINGTRAIN_RUN_ID"
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The engine settings a launcher passes to its workers (Horovod's variable names)."""
+
+    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD
+    cycle_time_ms: float = DEFAULT_CYCLE_TIME_MS
+    cache_capacity: int = DEFAULT_CACHE_CAPACITY
+    timeline_filename: str | None = None
+    timeline_mark_cycles: bool = False
+    stall_check_enabled: bool = True
+    stall_warning_s: float = DEFAULT_STALL_WARNING_S
+    stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
+    log_level: str | None = None
+
+    def environ(self) -> dict[str, str]:
+        """These settings as Horovod's environment variables."""
+        env = {
+            "HOROVOD_FUSION_THRESHOLD": str(self.fusion_threshold_bytes),
+            "HOROVOD_CYCLE_TIME": _fmt_float(self.cycle_time_ms),
+            "HOROVOD_CACHE_CAPACITY": str(self.cache_capacity),
+            "HOROVOD_STALL_CHECK_DISABLE": "0" if self.stall_check_enabled else "1",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": _fmt_float(self.stall_warning_s),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": _fmt_float(self.stall_shutdown_s),
+        }
+        if self.timeline_filename:
+            env["HOROVOD_TIMELINE"] = self.timeline_filename
+            env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if self.timeline_mark_cycles else "0"
+        if self.log_level:
+            env["HOROVOD_LOG_LEVEL"] = self.log_level
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> EngineKnobs:
+        """Read the knobs from Horovod's variables, defaulting what is unset."""
+        r = _Reader(environ)
+        return cls(
+            fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
+            cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS),
+            cache_capacity=r.int("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY),
+            timeline_filename=environ.get("HOROVOD_TIMELINE") or None,
+            timeline_mark_cycles=r.bool("HOROVOD_TIMELINE_MARK_CYCLES", False),
+            stall_check_enabled=not r.bool("HOROVOD_STALL_CHECK_DISABLE", False),
+            stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S),
+            stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+            log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
+        )
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What a worker learns about its place in the job from its environment.
+
+    ``local_rank``/``local_size``/``cross_*`` are ``None`` when the launcher did not say; ``init``
+    then derives them from the hostnames of all ranks.
+    """
+
+    rank: int
+    size: int
+    hostname: str
+    launcher: str  # "ringtrain", "torchrun", "mpirun", "slurm" or "none"
+    local_rank: int | None = None
+    local_size: int | None = None
+    cross_rank: int | None = None
+    cross_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    launcher_store: bool = False
+    run_id: str = "default"
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+
+
+def worker_environ(
+    *,
+    rank: int,
+    size: int,
+    local_rank: int,
+    local_size: int,
+    cross_rank: int,
+    cross_size: int,
+    hostname: str,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    start_timeout_s: float,
+    knobs: EngineKnobs,
+) -> dict[str, str]:
+    """The variables `ringtrain run` adds to one worker's environment.
+
+    Both Horovod's and torchrun's names are set, so that code written for either finds its place.
+    """
+    env = {
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(local_rank),
+        "HOROVOD_LOCAL_SIZE": str(local_size),
+        "HOROVOD_CROSS_RANK": str(cross_rank),
+        "HOROVOD_CROSS_SIZE": str(cross_size),
+        "HOROVOD_HOSTNAME": hostname,
+        "HOROVOD_START_TIMEOUT": _fmt_float(start_timeout_s),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "GROUP_RANK": str(cross_rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        LAUNCHER_STORE: "1",
+        RUN_ID: run_id,
+    }
+    env.update(knobs.environ())
+    return env
+
+
+def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
+    """Parse this process's place in the job from the environment of whichever launcher started it.
+
+    Raises:
+        ConfigError: a variable is malformed, or a multi-process launch lacks the rendezvous
+            address (MASTER_ADDR/MASTER_PORT) that only ringtrain's and torchrun's launchers set.
+    """
+    environ = os.environ if environ is None else environ
+    r = _Reader(environ)
+    knobs = EngineKnobs.from_environ(environ)
+    start_timeout = r.float("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT_S)
+    hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    common = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
+
+    if "HOROVOD_RANK" in environ:
+        rank, size = r.int("HOROVOD_RANK"), r.int("HOROVOD_SIZE")
+        launcher = "ringtrain"
+        local = (r.opt_int("HOROVOD_LOCAL_RANK"), r.opt_int("HOROVOD_LOCAL_SIZE"))
+        cross = (r.opt_int("HOROVOD_CROSS_RANK"), r.opt_int("HOROVOD_CROSS_SIZE"))
+    elif "RANK" in environ and "WORLD_SIZE" in environ:
+        rank, size = r.int("RANK"), r.int("WORLD_SIZE")
+        launcher = "torchrun"
+        local = (r.opt_int("LOCAL_RANK"), r.opt_int("LOCAL_WORLD_SIZE"))
+        cross = (None, None)
+    elif "OMPI_COMM_WORLD_RANK" in environ:
+        rank, size = r.int("OMPI_COMM_WORLD_RANK"), r.int("OMPI_COMM_WORLD_SIZE")
+        launcher = "mpirun"
+        local = (r.opt_int("OMPI_COMM_WORLD_LOCAL_RANK"), r.opt_int("OMPI_COMM_WORLD_LOCAL_SIZE"))
+        cross = (None, None)
+    elif "PMI_RANK" in environ:
+        rank, size = r.int("PMI_RANK"), r.int("PMI_SIZE")
+        launcher = "mpirun"
+        local = (r.opt_int("MPI_LOCALRANKID"), r.opt_int("MPI_LOCALNRANKS"))
+        cross = (None, None)
+    elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        rank, size = r.int("SLURM_PROCID"), r.int("SLURM_NTASKS")
+        launcher = "slurm"
+        local = (r.opt_int("SLURM_LOCALID"), None)
+        cross = (None, None)
+    else:
+        return WorkerEnv(rank=0, size=1, launcher="none", local_rank=0, local_size=1,
+                         cross_rank=0, cross_size=1, **common)
+
+    if not 0 <= rank < size:
+        raise ConfigError(f"{launcher} says rank {rank} of world size {size}: the rank must lie in "
+                          f"[0, {size}); check the launcher's variables")
+    master_addr = environ.get("MASTER_ADDR")
+    if master_addr is None and launcher == "slurm":
+        master_addr = first_slurm_host(
+            environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or "")
+    if size > 1 and not master_addr:
+        raise ConfigError(
+            f"started by {launcher} as rank {rank} of {size}, but MASTER_ADDR is not set: export "
+            "MASTER_ADDR (the host of rank 0) and MASTER_PORT to every rank, or launch with "
+            "`ringtrain run`")
+    return WorkerEnv(
+        rank=rank, size=size, launcher=launcher,
+        local_rank=local[0], local_size=local[1], cross_rank=cross[0], cross_size=cross[1],
+        master_addr=master_addr,
+        master_port=r.int("MASTER_PORT", DEFAULT_MASTER_PORT),
+        launcher_store=r.bool(LAUNCHER_STORE, False)
+        or r.bool("TORCHELASTIC_USE_AGENT_STORE", False),
+        run_id=environ.get(RUN_ID) or environ.get("TORCHELASTIC_RUN_ID") or "default",
+        **common,
+    )
+
+
+def first_slurm_host(nodelist: str) -> str | None:
+    """The first host of a Slurm node list such as ``node[07-09,12],gpu3``."""
+    m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist.strip())
+    if not m:
+        return None
+    return m.group(1) + (m.group(2) or "")
+
+
+def _fmt_float(x: float) -> str:
+    return repr(float(x)).removesuffix(".0")
+
+
+class _Reader:
+    """Typed access to environment variables with errors that name the variable."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self._env = environ
+
+    def _parse(self, name: str, default, convert, kind: str):
+        raw = self._env.get(name)
+        if raw is None or raw.strip() == "":
+            if default is _REQUIRED:
+                raise ConfigError(f"environment variable {name} is required but not set")
+            return default
+        try:
+            return convert(raw.strip())
+        except ValueError:
+            raise ConfigError(f"environment variable {name}={raw!r} is not {kind}") from None
+
+    def int(self, name: str, default=None):
+        return self._parse(name, _REQUIRED if default is None else default, int, "an integer")
+
+    def opt_int(self, name: str) -> int | None:
+        return self._parse(name, None, int, "an integer")
+
+    def float(self, name: str, default: float):
+        return self._parse(name, default, float, "a number")
+
+    def bool(self, name: str, default: bool) -> bool:
+        def convert(raw: str) -> bool:
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+
+        return self._parse(name, default, convert, "a boolean (1/0, true/false)")
+
+
+_REQUIRED = object()

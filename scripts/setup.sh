@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything ringtrain needs on a fresh Debian machine into ./.venv:
+# system packages (as root), the CPU build of torch 2.13.0 first, then the project.
+# Idempotent: a second run installs nothing new.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(dataset-fashion-mnist openssh-server openssh-client iproute2)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing system packages ${missing[*]}; run as root or install them with apt-get" >&2
+    exit 1
+  fi
+  echo "setup: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first, pinned: any later requirement of torch is then satisfied by this CPU build and pip
+# never pulls a CUDA build.
+.venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || .venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[test]"
