@@ -31,6 +31,11 @@ LAUNCHER_STORE = "RINGTRAIN_LAUNCHER_STORE"
 RUN_ID = "RINGTRAIN_RUN_ID"
 
 
+def store_prefix(run_id: str, generation: int) -> str:
+    """The store prefix of one ``init()`` of one launch; each re-init gets a fresh generation."""
+    return f"ringtrain/{run_id}/init.{generation}/"
+
+
 @dataclass(frozen=True)
 class EngineKnobs:
     """The engine settings a launcher passes to its workers (Horovod's variable names)."""
