@@ -1,0 +1,62 @@
+"""Errors of the job service; each maps to one HTTP status and one CLI exit code."""
+
+from __future__ import annotations
+
+from ringtrain.errors import RingtrainError
+
+
+class JobsError(RingtrainError):
+    """Base of the job service's errors. ``http_status`` is what the REST API answers with."""
+
+    http_status = 500
+
+
+class NotFoundError(JobsError, LookupError):
+    """No cluster or job has the given name or id."""
+
+    http_status = 404
+
+
+class ConflictError(JobsError, RuntimeError):
+    """The operation does not fit the current state (a name taken, a job still running...)."""
+
+    http_status = 409
+
+
+class InvalidTransitionError(ConflictError):
+    """A job or node was asked to move to a state its transition table does not allow."""
+
+
+class InvalidRequestError(JobsError, ValueError):
+    """A request is malformed: a path outside the job folder, a rank out of range..."""
+
+    http_status = 400
+
+
+class SpecError(JobsError, ValueError):
+    """A job or cluster spec failed validation.
+
+    Args:
+        errors: one ``{"field": ..., "message": ...}`` per bad field.
+        source: where the spec came from (a file name), for the message.
+    """
+
+    http_status = 422
+
+    def __init__(self, errors: list[dict[str, str]], source: str = "job spec"):
+        self.errors = errors
+        self.source = source
+        lines = [f"invalid {source}:"] + [f"  {e['field']}: {e['message']}" for e in errors]
+        super().__init__("\n".join(lines))
+
+
+class ServiceUnavailableError(JobsError, ConnectionError):
+    """The job service could not be reached or started."""
+
+    http_status = 503
+
+
+class AuthError(JobsError, PermissionError):
+    """A request lacked the bearer token the server was started with."""
+
+    http_status = 401

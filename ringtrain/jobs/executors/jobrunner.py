@@ -1,0 +1,128 @@
+"""The per-job runner process: preparation on each node, then the workers through `ringtrain run`.
+
+The local executor starts ``python -m ringtrain.jobs.executors.jobrunner <launch.json>`` in a
+session of its own, so the attempt outlives the server. The runner reports its phase in
+``launcher/status.json`` (written atomically); after a server restart that file, together with
+whether this process still lives, tells the new server what became of the attempt.
+It imports nothing beyond the standard library, to start quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = "launcher/status.json"
+LAUNCH_FILE = "launcher/launch.json"
+
+
+def write_status(job_dir: Path, **status: Any) -> None:
+    """Replace the status file atomically (a reader never sees half of it)."""
+    path = job_dir / STATUS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+def read_status(job_dir: Path) -> dict[str, Any] | None:
+    """The last status the runner wrote, or ``None`` if there is none yet."""
+    try:
+        return json.loads((job_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class JobRunner:
+    """Runs one attempt as described by its launch file.
+
+    Args:
+        launch: the decoded launch file: job_dir, attempt, command, node_count,
+            process_count_per_node, job_preparation and the runner command prefix.
+    """
+
+    def __init__(self, launch: dict[str, Any]):
+        self.launch = launch
+        self.job_dir = Path(launch["job_dir"])
+        self.stopping = False
+        self._children: list[subprocess.Popen] = []
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        """Stop: pass the signal to the children (which may sit in sessions of their own)."""
+        self.stopping = True
+        for child in self._children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    def status(self, phase: str, **extra: Any) -> None:
+        write_status(self.job_dir, phase=phase, attempt=self.launch["attempt"], pid=os.getpid(),
+                     **extra)
+
+    def prepare(self) -> tuple[int, str]:
+        """Run the preparation command once per node, all nodes at once.
+
+        Returns:
+            ``(0, "")``, or the first failing node's exit code and a message naming its log.
+        """
+        command = self.launch.get("job_preparation")
+        if not command:
+            return 0, ""
+        prep = self.job_dir / "prep"
+        procs = []
+        for k in range(self.launch["node_count"]):
+            with open(prep / f"node.{k}.stdout", "wb") as out, \
+                    open(prep / f"node.{k}.stderr", "wb") as err:
+                env = {**os.environ, "RINGTRAIN_NODE_INDEX": str(k)}
+                procs.append(subprocess.Popen(["sh", "-c", command], stdout=out, stderr=err,
+                                              stdin=subprocess.DEVNULL, env=env))
+        self._children = procs
+        codes = [p.wait() for p in procs]
+        for k, code in enumerate(codes):
+            if code != 0:
+                return code, (f"job_preparation failed on node {k} with exit code {code}; "
+                              f"see prep/node.{k}.stderr")
+        return 0, ""
+
+    def run_workers(self) -> tuple[int, str]:
+        """Run ``ringtrain run`` with node_count × process_count_per_node ranks."""
+        total = self.launch["node_count"] * self.launch["process_count_per_node"]
+        argv = [*self.launch["runner"], "-np", str(total), "-H", f"localhost:{total}",
+                "--output-filename", str(self.job_dir / "stdouterr"),
+                "sh", "-c", self.launch["command"]]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self._children = [proc]
+        code = proc.wait()
+        if code == 0:
+            return 0, ""
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
+
+    def run(self) -> int:
+        """Preparation, then the workers; the outcome goes to the status file."""
+        self.status("preparing")
+        code, message = self.prepare()
+        if code == 0 and not self.stopping:
+            self.status("running")
+            code, message = self.run_workers()
+        if self.stopping:
+            message = "stopped by the service"
+            code = code or 1  # a stop is never a success
+        self.status("exited", exit_code=code, message=message, stopped=self.stopping)
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m ringtrain.jobs.executors.jobrunner <launch.json>``."""
+    argv = sys.argv[1:] if argv is None else argv
+    runner = JobRunner(json.loads(Path(argv[0]).read_text()))
+    signal.signal(signal.SIGTERM, runner.on_signal)
+    signal.signal(signal.SIGINT, runner.on_signal)
+    return runner.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The local executor: a cluster's nodes are process slots on this host.
+
+Each attempt runs in a job runner process (:mod:`ringtrain.jobs.executors.jobrunner`) started in a
+new session, so it survives the server. Its launch handle records the runner's pid and start time;
+a restarted server uses them to tell whether the attempt still runs, and the status file for how
+it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ringtrain.jobs.executors import procs
+from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.jobrunner import LAUNCH_FILE, read_status
+from ringtrain.jobs.models import JobInfo, NodeInfo
+from ringtrain.jobs.share import Share, python_path_env
+
+log = logging.getLogger(__name__)
+
+#: How jobs start their workers: the runner's command line, never an import of the trainer.
+DEFAULT_RUNNER = (sys.executable, "-m", "ringtrain.cli", "run")
+
+
+class LocalExecutor:
+    """Runs attempts as process trees on this host.
+
+    Args:
+        share: the share holding the job folders.
+        runner: the command prefix that launches ranks (horovodrun's flags follow it).
+    """
+
+    def __init__(self, share: Share, runner: Sequence[str] = DEFAULT_RUNNER):
+        self.share = share
+        self.runner = list(runner)
+        # Runners this process started: polling them reaps them (a dead child is a zombie that
+        # /proc would still list). Runners adopted after a restart are watched through /proc.
+        self._children: dict[str, subprocess.Popen] = {}
+
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> dict[str, Any]:
+        job_dir = Path(job.job_dir)
+        if job.attempt > 0:
+            self.share.archive_attempt(job.id, job.attempt - 1)
+        launch = {
+            "job_dir": str(job_dir), "attempt": job.attempt, "command": job.spec.command,
+            "node_count": job.spec.node_count,
+            "process_count_per_node": job.spec.process_count_per_node,
+            "job_preparation": job.spec.job_preparation, "runner": self.runner,
+            "nodes": [n.index for n in nodes],
+        }
+        launch_file = job_dir / LAUNCH_FILE
+        launch_file.write_text(json.dumps(launch, indent=1))
+        env = python_path_env({**os.environ, **self.share.job_environ(job)})
+        with open(job_dir / "launcher" / "launcher.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ringtrain.jobs.executors.jobrunner", str(launch_file)],
+                cwd=job_dir / "wd", env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[job.id] = proc
+        log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
+        return {"pid": proc.pid, "start_ticks": procs.start_ticks(proc.pid),
+                "attempt": job.attempt}
+
+    def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
+        if launch is None:
+            return Observation("lost", message="the service stopped while starting the job")
+        seen = self._status(job, launch)
+        if seen is not None and seen.phase == "exited":
+            return seen
+        if self._alive(job.id, launch):
+            return seen or Observation("preparing")
+        # It ended; it may have written its status between the two reads above.
+        seen = self._status(job, launch)
+        if seen is not None and seen.phase == "exited":
+            return seen
+        return Observation("lost", message=f"the job runner (pid {launch['pid']}) ended without "
+                                           "reporting an exit status")
+
+    def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
+        sig = signal.SIGKILL if force else signal.SIGTERM
+        procs.signal_job(job.id, self._group(job.id, launch), sig)
+
+    def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
+        # Whatever the attempt left running (a daemon a rank forked, say) ends with it.
+        left = procs.signal_job(job.id, self._group(job.id, launch), signal.SIGKILL)
+        if left:
+            log.warning("job %s: killed %d leftover processes", job.id, left)
+        proc = self._children.pop(job.id, None)
+        if proc is not None:
+            proc.wait()
+
+    def _status(self, job: JobInfo, launch: dict[str, Any]) -> Observation | None:
+        status = read_status(Path(job.job_dir))
+        if status is None or status.get("attempt") != launch["attempt"]:
+            return None
+        if status["phase"] == "exited":
+            return Observation("exited", status["exit_code"], status.get("message", ""))
+        return Observation(status["phase"])
+
+    def _alive(self, job_id: str, launch: dict[str, Any]) -> bool:
+        proc = self._children.get(job_id)
+        if proc is not None:
+            return proc.poll() is None
+        return procs.is_alive(launch["pid"], launch.get("start_ticks"))
+
+    def _group(self, job_id: str, launch: dict[str, Any] | None) -> int | None:
+        # Signal the runner's group only while the runner lives: a dead leader's pid may have
+        # been reused. Its orphans still carry the job's marker and are found that way.
+        if launch is not None and self._alive(job_id, launch):
+            return launch["pid"]
+        return None

@@ -1,0 +1,70 @@
+"""Where the job service keeps its state, and the only place its environment variables are read.
+
+``RINGTRAIN_HOME`` (default ``~/.ringtrain``) holds the SQLite database, the share root with one
+folder per job, and the running server's address in ``server.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+HOME_VAR = "RINGTRAIN_HOME"
+URL_VAR = "RINGTRAIN_URL"  # talk to this server instead of the one of RINGTRAIN_HOME
+TOKEN_VAR = "RINGTRAIN_TOKEN"
+
+
+@dataclass(frozen=True)
+class Home:
+    """The paths of one service home. Nothing is created until :meth:`ensure` is called."""
+
+    root: Path
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Home:
+        """The home named by ``RINGTRAIN_HOME``, else ``~/.ringtrain``, as an absolute path."""
+        environ = os.environ if environ is None else environ
+        raw = environ.get(HOME_VAR) or str(Path.home() / ".ringtrain")
+        return cls(Path(raw).expanduser().resolve())
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "jobs.sqlite"
+
+    @property
+    def share_root(self) -> Path:
+        return self.root / "share"
+
+    @property
+    def server_file(self) -> Path:
+        """JSON with the running server's pid, url and token."""
+        return self.root / "server.json"
+
+    @property
+    def server_log(self) -> Path:
+        return self.root / "server.log"
+
+    @property
+    def lock_file(self) -> Path:
+        """Held (flock) by the one server of this home while it runs."""
+        return self.root / "server.lock"
+
+    def ensure(self) -> Home:
+        """Create the home and share folders (private to the user: tokens live here)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.share_root.mkdir(exist_ok=True)
+        return self
+
+
+def service_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """The server URL given by ``RINGTRAIN_URL``, if any."""
+    environ = os.environ if environ is None else environ
+    return environ.get(URL_VAR) or None
+
+
+def service_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token given by ``RINGTRAIN_TOKEN``, if any."""
+    environ = os.environ if environ is None else environ
+    return environ.get(TOKEN_VAR) or None

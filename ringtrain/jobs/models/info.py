@@ -1,0 +1,74 @@
+"""What the service observed: clusters, nodes, jobs and files, as the API returns them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ringtrain.jobs.models.spec import JobSpec
+from ringtrain.jobs.models.states import AllocationState, JobState, NodeState
+
+
+class NodeInfo(BaseModel):
+    """One node of a cluster and the job it serves, if any."""
+
+    cluster: str
+    index: int
+    state: NodeState
+    job_id: str | None = None
+
+
+class NodeCounts(BaseModel):
+    """How many nodes of a cluster are in each state."""
+
+    idle: int = 0
+    preparing: int = 0
+    running: int = 0
+    leaving: int = 0
+    unusable: int = 0
+
+
+class ClusterInfo(BaseModel):
+    """A cluster as it stands: its target size, allocation state and node states."""
+
+    name: str
+    backend: str
+    slots: int = Field(description="Process slots per node.")
+    target_nodes: int = Field(description="Nodes asked for by create or the last resize.")
+    current_nodes: int = Field(description="Nodes that exist now, leaving ones included.")
+    allocation_state: AllocationState
+    node_counts: NodeCounts
+    created_at: float
+
+
+class JobInfo(BaseModel):
+    """A job as it stands. Times are seconds since the epoch; ``None`` until they happen."""
+
+    id: str
+    cluster: str
+    spec: JobSpec
+    state: JobState
+    attempt: int = Field(0, description="Retries used so far (0 on the first attempt).")
+    created_at: float
+    started_at: float | None = Field(None, description="When the current attempt got its nodes.")
+    running_at: float | None = Field(None, description="When the current attempt's workers began.")
+    ended_at: float | None = None
+    exit_code: int | None = None
+    message: str = ""
+    nodes: list[int] = Field(default_factory=list, description="Cluster nodes of the attempt.")
+    terminate_requested_at: float | None = None
+    ends_as: JobState | None = Field(
+        None, description="While terminating: the final state (failed past max_wall_clock_time).")
+    job_dir: str = Field("", description="The job's folder on the share.")
+
+    @property
+    def name(self) -> str:
+        """The spec's name, or the id when the spec has none."""
+        return self.spec.name or self.id
+
+
+class FileInfo(BaseModel):
+    """A file in a job's folder; ``path`` is relative to the folder, with '/' separators."""
+
+    path: str
+    size: int
+    modified_at: float

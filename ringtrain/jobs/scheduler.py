@@ -1,0 +1,142 @@
+"""The scheduler: supervises running attempts and starts queued jobs, one synchronous tick at a time.
+
+Rules: a job starts only when all the nodes it needs are idle (gang allocation); high priority
+before normal before low, first come first served within a priority; and no backfill — a job
+that waits for nodes is not overtaken by a later, smaller one, so large jobs never starve.
+Time comes from an injectable clock, so tests drive wall-clock limits without sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ringtrain.jobs.errors import ConflictError
+from ringtrain.jobs.executors.base import Executor, Observation
+from ringtrain.jobs.models import AllocationState, ClusterInfo, JobInfo, JobState, NodeState
+from ringtrain.jobs.store import Store
+
+log = logging.getLogger(__name__)
+
+ACTIVE = (JobState.PREPARING, JobState.RUNNING, JobState.TERMINATING)
+
+
+class Scheduler:
+    """Moves jobs through their states by observing the executor.
+
+    Args:
+        store: where jobs, clusters and nodes live.
+        executor: runs attempts.
+        clock: seconds since the epoch (``time.time`` unless a test injects one).
+        stop_grace_s: how long a stopped job gets between SIGTERM and SIGKILL.
+    """
+
+    def __init__(self, store: Store, executor: Executor, clock: Callable[[], float] = time.time,
+                 stop_grace_s: float = 5.0):
+        self.store = store
+        self.executor = executor
+        self.clock = clock
+        self.stop_grace_s = stop_grace_s
+
+    def tick(self) -> None:
+        """Observe every active job once, then start what the free nodes allow."""
+        for job in self.store.list_jobs(states=ACTIVE):
+            self._supervise(job, self.clock())
+        for cluster in self.store.list_clusters():
+            if cluster.allocation_state == AllocationState.DELETING:
+                if cluster.current_nodes == 0:
+                    self.store.remove_cluster(cluster.name)
+                    log.info("cluster %s deleted", cluster.name)
+                continue
+            self._allocate(cluster)
+
+    def terminate(self, job_id: str) -> JobInfo:
+        """Stop a job: a queued one ends at once, a started one once its processes are gone.
+
+        Raises:
+            NotFoundError: no such job.
+            ConflictError: the job is already terminating or finished.
+        """
+        job = self.store.get_job(job_id)
+        now = self.clock()
+        if job.state == JobState.QUEUED:
+            return self.store.update_job(job_id, JobState.TERMINATED, now,
+                                         message="terminated before it started")
+        if job.state not in (JobState.PREPARING, JobState.RUNNING):
+            raise ConflictError(f"job {job_id} is already {job.state.value}; nothing to terminate")
+        job = self.store.update_job(job_id, JobState.TERMINATING, now,
+                                    message="terminating on request")
+        self.executor.stop(job, self.store.get_launch(job_id), force=False)
+        return job
+
+    def _supervise(self, job: JobInfo, now: float) -> None:
+        launch = self.store.get_launch(job.id)
+        seen = self.executor.poll(job, launch)
+        if seen.phase in ("exited", "lost"):
+            self._finish(job, seen, launch, now)
+        elif job.state == JobState.TERMINATING:
+            if now - (job.terminate_requested_at or now) >= self.stop_grace_s:
+                self.executor.stop(job, launch, force=True)
+        else:
+            if job.state == JobState.PREPARING and seen.phase == "running":
+                job = self.store.update_job(job.id, JobState.RUNNING, now)
+            limit = job.spec.max_wall_clock_time
+            if limit is not None and job.started_at is not None and now - job.started_at > limit:
+                job = self.store.update_job(
+                    job.id, JobState.TERMINATING, now, ends_as=JobState.FAILED,
+                    message=f"exceeded max_wall_clock_time of {limit:g} s; stopped")
+                self.executor.stop(job, launch, force=False)
+
+    def _finish(self, job: JobInfo, seen: Observation, launch: dict | None, now: float) -> None:
+        self.executor.release(job, launch)
+        code = seen.exit_code
+        if job.state == JobState.TERMINATING:
+            final = job.ends_as or JobState.TERMINATED
+            message = job.message if final == JobState.FAILED else "terminated on request"
+            self.store.update_job(job.id, final, now, exit_code=code, message=message)
+        elif seen.phase == "exited" and code == 0:
+            self.store.update_job(job.id, JobState.SUCCEEDED, now, exit_code=0, message="")
+        else:
+            reason = seen.message or f"exited with code {code}"
+            retries = job.spec.max_retries
+            if job.attempt < retries:
+                self.store.update_job(
+                    job.id, JobState.QUEUED, now,
+                    message=f"attempt {job.attempt + 1} failed ({reason}); re-queued, retry "
+                            f"{job.attempt + 1} of {retries}")
+            else:
+                self.store.update_job(job.id, JobState.FAILED, now, exit_code=code,
+                                      message=reason)
+        log.info("job %s: %s", job.id, self.store.get_job(job.id).state.value)
+
+    def _allocate(self, cluster: ClusterInfo) -> None:
+        idle = [n for n in self.store.list_nodes(cluster.name) if n.state == NodeState.IDLE]
+        queued = self.store.list_jobs(cluster=cluster.name, states=[JobState.QUEUED])
+        # Stable sort: submission order (the store's order) is kept within a priority.
+        queued.sort(key=lambda j: -j.spec.priority.rank)
+        for job in queued:
+            need = job.spec.node_count
+            if need > len(idle):
+                self._note_waiting(job, cluster, len(idle))
+                break  # no backfill: later jobs wait behind this one
+            nodes, idle = idle[:need], idle[need:]
+            now = self.clock()
+            job = self.store.update_job(job.id, JobState.PREPARING, now,
+                                        nodes=[n.index for n in nodes], message="")
+            try:
+                self.store.set_launch(job.id, self.executor.start(job, nodes))
+            except OSError as e:
+                log.exception("job %s could not start", job.id)
+                self.store.update_job(job.id, JobState.FAILED, now,
+                                      message=f"could not start the job: {e}")
+
+    def _note_waiting(self, job: JobInfo, cluster: ClusterInfo, idle: int) -> None:
+        need = job.spec.node_count
+        if need > cluster.target_nodes:
+            message = (f"waiting: needs {need} nodes but cluster {cluster.name} has "
+                       f"{cluster.target_nodes}; resize it (`ringtrain cluster resize`)")
+        else:
+            message = f"waiting for {need} idle nodes ({idle} idle now)"
+        if job.message != message:
+            self.store.set_message(job.id, message)

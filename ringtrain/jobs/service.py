@@ -1,0 +1,205 @@
+"""The job service's operations, shared by the REST API and the scheduler loop.
+
+One lock serialises every change (API calls and scheduler ticks), so a terminate never races a
+job's completion; the store still checks each transition on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError, SpecError
+from ringtrain.jobs.executors.base import Executor
+from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.scheduler import Scheduler
+from ringtrain.jobs.share import Share
+from ringtrain.jobs.store import Store
+
+log = logging.getLogger(__name__)
+
+LOG_STREAMS = ("stdout", "stderr")
+
+
+class JobService:
+    """Clusters and jobs: create, inspect, change, delete.
+
+    Args:
+        store: the records.
+        share: the job folders.
+        executor: runs attempts.
+        clock: seconds since the epoch (injectable for tests).
+    """
+
+    def __init__(self, store: Store, share: Share, executor: Executor,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.share = share
+        self.scheduler = Scheduler(store, executor, clock)
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.wake = threading.Event()  # set after a change the scheduler should act on at once
+
+    # -- clusters ----------------------------------------------------------------------------
+
+    def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
+        """Create a cluster. Raises ConflictError if the name is taken."""
+        with self.lock:
+            return self.store.add_cluster(spec, self.clock())
+
+    def list_clusters(self) -> list[ClusterInfo]:
+        """All clusters."""
+        return self.store.list_clusters()
+
+    def get_cluster(self, name: str) -> ClusterInfo:
+        """One cluster. Raises NotFoundError."""
+        return self.store.get_cluster(name)
+
+    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
+        """Change a cluster's size; busy nodes leave only after their job ends.
+
+        Raises:
+            NotFoundError: no such cluster.
+            ConflictError: it is being deleted.
+            InvalidRequestError: ``nodes`` is negative.
+        """
+        if nodes < 0:
+            raise InvalidRequestError(f"nodes must be 0 or more (got {nodes})")
+        with self.lock:
+            info = self.store.resize_cluster(name, nodes)
+        self.wake.set()
+        return info
+
+    def delete_cluster(self, name: str) -> ClusterInfo:
+        """Delete a cluster: its queued jobs fail, running ones finish, then it is gone.
+
+        Returns:
+            The cluster in state ``deleting`` (already removed if no node was busy).
+        """
+        with self.lock:
+            info = self.store.mark_cluster_deleting(name)
+            for job in self.store.list_jobs(cluster=name, states=[JobState.QUEUED]):
+                self.store.update_job(job.id, JobState.FAILED, self.clock(),
+                                      message=f"cluster {name} was deleted before the job started")
+            if info.current_nodes == 0:
+                self.store.remove_cluster(name)
+        return info
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def submit(self, cluster: str, spec: JobSpec) -> JobInfo:
+        """Queue a job on a cluster; its working dir is copied now.
+
+        Raises:
+            NotFoundError: no such cluster.
+            ConflictError: the cluster is being deleted.
+            SpecError: the spec does not fit the cluster, or an input path is missing.
+        """
+        info = self.store.get_cluster(cluster)
+        if info.allocation_state == AllocationState.DELETING:
+            raise ConflictError(f"cluster {cluster} is being deleted; it takes no new jobs")
+        errors = []
+        if spec.process_count_per_node > info.slots:
+            errors.append({"field": "process_count_per_node",
+                           "message": f"at most {info.slots}, the slots per node of cluster "
+                                      f"{cluster} (got {spec.process_count_per_node})"})
+        if spec.working_dir and not Path(spec.working_dir).expanduser().is_dir():
+            errors.append({"field": "working_dir",
+                           "message": f"{spec.working_dir} is not a folder on the server's host"})
+        for name, path in spec.inputs.items():
+            if "://" not in path and not Path(path).expanduser().exists():
+                errors.append({"field": f"inputs.{name}", "message": f"{path} does not exist"})
+        if errors:
+            raise SpecError(errors)
+        job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
+        job_dir = self.share.create_job_dir(job_id, spec)
+        job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.QUEUED,
+                      created_at=self.clock(), job_dir=str(job_dir))
+        try:
+            with self.lock:
+                job = self.store.add_job(job)
+        except BaseException:
+            self.share.remove_job_dir(job_id)
+            raise
+        self.wake.set()
+        return job
+
+    def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
+                  state: JobState | None = None) -> list[JobInfo]:
+        """Jobs in submission order, optionally filtered."""
+        return self.store.list_jobs(experiment=experiment, cluster=cluster,
+                                    states=None if state is None else [state])
+
+    def get_job(self, job_id: str) -> JobInfo:
+        """One job. Raises NotFoundError."""
+        return self.store.get_job(job_id)
+
+    def terminate(self, job_id: str) -> JobInfo:
+        """Stop a job (see :meth:`Scheduler.terminate`)."""
+        with self.lock:
+            job = self.scheduler.terminate(job_id)
+        self.wake.set()
+        return job
+
+    def delete_job(self, job_id: str) -> None:
+        """Forget a finished job and delete its folder. Raises ConflictError if it is not finished."""
+        with self.lock:
+            self.store.remove_job(job_id)
+        self.share.remove_job_dir(job_id)
+
+    def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
+        """Files under ``path`` of a job's folder. Raises InvalidRequestError for escaping paths."""
+        self.store.get_job(job_id)
+        return self.share.list_files(job_id, path)
+
+    def file_path(self, job_id: str, path: str) -> Path:
+        """The local path of one file of a job, for download.
+
+        Raises:
+            NotFoundError: no such job or file.
+            InvalidRequestError: the path leads outside the job's folder or is a folder.
+        """
+        self.store.get_job(job_id)
+        target = self.share.resolve(job_id, path)
+        if target.is_dir():
+            raise InvalidRequestError(f"{path!r} is a folder; list it with `job files`")
+        if not target.is_file():
+            raise NotFoundError(f"job {job_id} has no file {path!r}")
+        return target
+
+    def log_path(self, job_id: str, rank: int, stream: str) -> Path:
+        """Where one rank's stdout or stderr is (it may not exist yet).
+
+        Raises:
+            NotFoundError: no such job.
+            InvalidRequestError: the rank or stream does not exist in this job.
+        """
+        job = self.store.get_job(job_id)
+        total = job.spec.total_processes
+        if not 0 <= rank < total:
+            raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
+                                      f"ranks (0..{total - 1})")
+        if stream not in LOG_STREAMS:
+            raise InvalidRequestError(f"stream must be stdout or stderr (got {stream!r})")
+        return self.share.log_path(job_id, rank, stream)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One scheduler pass under the service lock."""
+        with self.lock:
+            self.scheduler.tick()
+
+    def run_loop(self, stop: threading.Event, interval_s: float = 0.1) -> None:
+        """Tick until ``stop`` is set; a change (submit, terminate) wakes it early."""
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not stop the service
+                log.exception("scheduler tick failed")
+            self.wake.wait(interval_s)
+            self.wake.clear()

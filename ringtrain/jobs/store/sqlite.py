@@ -1,0 +1,335 @@
+"""The SQLite store: one database file in WAL mode, one connection per thread.
+
+WAL lets the API read while the scheduler writes, and a committed transaction survives the server
+being killed with ``kill -9``. Writes take ``BEGIN IMMEDIATE`` so that a read-then-write (check a
+transition, then apply it) never interleaves with another writer.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ringtrain.jobs.errors import ConflictError, NotFoundError
+from ringtrain.jobs.models import (
+    AllocationState,
+    ClusterInfo,
+    ClusterSpec,
+    JobInfo,
+    JobSpec,
+    JobState,
+    NodeCounts,
+    NodeInfo,
+    NodeState,
+    check_job_transition,
+    check_node_transition,
+)
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
+    target_nodes INTEGER NOT NULL, deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL, job_id TEXT,
+    PRIMARY KEY (cluster, idx));
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, cluster TEXT NOT NULL,
+    experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
+    created_at REAL NOT NULL, started_at REAL, running_at REAL, ended_at REAL, exit_code INTEGER,
+    message TEXT NOT NULL DEFAULT '', nodes TEXT NOT NULL DEFAULT '[]', job_dir TEXT NOT NULL,
+    terminate_requested_at REAL, ends_as TEXT, launch TEXT);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+"""
+
+
+class SQLiteStore:
+    """A :class:`~ringtrain.jobs.store.base.Store` in one SQLite file.
+
+    Args:
+        path: the database file; created with its schema if missing.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        db = self._conn()
+        db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE below).
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a crash
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def journal_mode(self) -> str:
+        """The database's journal mode (``wal``)."""
+        return self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+
+    def close(self) -> None:
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    # -- clusters ----------------------------------------------------------------------------
+
+    def add_cluster(self, spec: ClusterSpec, now: float) -> ClusterInfo:
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM clusters WHERE name=?", (spec.name,)).fetchone():
+                raise ConflictError(f"cluster {spec.name!r} already exists")
+            db.execute("INSERT INTO clusters (name, backend, slots, target_nodes, created_at) "
+                       "VALUES (?,?,?,?,?)", (spec.name, spec.backend, spec.slots, spec.nodes, now))
+            db.executemany("INSERT INTO nodes (cluster, idx, state) VALUES (?,?,?)",
+                           [(spec.name, i, NodeState.IDLE.value) for i in range(spec.nodes)])
+            return self._cluster(db, spec.name)
+
+    def get_cluster(self, name: str) -> ClusterInfo:
+        return self._cluster(self._conn(), name)
+
+    def list_clusters(self) -> list[ClusterInfo]:
+        db = self._conn()
+        names = [r[0] for r in db.execute("SELECT name FROM clusters ORDER BY name")]
+        return [self._cluster(db, n) for n in names]
+
+    def list_nodes(self, cluster: str) -> list[NodeInfo]:
+        db = self._conn()
+        self._cluster_row(db, cluster)
+        return [_node(r) for r in db.execute(
+            "SELECT * FROM nodes WHERE cluster=? ORDER BY idx", (cluster,))]
+
+    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
+        with self._tx() as db:
+            if self._cluster_row(db, name)["deleting"]:
+                raise ConflictError(f"cluster {name!r} is being deleted; it cannot be resized")
+            self._resize(db, name, nodes)
+            return self._cluster(db, name)
+
+    def mark_cluster_deleting(self, name: str) -> ClusterInfo:
+        with self._tx() as db:
+            self._cluster_row(db, name)
+            db.execute("UPDATE clusters SET deleting=1 WHERE name=?", (name,))
+            self._resize(db, name, 0)
+            return self._cluster(db, name)
+
+    def remove_cluster(self, name: str) -> None:
+        with self._tx() as db:
+            self._cluster_row(db, name)
+            left = db.execute("SELECT COUNT(*) FROM nodes WHERE cluster=?", (name,)).fetchone()[0]
+            if left:
+                raise ConflictError(f"cluster {name!r} still has {left} nodes")
+            db.execute("DELETE FROM clusters WHERE name=?", (name,))
+
+    def _resize(self, db: sqlite3.Connection, name: str, target: int) -> None:
+        db.execute("UPDATE clusters SET target_nodes=? WHERE name=?", (target, name))
+        rows = [_node(r) for r in db.execute(
+            "SELECT * FROM nodes WHERE cluster=? ORDER BY idx", (name,))]
+        staying = [n for n in rows if n.state != NodeState.LEAVING]
+        if target > len(staying):
+            first = max((n.index for n in rows), default=-1) + 1
+            db.executemany("INSERT INTO nodes (cluster, idx, state) VALUES (?,?,?)",
+                           [(name, first + i, NodeState.IDLE.value)
+                            for i in range(target - len(staying))])
+            return
+        # Shrink idle and unusable nodes first (highest index first); busy nodes only leave once
+        # their job ends, so a shrink never kills running work.
+        order = {NodeState.IDLE: 0, NodeState.UNUSABLE: 1}
+        victims = sorted(staying, key=lambda n: (order.get(n.state, 2), -n.index))
+        for node in victims[:len(staying) - target]:
+            if node.job_id is None:
+                db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?", (name, node.index))
+            else:
+                self._set_node(db, node, NodeState.LEAVING, node.job_id)
+
+    def _cluster_row(self, db: sqlite3.Connection, name: str) -> sqlite3.Row:
+        row = db.execute("SELECT * FROM clusters WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no cluster named {name!r} (see `ringtrain cluster list`)")
+        return row
+
+    def _cluster(self, db: sqlite3.Connection, name: str) -> ClusterInfo:
+        row = self._cluster_row(db, name)
+        counts = NodeCounts()
+        for state, count in db.execute(
+                "SELECT state, COUNT(*) FROM nodes WHERE cluster=? GROUP BY state", (name,)):
+            setattr(counts, state, count)
+        current = sum(counts.model_dump().values())
+        if row["deleting"]:
+            alloc = AllocationState.DELETING
+        elif counts.leaving:
+            alloc = AllocationState.RESIZING
+        else:
+            alloc = AllocationState.STEADY
+        return ClusterInfo(name=name, backend=row["backend"], slots=row["slots"],
+                           target_nodes=row["target_nodes"], current_nodes=current,
+                           allocation_state=alloc, node_counts=counts,
+                           created_at=row["created_at"])
+
+    def _set_node(self, db: sqlite3.Connection, node: NodeInfo, state: NodeState,
+                  job_id: str | None) -> None:
+        check_node_transition(f"{node.cluster}/{node.index}", node.state, state)
+        db.execute("UPDATE nodes SET state=?, job_id=? WHERE cluster=? AND idx=?",
+                   (state.value, job_id, node.cluster, node.index))
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def add_job(self, job: JobInfo) -> JobInfo:
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE id=?", (job.id,)).fetchone():
+                raise ConflictError(f"job id {job.id!r} already exists")
+            db.execute(
+                "INSERT INTO jobs (id, cluster, experiment, spec, state, attempt, created_at, "
+                "message, job_dir) VALUES (?,?,?,?,?,?,?,?,?)",
+                (job.id, job.cluster, job.spec.experiment, job.spec.model_dump_json(),
+                 job.state.value, job.attempt, job.created_at, job.message, job.job_dir))
+            return self._job(db, job.id)
+
+    def get_job(self, job_id: str) -> JobInfo:
+        return self._job(self._conn(), job_id)
+
+    def list_jobs(self, *, experiment: str | None = None, cluster: str | None = None,
+                  states: Iterable[JobState] | None = None) -> list[JobInfo]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        if experiment is not None:
+            sql, args = sql + " AND experiment=?", args + [experiment]
+        if cluster is not None:
+            sql, args = sql + " AND cluster=?", args + [cluster]
+        if states is not None:
+            values = [JobState(s).value for s in states]
+            sql += f" AND state IN ({','.join('?' * len(values))})"
+            args += values
+        return [_job(r) for r in self._conn().execute(sql + " ORDER BY seq", args)]
+
+    def update_job(self, job_id: str, target: JobState, now: float, *,
+                   nodes: list[int] | None = None, message: str | None = None,
+                   exit_code: int | None = None, ends_as: JobState | None = None) -> JobInfo:
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            check_job_transition(job_id, job.state, target)
+            sets: dict[str, Any] = {"state": target.value}
+            if target == JobState.PREPARING:
+                self._claim_nodes(db, job, nodes or [])
+                sets.update(started_at=now, running_at=None, ended_at=None, exit_code=None,
+                            nodes=json.dumps(nodes), launch=None, terminate_requested_at=None,
+                            ends_as=None)
+            elif target == JobState.RUNNING:
+                for node in self._job_nodes(db, job):
+                    if node.state == NodeState.PREPARING:
+                        self._set_node(db, node, NodeState.RUNNING, job_id)
+                sets["running_at"] = now
+            elif target == JobState.TERMINATING:
+                sets.update(terminate_requested_at=now,
+                            ends_as=(ends_as or JobState.TERMINATED).value)
+            elif target == JobState.QUEUED:  # a retry
+                self._release_nodes(db, job)
+                sets.update(attempt=job.attempt + 1, launch=None)
+            else:  # a final state
+                self._release_nodes(db, job)
+                sets.update(ended_at=now, exit_code=exit_code)
+            if message is not None:
+                sets["message"] = message
+            db.execute(f"UPDATE jobs SET {', '.join(f'{k}=?' for k in sets)} WHERE id=?",
+                       (*sets.values(), job_id))
+            return self._job(db, job_id)
+
+    def set_message(self, job_id: str, message: str) -> None:
+        with self._tx() as db:
+            self._job(db, job_id)
+            db.execute("UPDATE jobs SET message=? WHERE id=?", (message, job_id))
+
+    def set_launch(self, job_id: str, launch: dict[str, Any]) -> None:
+        with self._tx() as db:
+            self._job(db, job_id)
+            db.execute("UPDATE jobs SET launch=? WHERE id=?", (json.dumps(launch), job_id))
+
+    def get_launch(self, job_id: str) -> dict[str, Any] | None:
+        row = self._job_row(self._conn(), job_id)
+        return json.loads(row["launch"]) if row["launch"] else None
+
+    def remove_job(self, job_id: str) -> None:
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if not job.state.is_terminal():
+                raise ConflictError(f"job {job_id} is {job.state.value}; terminate it first "
+                                    f"(`ringtrain job terminate {job_id}`)")
+            db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def _claim_nodes(self, db: sqlite3.Connection, job: JobInfo, indices: list[int]) -> None:
+        if not indices:
+            raise ConflictError(f"job {job.id}: preparing needs the nodes it runs on")
+        by_index = {n.index: n for n in (_node(r) for r in db.execute(
+            "SELECT * FROM nodes WHERE cluster=?", (job.cluster,)))}
+        for i in indices:
+            node = by_index.get(i)
+            if node is None:
+                raise NotFoundError(f"cluster {job.cluster!r} has no node {i}")
+            if node.state != NodeState.IDLE:
+                raise ConflictError(f"node {job.cluster}/{i} is {node.state.value}, not idle")
+            self._set_node(db, node, NodeState.PREPARING, job.id)
+
+    def _job_nodes(self, db: sqlite3.Connection, job: JobInfo) -> list[NodeInfo]:
+        return [_node(r) for r in db.execute(
+            "SELECT * FROM nodes WHERE cluster=? AND job_id=?", (job.cluster, job.id))]
+
+    def _release_nodes(self, db: sqlite3.Connection, job: JobInfo) -> None:
+        for node in self._job_nodes(db, job):
+            if node.state == NodeState.LEAVING:
+                db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?",
+                           (node.cluster, node.index))
+            else:
+                self._set_node(db, node, NodeState.IDLE, None)
+
+    def _job_row(self, db: sqlite3.Connection, job_id: str) -> sqlite3.Row:
+        row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no job with id {job_id!r} (see `ringtrain job list`)")
+        return row
+
+    def _job(self, db: sqlite3.Connection, job_id: str) -> JobInfo:
+        return _job(self._job_row(db, job_id))
+
+
+def _node(row: sqlite3.Row) -> NodeInfo:
+    return NodeInfo(cluster=row["cluster"], index=row["idx"], state=NodeState(row["state"]),
+                    job_id=row["job_id"])
+
+
+def _job(row: sqlite3.Row) -> JobInfo:
+    return JobInfo(
+        id=row["id"], cluster=row["cluster"], spec=JobSpec.model_validate_json(row["spec"]),
+        state=JobState(row["state"]), attempt=row["attempt"], created_at=row["created_at"],
+        started_at=row["started_at"], running_at=row["running_at"], ended_at=row["ended_at"],
+        exit_code=row["exit_code"], message=row["message"], nodes=json.loads(row["nodes"]),
+        job_dir=row["job_dir"], terminate_requested_at=row["terminate_requested_at"],
+        ends_as=JobState(row["ends_as"]) if row["ends_as"] else None)
