@@ -1,0 +1,211 @@
+"""The engine: one per process, a background thread that negotiates and runs named operations.
+
+Each cycle the thread drains newly submitted requests and takes part in one negotiation round
+with every rank: a sum of per-rank counts (the response cache's bits, plus flags for "I have a
+request the cache does not know", "I want to shut down", "I have joined"). When every rank's
+requests hit the cache, the counts alone say what is ready. Otherwise all ranks exchange the metas
+of everything pending and :func:`negotiation.decide` makes the same decision on every rank. The
+ready operations are then fused and executed, and their handles completed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import replace
+
+import torch
+
+from ringtrain.backends.base import CollectiveBackend
+from ringtrain.engine import negotiation
+from ringtrain.engine.execute import Executor
+from ringtrain.engine.negotiation import Decision
+from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.response_cache import ResponseCache
+from ringtrain.engine.stall import StallInspector
+from ringtrain.engine.timeline import CYCLE_ROW, Timeline
+from ringtrain.errors import HorovodInternalError
+from ringtrain.runner.env import EngineKnobs
+
+log = logging.getLogger(__name__)
+
+_FULL_EXCHANGE, _SHUTDOWN, _JOINED, _FLAGS = 0, 1, 2, 3
+#: Longest sleep between idle rounds: bounds the wait a busy rank has on an idle peer.
+_MAX_IDLE_S = 0.01
+
+
+class Engine:
+    """Queues named requests and runs them in agreement with every other rank."""
+
+    def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, backend_name: str = "GLOO"):
+        self.rank = backend.rank
+        self.size = backend.size
+        self._backend = backend
+        self._cycle_s = max(knobs.cycle_time_ms, 0.0) / 1000.0
+        self.timeline = Timeline(self.rank)
+        self._executor = Executor(backend, knobs.fusion_threshold_bytes, self.timeline,
+                                  backend_name)
+        self._cache = ResponseCache(knobs.cache_capacity)
+        self._stall = StallInspector(self.rank, knobs)
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Request] = collections.deque()
+        self._pending: dict[str, Request] = {}
+        self._names: set[str] = set()
+        self._wake = threading.Event()
+        self._shutdown_requested = False
+        self._failure: HorovodInternalError | None = None
+        self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; its handle completes when every rank has run it.
+
+        Raises:
+            ValueError: an operation of the same name is already in flight on this rank.
+            HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
+        """
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if request.name in self._names:
+                raise ValueError(
+                    f"an operation named {request.name!r} is already in flight on this rank; "
+                    "synchronize() it before submitting that name again, or use another name")
+            self._names.add(request.name)
+            self._queue.append(request)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine on every rank; pending operations fail. Idempotent."""
+        with self._lock:
+            self._shutdown_requested = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self.timeline.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the background thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        idle_rounds = 0
+        try:
+            while True:
+                worked = self._cycle()
+                if worked is None:
+                    break
+                idle_rounds = 0 if worked or self._pending else idle_rounds + 1
+                # A submission wakes the thread at once; the timeout only paces rounds that
+                # peers may need while this rank has nothing to say, backing off when idle.
+                self._wake.wait(self._cycle_s if idle_rounds == 0 else min(
+                    self._cycle_s * (2 ** min(idle_rounds, 10)), _MAX_IDLE_S))
+                self._wake.clear()
+        except HorovodInternalError as exc:  # the stall inspector gave up
+            self._fail(exc)
+        except Exception as exc:  # a collective failed: a peer died or the network broke
+            log.debug("engine stopped by %r", exc)
+            self._fail(HorovodInternalError(
+                f"a collective failed on rank {self.rank}, most likely because another rank "
+                f"failed or exited: {exc}"))
+        finally:
+            self.timeline.stop()
+
+    def _cycle(self) -> bool | None:
+        """One negotiation round and its execution; None once every rank must stop."""
+        with self._lock:
+            while self._queue:
+                request = self._queue.popleft()
+                self._pending[request.name] = request
+            shutting_down = self._shutdown_requested
+        if self.timeline.mark_cycles:
+            self.timeline.instant(CYCLE_ROW, "CYCLE_START")
+
+        bits = {}
+        missed = joined = False
+        for name, request in self._pending.items():
+            if request.meta.op is OpType.JOIN:
+                joined = True
+                continue
+            bit = self._cache.lookup(request.meta)
+            if bit is None:
+                missed = True
+            else:
+                bits[bit] = name
+        counts = [0] * (_FLAGS + len(self._cache))
+        counts[_FULL_EXCHANGE] = int(missed or self._stall.wants_report(self._pending))
+        counts[_SHUTDOWN] = int(shutting_down)
+        counts[_JOINED] = int(joined)
+        for bit in bits:
+            counts[_FLAGS + bit] = 1
+        summed = torch.tensor(counts, dtype=torch.int32)
+        self._backend.control_allreduce(summed)
+        summed_list = summed.tolist()
+
+        if summed_list[_SHUTDOWN]:
+            self._fail(HorovodInternalError(
+                "ringtrain was shut down (hvd.shutdown() was called on "
+                f"{summed_list[_SHUTDOWN]} rank(s)); call hvd.init() again to continue"))
+            return None
+        if summed_list[_FULL_EXCHANGE] or summed_list[_JOINED]:
+            decision = self._full_exchange()
+        else:
+            decision = Decision(responses=[
+                self._cache.response(bit) for bit in range(len(self._cache))
+                if summed_list[_FLAGS + bit] == self._cache.members(bit)])
+        self._execute(decision)
+        return bool(decision.responses) or decision.join_done is not None
+
+    def _full_exchange(self) -> Decision:
+        now = time.monotonic()
+        metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
+        decision = negotiation.decide(self._backend.control_allgather(metas))
+        for response in decision.responses:
+            self._cache.put(response)
+        stall_error = self._stall.inspect(decision)
+        if stall_error is not None:
+            raise stall_error
+        return decision
+
+    def _execute(self, decision: Decision) -> None:
+        local: dict[str, Request] = {}
+        decided_at = time.monotonic()
+        with self._lock:
+            for response in decision.responses:
+                request = self._pending.pop(response.name, None)
+                if request is not None:
+                    local[response.name] = request
+                    self._names.discard(response.name)
+        if self.timeline.active:
+            for request in local.values():
+                self.timeline.span(request.name, f"NEGOTIATE_{request.meta.op.value.upper()}",
+                                   request.submitted_at, decided_at)
+        self._executor.run(decision.responses, local)
+        if decision.join_done is not None:
+            self._complete_join(decision.join_done)
+
+    def _complete_join(self, last_rank: int) -> None:
+        with self._lock:
+            joins = [n for n, r in self._pending.items() if r.meta.op is OpType.JOIN]
+            requests = [self._pending.pop(n) for n in joins]
+            self._names.difference_update(joins)
+        for request in requests:
+            request.handle.set_result(last_rank)
+
+    def _fail(self, error: HorovodInternalError) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+            requests = list(self._pending.values()) + list(self._queue)
+            self._pending.clear()
+            self._queue.clear()
+            self._names.clear()
+        for request in requests:
+            request.handle.set_error(self._failure)
+

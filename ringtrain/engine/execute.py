@@ -1,0 +1,253 @@
+"""Executing negotiated responses: fusion buffers, collectives, scaling, completing handles.
+
+Every rank runs the same responses in the same order (allreduce batches first, then the rest in
+response order); a rank outside an operation's process set skips it, and a rank that has joined
+takes part with zeros.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ringtrain.backends.base import CollectiveBackend
+from ringtrain.engine import adasum, fusion
+from ringtrain.engine.negotiation import Response
+from ringtrain.engine.request import OpType, ReduceOp, Request, TensorMeta
+from ringtrain.engine.timeline import Timeline
+from ringtrain.errors import TensorMismatchError
+
+
+class Executor:
+    """Runs one round's responses on this rank."""
+
+    def __init__(self, backend: CollectiveBackend, fusion_threshold: int, timeline: Timeline,
+                 backend_name: str = "GLOO"):
+        self._backend = backend
+        self._rank = backend.rank
+        self._threshold = fusion_threshold
+        self._buffers = fusion.FusionBuffers()
+        self._timeline = timeline
+        self._backend_name = backend_name
+
+    def run(self, responses: list[Response], local: dict[str, Request]) -> None:
+        """Execute ``responses``; ``local`` maps names to this rank's own requests."""
+        runnable = []
+        for response in responses:
+            request = local.get(response.name)
+            if response.error:
+                if request is not None:
+                    request.handle.set_error(TensorMismatchError(response.error))
+            elif self._rank in response.set_ranks:
+                runnable.append(response)
+        allreduces = [r for r in runnable
+                      if r.op is OpType.ALLREDUCE and r.meta.reduce_op is not ReduceOp.ADASUM]
+        for batch in fusion.plan(allreduces, self._threshold):
+            self._allreduce(batch, local)
+        for response in runnable:
+            if response.op is OpType.ALLREDUCE and response.meta.reduce_op is not ReduceOp.ADASUM:
+                continue
+            request = local.get(response.name)
+            start = time.monotonic()
+            result = _RUNNERS[response.op](self, response, request)
+            if request is not None:
+                self._trace(response, start)
+                request.handle.set_result(result)
+
+    # -- allreduce ----------------------------------------------------------------------------
+
+    def _allreduce(self, batch: list[Response], local: dict[str, Request]) -> None:
+        first = batch[0].meta
+        ranks = first.set_ranks
+        start = time.monotonic()
+        tensors: list[torch.Tensor] = []
+        for response in batch:
+            request = local.get(response.name)
+            if request is None:  # a joined rank contributes zeros
+                tensors += [_zeros(t) for t in response.meta.tensors]
+            else:
+                _wait_ready(request)
+                tensors += request.outputs
+        divisor = len(ranks) - len(batch[0].joined) if first.reduce_op is ReduceOp.AVERAGE else 1
+        wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
+        if len(tensors) == 1:
+            buf = tensors[0]
+            copied_in = start
+        else:
+            total = sum(t.numel() for t in tensors)
+            buf = self._buffers.get(tensors[0].dtype, tensors[0].device, total)
+            torch.cat([t.reshape(-1) for t in tensors], out=buf)
+            copied_in = time.monotonic()
+        _scale_(buf, first.prescale, 1)
+        self._backend.allreduce_(buf, wire_op, ranks)
+        _scale_(buf, first.postscale, divisor)
+        reduced = time.monotonic()
+        if len(tensors) > 1:
+            offset = 0
+            for t in tensors:
+                n = t.numel()
+                t.view(-1).copy_(buf[offset:offset + n])
+                offset += n
+        done = time.monotonic()
+        for response in batch:
+            request = local.get(response.name)
+            if request is None:
+                continue
+            if self._timeline.active:
+                row, op = response.name, "ALLREDUCE"
+                self._timeline.span(row, op, start, done, fused=len(batch))
+                if len(tensors) > 1:
+                    self._timeline.span(row, "MEMCPY_IN_FUSION_BUFFER", start, copied_in)
+                    self._timeline.span(row, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+                self._timeline.span(row, f"{self._backend_name}_ALLREDUCE", copied_in, reduced)
+            outs = request.outputs
+            request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0])
+
+    def _adasum(self, response: Response, request: Request | None) -> torch.Tensor:
+        assert request is not None  # Adasum does not run with joined ranks
+        _wait_ready(request)
+        tensor = request.outputs[0]
+        n = len(response.set_ranks)
+        _scale_(tensor, response.meta.prescale, 1)
+        gathered = torch.empty((n * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
+        self._backend.allgather(gathered, tensor.reshape(-1), response.set_ranks)
+        tensor.copy_(adasum.reduce(list(gathered.view(n, *tensor.shape))))
+        _scale_(tensor, response.meta.postscale, 1)
+        return tensor
+
+    # -- the other collectives ------------------------------------------------------------------
+
+    def _allgather(self, response: Response, request: Request | None):
+        ranks = response.set_ranks
+        results = []
+        for i, meta in enumerate(response.meta.tensors):
+            rows = [response.metas[r].tensors[i].shape[0] if r in response.metas else 0
+                    for r in ranks]
+            mine = request.outputs[i] if request is not None else _zeros(meta, rows=0)
+            if request is not None:
+                _wait_ready(request)
+            longest = max(rows)
+            padded = mine
+            if mine.shape[0] < longest:
+                padded = torch.zeros((longest, *mine.shape[1:]), dtype=mine.dtype,
+                                     device=mine.device)
+                padded[:mine.shape[0]] = mine
+            out = torch.empty((len(ranks) * longest, *mine.shape[1:]), dtype=mine.dtype,
+                              device=mine.device)
+            self._backend.allgather(out, padded.contiguous(), ranks)
+            if any(r != longest for r in rows):
+                out = torch.cat([out[j * longest:j * longest + r] for j, r in enumerate(rows)])
+            results.append(out)
+        return results if request is not None and _grouped(request) else results[0]
+
+    def _broadcast(self, response: Response, request: Request | None) -> torch.Tensor:
+        assert request is not None
+        _wait_ready(request)
+        tensor = request.outputs[0]
+        self._backend.broadcast_(tensor, response.meta.root_rank, response.set_ranks)
+        return tensor
+
+    def _alltoall(self, response: Response, request: Request | None):
+        assert request is not None
+        _wait_ready(request)
+        ranks = response.set_ranks
+        me = ranks.index(self._rank)
+        tensor = request.outputs[0]
+        send = response.metas[self._rank].splits or ()
+        recv = [response.metas[r].splits[me] for r in ranks]
+        out = torch.empty((sum(recv), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        self._backend.alltoall(out, tensor, recv, send, ranks)
+        return out, torch.tensor(recv, dtype=torch.int32)
+
+    def _reducescatter(self, response: Response, request: Request | None):
+        assert request is not None
+        _wait_ready(request)
+        ranks = response.set_ranks
+        n, me = len(ranks), ranks.index(self._rank)
+        meta = response.meta
+        divisor = n if meta.reduce_op is ReduceOp.AVERAGE else 1
+        wire_op = ReduceOp.SUM if meta.reduce_op is ReduceOp.AVERAGE else meta.reduce_op
+        results = []
+        for tensor in request.outputs:
+            rows = split_rows(tensor.shape[0], n)
+            longest = rows[0]
+            if all(r == longest for r in rows):
+                padded = tensor
+            else:
+                padded = torch.zeros((n * longest, *tensor.shape[1:]), dtype=tensor.dtype,
+                                     device=tensor.device)
+                offset = 0
+                for j, r in enumerate(rows):
+                    padded[j * longest:j * longest + r] = tensor[offset:offset + r]
+                    offset += r
+            _scale_(padded, meta.prescale, 1)
+            out = torch.empty((longest, *tensor.shape[1:]), dtype=tensor.dtype,
+                              device=tensor.device)
+            self._backend.reducescatter(out, padded.contiguous(), wire_op, ranks)
+            out = out[:rows[me]]
+            _scale_(out, meta.postscale, divisor)
+            results.append(out)
+        return results if _grouped(request) else results[0]
+
+    def _barrier(self, response: Response, request: Request | None) -> None:
+        # Negotiation declared it ready only once every member had submitted it: that is the
+        # barrier already, no data needs to move.
+        return None
+
+    def _trace(self, response: Response, start: float) -> None:
+        if self._timeline.active:
+            op = response.op.value.upper()
+            self._timeline.span(response.name, op, start, time.monotonic())
+            self._timeline.span(response.name, f"{self._backend_name}_{op}", start,
+                                time.monotonic())
+
+
+def _run_allreduce(executor: Executor, response: Response, request: Request | None):
+    return executor._adasum(response, request)
+
+
+_RUNNERS = {
+    OpType.ALLREDUCE: _run_allreduce,
+    OpType.ALLGATHER: Executor._allgather,
+    OpType.BROADCAST: Executor._broadcast,
+    OpType.ALLTOALL: Executor._alltoall,
+    OpType.REDUCESCATTER: Executor._reducescatter,
+    OpType.BARRIER: Executor._barrier,
+}
+
+
+def split_rows(rows: int, parts: int) -> list[int]:
+    """Horovod's reducescatter split: the first ``rows % parts`` members get one extra row."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _grouped(request: Request) -> bool:
+    return request.grouped or len(request.outputs) > 1
+
+
+def _zeros(meta: TensorMeta, rows: int | None = None) -> torch.Tensor:
+    shape = meta.shape if rows is None else (rows, *meta.shape[1:])
+    device = torch.device("cuda", torch.cuda.current_device()) if meta.device == "cuda" else "cpu"
+    return torch.zeros(shape, dtype=getattr(torch, meta.dtype.removeprefix("torch.")),
+                       device=device)
+
+
+def _wait_ready(request: Request) -> None:
+    if request.ready_event is not None:
+        request.ready_event.synchronize()
+
+
+def _scale_(tensor: torch.Tensor, factor: float, divisor: int) -> None:
+    """Multiply by ``factor / divisor`` in place; integers are truncated, as in Horovod."""
+    if factor == 1 and divisor == 1:
+        return
+    if tensor.dtype.is_floating_point:
+        tensor.mul_(factor / divisor)
+    else:
+        # The frontend refuses to scale booleans before submission: failing here, on one rank
+        # after negotiation, would leave the peers waiting.
+        assert tensor.dtype is not torch.bool
+        tensor.copy_(torch.div(tensor.double() * factor, divisor).trunc())
+

@@ -1,0 +1,101 @@
+"""What a rank asks the engine to do: operation kinds, reduction ops and the request records.
+
+A :class:`Request` lives on the submitting rank and holds the tensors. Its :class:`RequestMeta`
+is the picklable description that ranks exchange during negotiation; all agreement checks and
+scheduling decisions are made from metas alone, so every rank reaches the same decision.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ringtrain.engine.handle import Handle
+
+
+class OpType(enum.Enum):
+    """The collective an operation performs."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    JOIN = "join"
+
+
+class ReduceOp(enum.Enum):
+    """Reductions, with Horovod's names."""
+
+    AVERAGE = "Average"
+    SUM = "Sum"
+    MIN = "Min"
+    MAX = "Max"
+    PRODUCT = "Product"
+    ADASUM = "Adasum"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape, dtype and device of one tensor, as exchanged between ranks."""
+
+    shape: tuple[int, ...]
+    dtype: str  # str(torch.dtype), e.g. "torch.float32": picklable and readable in errors
+    device: str  # "cpu" or "cuda": ranks may use different CUDA indices, not different kinds
+
+    def describe(self) -> str:
+        return f"{self.dtype.removeprefix('torch.')}{list(self.shape)} on {self.device}"
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """One rank's description of a pending request: everything peers must agree on.
+
+    ``set_ranks`` is carried (rather than a process-set id) so that deciding readiness needs no
+    rank-local registry, which may lag behind on some ranks.
+    """
+
+    name: str
+    op: OpType
+    rank: int
+    set_ranks: tuple[int, ...]
+    tensors: tuple[TensorMeta, ...]
+    reduce_op: ReduceOp | None = None
+    root_rank: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: tuple[int, ...] | None = None  # alltoall: rows sent to each member of the set
+    age_s: float = 0.0  # how long the request has waited on its rank, for stall reports
+
+    def agreement_key(self, include_dim0: bool = True) -> tuple:
+        """The fields that must be equal on every rank for the operation to run."""
+        tensors = tuple(
+            (t.shape if include_dim0 else t.shape[1:], t.dtype, t.device) for t in self.tensors)
+        return (self.op, self.set_ranks, len(self.tensors), tensors, self.reduce_op,
+                self.root_rank, self.prescale, self.postscale)
+
+
+@dataclass
+class Request:
+    """A rank's own submission: the meta plus the tensors, outputs and its handle."""
+
+    meta: RequestMeta
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    handle: Handle
+    submitted_at: float = field(default_factory=time.monotonic)
+    ready_event: object | None = None  # a CUDA event recorded on the submitting stream
+    grouped: bool = False  # complete with a list even when it holds one tensor
+
+    @property
+    def name(self) -> str:
+        return self.meta.name

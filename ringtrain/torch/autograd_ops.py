@@ -1,0 +1,187 @@
+"""The synchronous collectives, differentiable as in Horovod.
+
+The gradient of an allreduce is an allreduce of the gradient; of an allgather, this rank's slice
+of the averaged gradient; of a broadcast, the averaged gradient on the root and zeros elsewhere;
+of an alltoall, the alltoall back; of a reducescatter, an allgather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ringtrain.engine.request import ReduceOp
+from ringtrain.torch import ops
+from ringtrain.torch.compression import Compression
+from ringtrain.torch.process_sets import ProcessSet, global_process_set
+from ringtrain.torch.submit import resolve_op
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, prescale, postscale, process_set)
+        return ops.synchronize(ops.allreduce_async(tensor, None, name, op, prescale, postscale,
+                                                   process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale, postscale, process_set = ctx.args
+        reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None, op,
+                                                      prescale, postscale, process_set))
+        return reduced, None, None, None, None, None
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(ops.synchronize(ops.grouped_allreduce_async(
+            tensors, None, name, op, prescale, postscale, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set = ctx.args
+        reduced = ops.synchronize(ops.grouped_allreduce_async(
+            [g.contiguous() for g in grads], None, None, op, prescale, postscale, process_set))
+        return (None, None, None, None, None, *reduced)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows = tensor.shape[0]
+        ctx.process_set = process_set
+        return ops.synchronize(ops.allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None,
+                                                      ReduceOp.AVERAGE, 1.0, 1.0,
+                                                      ctx.process_set))
+        rows = ops.synchronize(ops.allgather_async(torch.tensor([ctx.rows]), None,
+                                                   ctx.process_set))
+        offset = int(rows[:ctx.process_set.rank()].sum())
+        return reduced.narrow(0, offset, ctx.rows), None, None
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return ops.synchronize(ops.broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None,
+                                                      ReduceOp.AVERAGE, 1.0, 1.0,
+                                                      ctx.process_set))
+        from ringtrain.torch import runtime
+
+        if runtime.current().topology.rank != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        ctx.process_set = process_set
+        output, received = ops.synchronize(ops.alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _grad_splits):
+        back, _ = ops.synchronize(ops.alltoall_async(grad.contiguous(), ctx.received, None,
+                                                     ctx.process_set))
+        return back, None, None, None
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale, postscale):
+        ctx.args = (op, process_set, prescale, postscale)
+        return ops.synchronize(ops.reducescatter_async(tensor, name, op, process_set, prescale,
+                                                       postscale))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, process_set, prescale, postscale = ctx.args
+        gathered = ops.synchronize(ops.allgather_async(grad.contiguous(), None, process_set))
+        scale = prescale * postscale / (process_set.size() if op is ReduceOp.AVERAGE else 1)
+        return gathered * scale, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression=Compression.none, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks (default: average) and return the result.
+
+    Args:
+        tensor: the tensor to reduce; it is not modified.
+        average: deprecated Horovod flag; use ``op``.
+        name: a name unique among operations in flight; generated when omitted.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the wire.
+        op: ``Average``, ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        prescale_factor / postscale_factor: multiply before / after the reduction.
+        process_set: reduce over these ranks only.
+
+    Raises:
+        ValueError: bad arguments; RuntimeError: ranks disagree on the tensor, or a peer failed.
+    """
+    op = resolve_op(op, average, ReduceOp.AVERAGE)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression=Compression.none,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduce a list of tensors as one unit; see :func:`allreduce`."""
+    op = resolve_op(op, average, ReduceOp.AVERAGE)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                      *[c for c, _ in pairs])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every member's ``tensor`` along dim 0, in rank order."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Return rank ``root_rank``'s ``tensor`` on every member."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
+             process_set: ProcessSet = global_process_set):
+    """Exchange rows: ``splits[i]`` rows go to member ``i``.
+
+    Returns:
+        The received tensor; with ``splits`` given, ``(tensor, received_splits)`` as in Horovod.
+    """
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Compression.none,
+                  op: ReduceOp | None = None, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` and return this member's slice of the result along dim 0."""
+    op = resolve_op(op, None, ReduceOp.AVERAGE)
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                               postscale_factor)
+    return compression.decompress(out, ctx)

@@ -1,0 +1,315 @@
+"""Horovod's collectives: asynchronous, in-place and grouped forms over one submission path.
+
+Every function here is a thin wrapper over :func:`submit.submit`; the synchronous forms that
+autograd differentiates live in :mod:`ringtrain.torch.autograd_ops`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ringtrain.engine.handle import DerivedHandle, Handle
+from ringtrain.engine.request import OpType, ReduceOp
+from ringtrain.torch import runtime
+from ringtrain.torch.process_sets import ProcessSet, global_process_set
+from ringtrain.torch.submit import check_reduction, contiguous_work, resolve_op, submit
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+
+
+def poll(handle: Handle) -> bool:
+    """Whether the asynchronous operation behind ``handle`` has finished."""
+    return handle.done()
+
+
+def synchronize(handle: Handle):
+    """Wait for an asynchronous operation and return its result.
+
+    Raises:
+        RuntimeError: the operation failed on every rank (e.g. ranks disagreed on its shape), or
+            a peer failed (``HorovodInternalError``).
+    """
+    return handle.wait()
+
+
+# -- allreduce ---------------------------------------------------------------------------------
+
+def _allreduce_async(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped: bool,
+                     average, name, op, prescale_factor, postscale_factor,
+                     process_set) -> Handle:
+    reduce_op = resolve_op(op, average, ReduceOp.AVERAGE)
+    check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
+    works = [contiguous_work(t, in_place) for t in tensors]
+    finish = None
+    if in_place and any(w is not t.data for w, t in zip(works, tensors)):
+        def finish(result):
+            for t, w in zip(tensors, works):
+                if w is not t.data:
+                    t.data.copy_(w)
+            return list(tensors) if grouped else tensors[0]
+    elif in_place:
+        def finish(result):
+            return list(tensors) if grouped else tensors[0]
+    return submit(OpType.ALLREDUCE, name, tensors, works, process_set, reduce_op=reduce_op,
+                  prescale=prescale_factor, postscale=postscale_factor, grouped=grouped,
+                  finish=finish)
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an allreduce of ``tensor``; ``synchronize(handle)`` returns a new tensor."""
+    return _allreduce_async([tensor], in_place=False, grouped=False, average=average, name=name,
+                            op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an in-place allreduce of ``tensor``; ``synchronize`` returns ``tensor``."""
+    return _allreduce_async([tensor], in_place=True, grouped=False, average=average, name=name,
+                            op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Allreduce ``tensor`` in place and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an allreduce of a list of tensors as one unit; returns new tensors."""
+    return _allreduce_async(list(tensors), in_place=False, grouped=True, average=average,
+                            name=name, op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an in-place allreduce of a list of tensors as one unit."""
+    return _allreduce_async(list(tensors), in_place=True, grouped=True, average=average,
+                            name=name, op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allreduce a list of tensors in place as one unit and return them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
+                           op: ReduceOp | None = None,
+                           process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an allreduce of a sparse COO tensor by gathering every rank's indices and values.
+
+    ``synchronize`` returns a coalesced sparse tensor (summed, or averaged with ``Average``).
+    """
+    reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
+    if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"sparse allreduce supports Average and Sum, got {reduce_op!r}")
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
+    sparse = tensor.coalesce()
+    base = name or f"sparse_allreduce.noname.{next(runtime.current().names)}"
+    indices = allgather_async(sparse.indices().t().contiguous(), name=f"{base}.indices",
+                              process_set=process_set)
+    values = allgather_async(sparse.values(), name=f"{base}.values", process_set=process_set)
+    members = process_set.size()
+
+    def finish(_):
+        summed = torch.sparse_coo_tensor(synchronize(indices).t(), synchronize(values),
+                                         size=sparse.shape).coalesce()
+        return summed / members if reduce_op is ReduceOp.AVERAGE else summed
+
+    return DerivedHandle(base, [indices, values], finish)
+
+
+# -- allgather ---------------------------------------------------------------------------------
+
+def _check_gatherable(tensors: Sequence[torch.Tensor]) -> None:
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("allgather needs tensors with at least one dimension; use "
+                             "tensor.reshape(1) for a scalar")
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start gathering ``tensor`` from every member, concatenated along dim 0 in rank order.
+
+    The first dimension may differ between ranks; the others must agree.
+    """
+    _check_gatherable([tensor])
+    return submit(OpType.ALLGATHER, name, [tensor], [tensor.detach().contiguous()], process_set)
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an allgather of a list of tensors as one unit."""
+    _check_gatherable(tensors)
+    return submit(OpType.ALLGATHER, name, list(tensors),
+                  [t.detach().contiguous() for t in tensors], process_set, grouped=True)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allgather a list of tensors as one unit."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# -- broadcast ---------------------------------------------------------------------------------
+
+def _check_root(root_rank: int, process_set: ProcessSet) -> None:
+    size = runtime.current().topology.size
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+        raise ValueError(f"root_rank must be a rank in [0, {size}), got {root_rank!r}")
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start broadcasting rank ``root_rank``'s ``tensor``; returns a new tensor on every rank."""
+    _check_root(root_rank, process_set)
+    return submit(OpType.BROADCAST, name, [tensor], [contiguous_work(tensor, False)], process_set,
+                  root_rank=root_rank)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start broadcasting rank ``root_rank``'s ``tensor`` into ``tensor`` on every rank."""
+    _check_root(root_rank, process_set)
+    work = contiguous_work(tensor, True)
+
+    def finish(result):
+        if work is not tensor.data:
+            tensor.data.copy_(work)
+        return tensor
+
+    return submit(OpType.BROADCAST, name, [tensor], [work], process_set, root_rank=root_rank,
+                  finish=finish)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Broadcast rank ``root_rank``'s ``tensor`` in place and return it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# -- alltoall ----------------------------------------------------------------------------------
+
+def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
+                   name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an alltoall: rows ``splits[i]`` of ``tensor`` go to member ``i``.
+
+    Without ``splits`` the first dimension is divided equally. ``synchronize`` returns
+    ``(received_tensor, received_splits)``.
+    """
+    n = process_set.size()
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    if splits is None:
+        if tensor.shape[0] % n:
+            raise ValueError(f"alltoall without splits needs the first dimension "
+                             f"({tensor.shape[0]}) divisible by the number of ranks ({n})")
+        split_list = [tensor.shape[0] // n] * n
+    else:
+        split_list = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
+        if len(split_list) != n or sum(split_list) != tensor.shape[0] or min(split_list) < 0:
+            raise ValueError(f"splits {split_list} must have one non-negative entry per rank "
+                             f"({n}) summing to the first dimension ({tensor.shape[0]})")
+    return submit(OpType.ALLTOALL, name, [tensor], [tensor.detach().contiguous()], process_set,
+                  splits=split_list)
+
+
+# -- reducescatter -----------------------------------------------------------------------------
+
+def _reducescatter_async(tensors, *, grouped, name, op, prescale_factor, postscale_factor,
+                         process_set) -> Handle:
+    reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
+    if reduce_op is ReduceOp.ADASUM:
+        raise ValueError("reducescatter does not support Adasum")
+    check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("reducescatter needs tensors with at least one dimension")
+    return submit(OpType.REDUCESCATTER, name, list(tensors),
+                  [contiguous_work(t, False) for t in tensors], process_set,
+                  reduce_op=reduce_op, prescale=prescale_factor, postscale=postscale_factor,
+                  grouped=grouped)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
+                        op: ReduceOp | None = None,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start a reduction whose result is split along dim 0 among the members.
+
+    Member ``i`` receives rows of its part; the first ``rows % size`` members get one more row.
+    """
+    return _reducescatter_async([tensor], grouped=False, name=name, op=op,
+                                prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor, process_set=process_set)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp | None = None,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter of a list of tensors as one unit."""
+    return _reducescatter_async(list(tensors), grouped=True, name=name, op=op,
+                                prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor, process_set=process_set)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          op: ReduceOp | None = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter a list of tensors as one unit."""
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+
+
+# -- join and barrier --------------------------------------------------------------------------
+
+def join(device: int = -1) -> int:
+    """Declare that this rank has no more data; wait until every rank has joined.
+
+    Until then this rank takes part in the others' allreduces with zeros (excluded from averages)
+    and in their allgathers with no rows.
+
+    Returns:
+        The rank that joined last.
+    """
+    del device  # results are plain integers here; Horovod uses it to place a tensor
+    return synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every member of ``process_set`` has reached this barrier."""
+    synchronize(submit(OpType.BARRIER, None, [], [], process_set))

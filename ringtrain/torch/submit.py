@@ -1,0 +1,116 @@
+"""The one path from a frontend call to the engine: validate, describe, queue, return a handle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ringtrain.engine.handle import Handle
+from ringtrain.engine.request import OpType, ReduceOp, Request, RequestMeta, TensorMeta
+from ringtrain.torch import runtime
+from ringtrain.torch.process_sets import ProcessSet, global_process_set
+
+SUPPORTED_DTYPES = frozenset({
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.bfloat16, torch.float32, torch.float64, torch.bool,
+})
+
+
+def submit(
+    op: OpType,
+    name: str | None,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    process_set: ProcessSet | None = None,
+    *,
+    reduce_op: ReduceOp | None = None,
+    root_rank: int = -1,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    splits: Sequence[int] | None = None,
+    grouped: bool = False,
+    finish: Callable[[Any], Any] | None = None,
+) -> Handle:
+    """Queue one named operation on this rank's engine and return its handle.
+
+    ``outputs`` are the tensors the engine works in (clones for out-of-place forms, the tensors
+    themselves for in-place ones); ``finish`` post-processes the engine's result in the thread
+    that synchronizes.
+
+    Raises:
+        ValueError: the tensors, process set or arguments cannot be used.
+    """
+    rt = runtime.current()
+    process_set = global_process_set if process_set is None else process_set
+    members = process_set._members()
+    if rt.topology.rank not in members:
+        raise ValueError(f"rank {rt.topology.rank} is not a member of {process_set!r}; only "
+                         "members may submit collectives on it")
+    for t in inputs:
+        _check_tensor(t, op)
+    if name is None:
+        name = f"{op.value}.noname.{next(rt.names)}"
+    elif not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    metas = tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type) for t in inputs)
+    meta = RequestMeta(name=name, op=op, rank=rt.topology.rank, set_ranks=members, tensors=metas,
+                       reduce_op=reduce_op, root_rank=root_rank, prescale=float(prescale),
+                       postscale=float(postscale),
+                       splits=None if splits is None else tuple(int(s) for s in splits))
+    handle = Handle(name, finish)
+    ready = None
+    if any(t.is_cuda for t in inputs):
+        ready = torch.cuda.Event()
+        ready.record()
+    rt.engine.submit(Request(meta=meta, inputs=list(inputs), outputs=list(outputs),
+                             handle=handle, ready_event=ready, grouped=grouped))
+    return handle
+
+
+def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{op.value} expects torch.Tensor arguments, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{op.value} does not support dtype {tensor.dtype}; supported: "
+                         + ", ".join(sorted(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)))
+    if tensor.is_sparse:
+        raise ValueError(f"{op.value} needs a dense tensor; use sparse_allreduce_async for "
+                         "sparse ones, or .to_dense()")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{op.value}: tensors on {tensor.device.type} are not supported; "
+                         "use CPU or CUDA tensors")
+
+
+def resolve_op(op: ReduceOp | None, average: bool | None, default: ReduceOp) -> ReduceOp:
+    """Horovod's ``op``/``average`` arguments as one reduction (``average`` is deprecated)."""
+    if op is not None and average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if average is not None:
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    if op is None:
+        return default
+    if not isinstance(op, ReduceOp):
+        raise ValueError(f"op must be one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
+                         f"hvd.Product, hvd.Adasum; got {op!r}")
+    return op
+
+
+def check_reduction(tensors: Sequence[torch.Tensor], op: ReduceOp, prescale: float,
+                    postscale: float) -> None:
+    """Refuse reductions that have no meaning for the dtype, before anything is queued."""
+    for t in tensors:
+        if t.dtype is torch.bool and (op in (ReduceOp.AVERAGE, ReduceOp.ADASUM)
+                                      or prescale != 1 or postscale != 1):
+            raise ValueError(f"{op!r} and scale factors are undefined for boolean tensors; use "
+                             "Sum (any), Min (all), Max or Product")
+        if op is ReduceOp.ADASUM and not t.dtype.is_floating_point:
+            raise ValueError(f"Adasum needs floating-point tensors, got {t.dtype}")
+
+
+def contiguous_work(tensor: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """The tensor the engine reduces into: a private contiguous copy unless working in place."""
+    if not in_place:
+        return tensor.detach().clone(memory_format=torch.contiguous_format)
+    return tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
