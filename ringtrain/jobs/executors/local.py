@@ -85,8 +85,14 @@ class LocalExecutor:
                                            "reporting an exit status")
 
     def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
-        sig = signal.SIGKILL if force else signal.SIGTERM
-        procs.signal_job(job.id, self._group(job.id, launch), sig)
+        group = self._group(job.id, launch)
+        if not force and group is not None:
+            # One SIGTERM, to the job runner only: it passes it to its child, and `ringtrain run`
+            # stops its ranks. Signalling the whole group too would hit each process twice, and
+            # a second SIGTERM inside a handler that is waiting on children can deadlock it.
+            os.kill(group, signal.SIGTERM)
+            return
+        procs.signal_job(job.id, group, signal.SIGKILL if force else signal.SIGTERM)
 
     def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
         # Whatever the attempt left running (a daemon a rank forked, say) ends with it.

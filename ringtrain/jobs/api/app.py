@@ -1,0 +1,147 @@
+"""The REST API: one FastAPI app over a :class:`~ringtrain.jobs.service.JobService`.
+
+Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
+names (404 unknown id, 409 wrong state, 422 invalid spec, 400 bad path). With a token, every
+route requires ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+
+from ringtrain import __version__
+from ringtrain.jobs.api.logs import follow_file
+from ringtrain.jobs.api.schemas import (
+    API_PREFIX,
+    ErrorResponse,
+    Health,
+    ResizeRequest,
+    SubmitRequest,
+)
+from ringtrain.jobs.errors import AuthError, JobsError, NotFoundError
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
+from ringtrain.jobs.service import JobService
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422)}
+
+
+def create_app(service: JobService, token: str | None = None, home: str = "",
+               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
+               ) -> FastAPI:
+    """Build the app.
+
+    Args:
+        service: the operations behind the routes.
+        token: when set, the bearer token every request must carry.
+        home: the service home, reported by ``/v1/health``.
+        lifespan: runs around serving (the server starts its scheduler loop there).
+    """
+    app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
+                  description="Clusters, training jobs, their logs and output files.")
+
+    def check_token(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise AuthError("this server requires `Authorization: Bearer <token>` "
+                            "(set RINGTRAIN_TOKEN or pass --token)")
+
+    @app.exception_handler(JobsError)
+    async def _jobs_error(_request: Request, e: JobsError) -> JSONResponse:
+        body = ErrorResponse(detail=str(e), errors=getattr(e, "errors", []))
+        return JSONResponse(body.model_dump(), status_code=e.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
+        errors = []
+        for err in e.errors():
+            loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path")]
+            if loc[:1] == ["spec"]:
+                loc = loc[1:]
+            errors.append({"field": ".".join(loc) or "(body)",
+                           "message": err["msg"].removeprefix("Value error, ")})
+        lines = "\n".join(f"  {x['field']}: {x['message']}" for x in errors)
+        body = ErrorResponse(detail=f"invalid request:\n{lines}", errors=errors)
+        return JSONResponse(body.model_dump(), status_code=422)
+
+    r = APIRouter(prefix=API_PREFIX, dependencies=[Depends(check_token)], responses=_ERRORS)
+
+    @r.get("/health")
+    def health() -> Health:
+        return Health(pid=os.getpid(), home=home, version=__version__)
+
+    @r.post("/clusters", status_code=201)
+    def create_cluster(spec: ClusterSpec) -> ClusterInfo:
+        return service.create_cluster(spec)
+
+    @r.get("/clusters")
+    def list_clusters() -> list[ClusterInfo]:
+        return service.list_clusters()
+
+    @r.get("/clusters/{name}")
+    def get_cluster(name: str) -> ClusterInfo:
+        return service.get_cluster(name)
+
+    @r.patch("/clusters/{name}")
+    def resize_cluster(name: str, body: ResizeRequest) -> ClusterInfo:
+        return service.resize_cluster(name, body.nodes)
+
+    @r.delete("/clusters/{name}")
+    def delete_cluster(name: str) -> ClusterInfo:
+        return service.delete_cluster(name)
+
+    @r.post("/jobs", status_code=201)
+    def submit(body: SubmitRequest) -> JobInfo:
+        return service.submit(body.cluster, body.spec)
+
+    @r.get("/jobs")
+    def list_jobs(experiment: str | None = None, cluster: str | None = None,
+                  state: JobState | None = None) -> list[JobInfo]:
+        return service.list_jobs(experiment, cluster, state)
+
+    @r.get("/jobs/{job_id}")
+    def get_job(job_id: str) -> JobInfo:
+        return service.get_job(job_id)
+
+    @r.post("/jobs/{job_id}/terminate")
+    def terminate(job_id: str) -> JobInfo:
+        return service.terminate(job_id)
+
+    @r.delete("/jobs/{job_id}", status_code=204)
+    def delete_job(job_id: str) -> None:
+        service.delete_job(job_id)
+
+    @r.get("/jobs/{job_id}/files")
+    def list_files(job_id: str, path: str = "") -> list[FileInfo]:
+        return service.list_files(job_id, path)
+
+    @r.get("/jobs/{job_id}/download", response_class=FileResponse)
+    def download(job_id: str, path: str) -> FileResponse:
+        return FileResponse(service.file_path(job_id, path))
+
+    @r.get("/jobs/{job_id}/logs", response_class=StreamingResponse,
+           responses={200: {"content": {"text/plain": {}}}})
+    def logs(job_id: str, rank: int = 0, stream: str = "stdout",
+             follow: bool = Query(False, description="Stream until the job ends.")
+             ) -> StreamingResponse:
+        path = service.log_path(job_id, rank, stream)
+
+        def done() -> bool:
+            try:
+                return not follow or service.get_job(job_id).state.is_terminal()
+            except NotFoundError:  # deleted while followed
+                return True
+
+        body: AsyncIterator[bytes] = follow_file(path, done)
+        return StreamingResponse(body, media_type="text/plain; charset=utf-8")
+
+    app.include_router(r)
+    return app

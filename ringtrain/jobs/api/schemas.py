@@ -1,0 +1,49 @@
+"""Request and response bodies of the REST API, shared by the server and the client."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ringtrain.jobs.models import JobSpec
+
+API_PREFIX = "/v1"
+
+
+class ResizeRequest(BaseModel):
+    """``PATCH /v1/clusters/{name}``: the new number of nodes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(ge=0, le=1024, strict=True)
+
+
+class SubmitRequest(BaseModel):
+    """``POST /v1/jobs``: a spec and the cluster to run it on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str
+    spec: JobSpec
+
+
+class FieldError(BaseModel):
+    """One bad field of a request."""
+
+    field: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API returns: a message to show, and the bad fields of an invalid spec."""
+
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    """``GET /v1/health``: who answers."""
+
+    status: str = "ok"
+    pid: int
+    home: str
+    version: str

@@ -1,0 +1,58 @@
+"""`ringtrain job|cluster|server ...`: a thin shell over the client, one module per group.
+
+Exit codes: 0 done; 1 the operation failed (unknown id, wrong state, no server, a followed job
+that did not succeed); 2 invalid input (a bad spec, flag or path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ringtrain.errors import ConfigError
+from ringtrain.jobs.cli import cluster, job, output, server
+from ringtrain.jobs.errors import InvalidRequestError, JobsError, SpecError
+
+_GROUPS = {"job": job, "cluster": cluster, "server": server}
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every command takes: output format and which server to talk to."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                        help="table (default) or json: one JSON document on stdout")
+    parent.add_argument("--url", help="talk to this server (default: RINGTRAIN_URL, else the "
+                                      "server of RINGTRAIN_HOME, started if needed)")
+    parent.add_argument("--token", help="bearer token of the server (default: RINGTRAIN_TOKEN)")
+    return parent
+
+
+def main(argv: list[str]) -> int:
+    """Run one command; ``argv[0]`` is the group (job, cluster or server)."""
+    group = _GROUPS[argv[0]]
+    parser = argparse.ArgumentParser(prog=f"ringtrain {argv[0]}", description=group.__doc__)
+    group.add_commands(parser, common_options())
+    args = parser.parse_args(argv[1:])
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    as_json = getattr(args, "output", "table") == "json"
+    try:
+        return int(args.func(args) or 0)
+    except SpecError as e:
+        output.error(str(e), e.errors, as_json)
+        return 2
+    except (InvalidRequestError, ConfigError) as e:
+        output.error(str(e), None, as_json)
+        return 2
+    except JobsError as e:
+        output.error(str(e), None, as_json)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,85 @@
+"""Create, list, show, resize and delete clusters (the local backend: N nodes of S slots)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pydantic import ValidationError
+
+from ringtrain.jobs.cli import output
+from ringtrain.jobs.connect import connect
+from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec
+from ringtrain.jobs.models.spec import validation_errors
+
+
+def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """Add the `cluster` subcommands."""
+    sub = parser.add_subparsers(metavar="COMMAND")
+    p = sub.add_parser("create", parents=[common], help="create a cluster")
+    p.add_argument("name")
+    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1)")
+    p.add_argument("--backend", default="local", help="only `local` so far")
+    p.set_defaults(func=_create)
+    p = sub.add_parser("list", parents=[common], help="list clusters")
+    p.set_defaults(func=_list)
+    p = sub.add_parser("show", parents=[common], help="a cluster's allocation and node states")
+    p.add_argument("name")
+    p.set_defaults(func=_show)
+    p = sub.add_parser("resize", parents=[common],
+                       help="change the number of nodes (busy nodes leave after their job)")
+    p.add_argument("name")
+    p.add_argument("--nodes", type=int, required=True)
+    p.set_defaults(func=_resize)
+    p = sub.add_parser("delete", parents=[common],
+                       help="delete a cluster (its queued jobs fail; running ones finish)")
+    p.add_argument("name")
+    p.set_defaults(func=_delete)
+
+
+def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
+    if args.output == "json":
+        output.emit_json(info)
+    else:
+        print(output.cluster_text(info))
+    return 0
+
+
+def _create(args: argparse.Namespace) -> int:
+    try:
+        spec = ClusterSpec(name=args.name, nodes=args.nodes, slots=args.slots,
+                           backend=args.backend)
+    except ValidationError as e:
+        raise SpecError(validation_errors(e, ClusterSpec), "cluster") from None
+    return _show_one(args, connect(url=args.url, token=args.token).create_cluster(spec))
+
+
+def _list(args: argparse.Namespace) -> int:
+    clusters = connect(url=args.url, token=args.token).list_clusters()
+    if args.output == "json":
+        output.emit_json(clusters)
+    else:
+        print(output.clusters_table(clusters) if clusters else "no clusters")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    return _show_one(args, connect(url=args.url, token=args.token).get_cluster(args.name))
+
+
+def _resize(args: argparse.Namespace) -> int:
+    return _show_one(args, connect(url=args.url, token=args.token).resize_cluster(
+        args.name, args.nodes))
+
+
+def _delete(args: argparse.Namespace) -> int:
+    info = connect(url=args.url, token=args.token).delete_cluster(args.name)
+    if args.output == "json":
+        output.emit_json(info)
+    elif info.current_nodes == 0:
+        print(f"cluster {args.name} deleted")
+    else:
+        print(f"cluster {args.name} is deleting: {info.current_nodes} busy nodes leave once "
+              "their jobs end")
+    return 0

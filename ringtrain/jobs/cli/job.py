@@ -1,0 +1,176 @@
+"""Submit, list, show, follow, download, terminate and delete training jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ringtrain.jobs.cli import output
+from ringtrain.jobs.client import JobsClient
+from ringtrain.jobs.connect import connect
+from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
+
+
+def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """Add the `job` subcommands."""
+    sub = parser.add_subparsers(metavar="COMMAND")
+    p = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML or JSON)")
+    p.add_argument("spec", help="the spec file; `ringtrain job schema` describes it")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--follow", action="store_true",
+                   help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
+    p.set_defaults(func=_submit)
+    p = sub.add_parser("list", parents=[common], help="list jobs")
+    p.add_argument("--experiment")
+    p.add_argument("--cluster")
+    p.add_argument("--state", choices=[s.value for s in JobState])
+    p.set_defaults(func=_list)
+    p = sub.add_parser("show", parents=[common], help="a job's state and details")
+    p.add_argument("id")
+    p.set_defaults(func=_show)
+    p = sub.add_parser("logs", parents=[common], help="a rank's stdout (or stderr)")
+    p.add_argument("id")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    p.add_argument("--follow", action="store_true",
+                   help="stream until the job ends; exit 1 unless it succeeds")
+    p.set_defaults(func=_logs)
+    p = sub.add_parser("files", parents=[common], help="list the files of a job's folder")
+    p.add_argument("id")
+    p.add_argument("path", nargs="?", default="", help="a sub-folder, e.g. outputs/model")
+    p.set_defaults(func=_files)
+    p = sub.add_parser("download", parents=[common], help="copy a job's file or folder here")
+    p.add_argument("id")
+    p.add_argument("path", help="relative to the job's folder, e.g. outputs/model")
+    p.add_argument("--to", dest="dest", default=".", help="destination folder (default .)")
+    p.set_defaults(func=_download)
+    p = sub.add_parser("terminate", parents=[common], help="stop a job")
+    p.add_argument("id")
+    p.set_defaults(func=_terminate)
+    p = sub.add_parser("delete", parents=[common], help="forget a finished job, delete its folder")
+    p.add_argument("id")
+    p.set_defaults(func=_delete)
+    p = sub.add_parser("schema", help="print the JSON Schema of job specs")
+    p.set_defaults(func=_schema)
+
+
+def _client(args: argparse.Namespace) -> JobsClient:
+    return connect(url=args.url, token=args.token)
+
+
+def _resolve_paths(spec: JobSpec) -> JobSpec:
+    """Relative working_dir and input paths are relative to where the CLI runs."""
+    update = {}
+    if spec.working_dir:
+        update["working_dir"] = str(Path(spec.working_dir).expanduser().resolve())
+    inputs = {k: (v if "://" in v else str(Path(v).expanduser().resolve()))
+              for k, v in spec.inputs.items()}
+    if inputs != spec.inputs:
+        update["inputs"] = inputs
+    return spec.model_copy(update=update) if update else spec
+
+
+def _show_job(args: argparse.Namespace, job: JobInfo) -> int:
+    if args.output == "json":
+        output.emit_json(job)
+    else:
+        print(output.job_text(job))
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    spec = _resolve_paths(load_job_spec(args.spec))
+    client = _client(args)
+    job = client.submit(args.cluster, spec)
+    if not args.follow:
+        if args.output == "json":
+            output.emit_json(job)
+        else:
+            print(job.id)
+        return 0
+    print(job.id, file=sys.stderr if args.output == "json" else sys.stdout, flush=True)
+    return _follow(client, args, job.id, rank=0, stream="stdout")
+
+
+def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int,
+            stream: str) -> int:
+    """Stream a log until the job ends; the outcome sets the exit code."""
+    out = sys.stderr.buffer if args.output == "json" else sys.stdout.buffer
+    for chunk in client.logs(job_id, rank, stream, follow=True):
+        out.write(chunk)
+        out.flush()
+    job = client.get_job(job_id)
+    if args.output == "json":
+        output.emit_json(job)
+    detail = f": {job.message}" if job.message else ""
+    print(f"job {job.id} {job.state.value} after {output.duration(job) or '0s'}{detail}",
+          file=sys.stderr)
+    return 0 if job.state == JobState.SUCCEEDED else 1
+
+
+def _list(args: argparse.Namespace) -> int:
+    jobs = _client(args).list_jobs(args.experiment, args.cluster,
+                                   JobState(args.state) if args.state else None)
+    if args.output == "json":
+        output.emit_json(jobs)
+    else:
+        print(output.jobs_table(jobs) if jobs else "no jobs")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    return _show_job(args, _client(args).get_job(args.id))
+
+
+def _logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    stream = "stderr" if args.stderr else "stdout"
+    if args.follow:
+        return _follow(client, args, args.id, args.rank, stream)
+    data = b"".join(client.logs(args.id, args.rank, stream))
+    if args.output == "json":
+        output.emit_json({"id": args.id, "rank": args.rank, "stream": stream,
+                          "text": data.decode(errors="replace")})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+def _files(args: argparse.Namespace) -> int:
+    files = _client(args).list_files(args.id, args.path)
+    if args.output == "json":
+        output.emit_json(files)
+    else:
+        print(output.files_table(files) if files else "no files")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    written = _client(args).download(args.id, args.path, args.dest)
+    if args.output == "json":
+        output.emit_json([str(p) for p in written])
+    else:
+        for p in written:
+            print(p)
+    return 0
+
+
+def _terminate(args: argparse.Namespace) -> int:
+    return _show_job(args, _client(args).terminate(args.id))
+
+
+def _delete(args: argparse.Namespace) -> int:
+    _client(args).delete_job(args.id)
+    if args.output == "json":
+        output.emit_json({"id": args.id, "deleted": True})
+    else:
+        print(f"job {args.id} deleted")
+    return 0
+
+
+def _schema(_args: argparse.Namespace) -> int:
+    print(json.dumps(JobSpec.model_json_schema(), indent=2))
+    return 0

@@ -1,0 +1,107 @@
+"""How the job CLI prints: aligned tables for people, one JSON document for ``-o json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ringtrain.jobs.models import ClusterInfo, FileInfo, JobInfo
+
+
+def emit_json(value: Any) -> None:
+    """Print one JSON document (models, lists of models or plain values) on stdout."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, BaseModel):
+            return v.model_dump(mode="json")
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    print(json.dumps(plain(value), indent=2))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; '-' for empty cells."""
+    cells = [[str(h).upper() for h in headers]]
+    cells += [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def when(t: float | None) -> str:
+    """A timestamp as local date and time."""
+    return "" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def duration(job: JobInfo, now: float | None = None) -> str:
+    """How long the current attempt ran (so far)."""
+    if job.started_at is None:
+        return ""
+    end = job.ended_at if job.ended_at is not None else (now or time.time())
+    return f"{max(0.0, end - job.started_at):.1f}s"
+
+
+def clusters_table(clusters: list[ClusterInfo]) -> str:
+    """The table of `cluster list`."""
+    return table(
+        ["name", "backend", "nodes", "slots", "allocation", "idle", "preparing", "running",
+         "leaving", "unusable"],
+        [[c.name, c.backend, f"{c.current_nodes}/{c.target_nodes}", c.slots,
+          c.allocation_state.value, *c.node_counts.model_dump().values()] for c in clusters])
+
+
+def cluster_text(c: ClusterInfo) -> str:
+    """The text of `cluster show`."""
+    counts = ", ".join(f"{k} {v}" for k, v in c.node_counts.model_dump().items())
+    return "\n".join([
+        f"name:        {c.name}", f"backend:     {c.backend}",
+        f"nodes:       {c.current_nodes} (target {c.target_nodes}), {c.slots} slots each",
+        f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
+        f"created:     {when(c.created_at)}"])
+
+
+def jobs_table(jobs: list[JobInfo]) -> str:
+    """The table of `job list`."""
+    return table(["id", "experiment", "cluster", "state", "nodes", "priority", "created",
+                  "duration"],
+                 [[j.id, j.spec.experiment, j.cluster, j.state.value,
+                   f"{j.spec.node_count}x{j.spec.process_count_per_node}",
+                   j.spec.priority.value, when(j.created_at), duration(j)] for j in jobs])
+
+
+def job_text(j: JobInfo) -> str:
+    """The text of `job show`."""
+    s = j.spec
+    lines = [
+        f"id:          {j.id}", f"name:        {s.name or '-'}",
+        f"experiment:  {s.experiment or '-'}", f"cluster:     {j.cluster}",
+        f"state:       {j.state.value}" + (f" (attempt {j.attempt + 1} of {s.max_retries + 1})"
+                                           if s.max_retries else ""),
+        f"message:     {j.message or '-'}",
+        f"exit code:   {'-' if j.exit_code is None else j.exit_code}",
+        f"ranks:       {s.node_count} nodes x {s.process_count_per_node} processes"
+        + (f" on nodes {', '.join(map(str, j.nodes))}" if j.nodes else ""),
+        f"command:     {s.command}", f"priority:    {s.priority.value}",
+        f"created:     {when(j.created_at)}", f"started:     {when(j.started_at) or '-'}",
+        f"running:     {when(j.running_at) or '-'}", f"ended:       {when(j.ended_at) or '-'}",
+        f"duration:    {duration(j) or '-'}", f"folder:      {j.job_dir}",
+    ]
+    return "\n".join(lines)
+
+
+def files_table(files: list[FileInfo]) -> str:
+    """The table of `job files`."""
+    return table(["path", "size", "modified"], [[f.path, f.size, when(f.modified_at)]
+                                                for f in files])
+
+
+def error(message: str, errors: list[dict[str, str]] | None, as_json: bool) -> None:
+    """Report a failure: text on stderr, and with ``-o json`` a JSON document on stdout."""
+    print(f"ringtrain: {message}", file=sys.stderr)
+    if as_json:
+        emit_json({"error": message, "errors": errors or []})

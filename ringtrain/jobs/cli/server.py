@@ -1,0 +1,65 @@
+"""Run the job service: `ringtrain server` (foreground), `server start|stop|status`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ringtrain.jobs.cli import output
+from ringtrain.jobs.connect import running_server, start_server, stop_server
+from ringtrain.jobs.home import Home, service_token
+
+
+def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """`server` itself serves in the foreground; its subcommands manage a background one."""
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; any other needs --token)")
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--token", help="require `Authorization: Bearer TOKEN` "
+                                        "(default: RINGTRAIN_TOKEN)")
+    parser.set_defaults(func=_serve, output="table")
+    sub = parser.add_subparsers(metavar="COMMAND")
+    for name, func, help_ in (
+            ("start", _start, "start a server for RINGTRAIN_HOME in the background"),
+            ("stop", _stop, "stop the server of RINGTRAIN_HOME (jobs keep running)"),
+            ("status", _status, "show the server of RINGTRAIN_HOME")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        p.set_defaults(func=func)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ringtrain.jobs.server import serve
+
+    logging.getLogger("ringtrain").setLevel(logging.INFO)
+    serve(Home.from_environ(), args.host, args.port, args.token or service_token())
+    return 0
+
+
+def _report(args: argparse.Namespace, info: dict | None, verb: str) -> int:
+    if args.output == "json":
+        output.emit_json({"running": verb != "stopped" and info is not None, "server": info})
+    elif info is None:
+        print(f"no server runs for {Home.from_environ().root}")
+    else:
+        print(f"server {verb}: pid {info['pid']} at {info['url']} (home {info['home']})")
+    return 0 if info is not None or verb == "stopped" else 1
+
+
+def _start(args: argparse.Namespace) -> int:
+    home = Home.from_environ()
+    return _report(args, running_server(home) or start_server(home), "running")
+
+
+def _stop(args: argparse.Namespace) -> int:
+    info = stop_server(Home.from_environ())
+    if info is None and args.output != "json":
+        print("no server was running", file=sys.stderr)
+        return 0
+    return _report(args, info, "stopped")
+
+
+def _status(args: argparse.Namespace) -> int:
+    return _report(args, running_server(Home.from_environ()), "running")
+

@@ -1,0 +1,187 @@
+"""The Python client of the job service (httpx); the CLI is a thin shell over it.
+
+HTTP errors come back as the service's own exceptions (``NotFoundError`` for 404, ``SpecError``
+with the bad fields for 422, ...), so callers handle one error family whether they call the
+service in-process or over the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ringtrain.jobs.api.schemas import API_PREFIX, Health
+from ringtrain.jobs.errors import (
+    AuthError,
+    ConflictError,
+    InvalidRequestError,
+    JobsError,
+    NotFoundError,
+    ServiceUnavailableError,
+    SpecError,
+)
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+
+_BY_STATUS: dict[int, type[JobsError]] = {
+    400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
+}
+
+
+class JobsClient:
+    """Calls one job server.
+
+    Args:
+        url: the server, e.g. ``http://127.0.0.1:8123``.
+        token: the bearer token, if the server requires one.
+        timeout_s: per-request timeout (streams wait without one).
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers,
+                                  timeout=timeout_s)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(f"cannot reach the job service at {self.url}: {e}") from None
+        _raise_for(response)
+        return None if response.status_code == 204 else response.json()
+
+    # -- clusters ----------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        """Who serves. Raises ServiceUnavailableError if nobody does."""
+        return Health.model_validate(self._call("GET", "/health"))
+
+    def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
+        """Create a cluster."""
+        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump()))
+
+    def list_clusters(self) -> list[ClusterInfo]:
+        """All clusters."""
+        return [ClusterInfo.model_validate(c) for c in self._call("GET", "/clusters")]
+
+    def get_cluster(self, name: str) -> ClusterInfo:
+        """One cluster."""
+        return ClusterInfo.model_validate(self._call("GET", f"/clusters/{name}"))
+
+    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
+        """Change a cluster's size."""
+        return ClusterInfo.model_validate(
+            self._call("PATCH", f"/clusters/{name}", json={"nodes": nodes}))
+
+    def delete_cluster(self, name: str) -> ClusterInfo:
+        """Delete a cluster (once its running jobs end)."""
+        return ClusterInfo.model_validate(self._call("DELETE", f"/clusters/{name}"))
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def submit(self, cluster: str, spec: JobSpec) -> JobInfo:
+        """Queue a job on a cluster."""
+        body = {"cluster": cluster, "spec": spec.model_dump(mode="json", exclude_unset=True)}
+        return JobInfo.model_validate(self._call("POST", "/jobs", json=body))
+
+    def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
+                  state: JobState | None = None) -> list[JobInfo]:
+        """Jobs in submission order."""
+        params = {k: v for k, v in (("experiment", experiment), ("cluster", cluster),
+                                    ("state", state.value if state else None)) if v is not None}
+        return [JobInfo.model_validate(j) for j in self._call("GET", "/jobs", params=params)]
+
+    def get_job(self, job_id: str) -> JobInfo:
+        """One job."""
+        return JobInfo.model_validate(self._call("GET", f"/jobs/{job_id}"))
+
+    def terminate(self, job_id: str) -> JobInfo:
+        """Stop a job."""
+        return JobInfo.model_validate(self._call("POST", f"/jobs/{job_id}/terminate"))
+
+    def delete_job(self, job_id: str) -> None:
+        """Forget a finished job and delete its folder."""
+        self._call("DELETE", f"/jobs/{job_id}")
+
+    def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
+        """Files under a path of the job's folder."""
+        return [FileInfo.model_validate(f) for f in
+                self._call("GET", f"/jobs/{job_id}/files", params={"path": path})]
+
+    def download(self, job_id: str, path: str, dest: str | Path) -> list[Path]:
+        """Copy a file or folder of a job into the folder ``dest``, like ``cp -r PATH DEST/``.
+
+        Returns:
+            The local paths written (``outputs/model`` lands in ``DEST/model/``).
+        """
+        dest = Path(dest)
+        files = self.list_files(job_id, path)
+        base = path.strip("/")
+        written = []
+        for f in files:
+            # Like `cp -r PATH DEST/`: the last component of PATH is kept.
+            rel = Path(f.path).relative_to(Path(base).parent) if base else Path(f.path)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self._stream("GET", f"/jobs/{job_id}/download", {"path": f.path}) as r, \
+                    open(target, "wb") as out:
+                for chunk in r.iter_bytes():
+                    out.write(chunk)
+            written.append(target)
+        return written
+
+    def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
+             follow: bool = False) -> Iterator[bytes]:
+        """One rank's stdout or stderr; with ``follow``, until the job ends."""
+        params = {"rank": rank, "stream": stream, "follow": follow}
+        with self._stream("GET", f"/jobs/{job_id}/logs", params) as r:
+            yield from r.iter_raw()
+
+    def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
+        return _Stream(self._http, method, path, params, self.url)
+
+
+class _Stream:
+    """A streamed response whose errors are raised as the service's exceptions."""
+
+    def __init__(self, http: httpx.Client, method: str, path: str, params: dict[str, Any],
+                 url: str):
+        self._ctx = http.stream(method, path, params=params, timeout=httpx.Timeout(30, read=None))
+        self._url = url
+
+    def __enter__(self) -> httpx.Response:
+        try:
+            response = self._ctx.__enter__()
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(f"cannot reach the job service at {self._url}: {e}") from None
+        if response.status_code >= 400:
+            response.read()
+            self._ctx.__exit__(None, None, None)
+            _raise_for(response)
+        return response
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.__exit__(*exc)
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text}
+    detail = body.get("detail") if isinstance(body, dict) else str(body)
+    if response.status_code == 422:
+        first = str(detail).splitlines()[0] if detail else "invalid request:"
+        source = first.removeprefix("invalid ").rstrip(":")
+        raise SpecError(body.get("errors") or [{"field": "(request)", "message": str(detail)}],
+                        source)
+    raise _BY_STATUS.get(response.status_code, JobsError)(str(detail))

@@ -1,0 +1,149 @@
+"""Serving the job service: ``ringtrain server`` runs the API and the scheduler loop in one process.
+
+One server per home (an flock on ``server.lock``); its address, pid and token go to
+``server.json`` so the CLI finds it. It binds to loopback unless given a token: the API starts
+processes on this host, so exposing it without authentication would hand the host to anyone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import IO
+
+from fastapi import FastAPI
+
+from ringtrain.errors import ConfigError
+from ringtrain.jobs.errors import ConflictError
+from ringtrain.jobs.home import Home
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse a non-loopback address without a token.
+
+    Raises:
+        ConfigError: ``host`` is reachable from other machines and ``token`` is empty.
+    """
+    if not is_loopback(host) and not token:
+        raise ConfigError(f"binding the job service to {host} exposes it to the network, and it "
+                          "runs commands on this host: pass --token (or set RINGTRAIN_TOKEN); "
+                          "clients then send `Authorization: Bearer <token>`")
+
+
+def _lock(home: Home) -> IO[str]:
+    f = open(home.lock_file, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        try:
+            running = json.loads(home.server_file.read_text())
+            where = f" (pid {running['pid']} at {running['url']})"
+        except (OSError, ValueError, KeyError):
+            where = ""
+        raise ConflictError(f"a server already runs for {home.root}{where}; "
+                            "`ringtrain server stop` stops it") from None
+    return f
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _url_host(host: str) -> str:
+    """How a client on this host reaches a server bound to ``host``."""
+    if host in ("0.0.0.0", "localhost"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
+
+    Args:
+        home: the service home (database, share, server.json).
+        host: the address to bind.
+        port: the port; 0 picks a free one.
+        token: the bearer token clients must send (required off loopback).
+
+    Raises:
+        ConfigError: a non-loopback host without a token.
+        ConflictError: another server already serves this home.
+    """
+    import uvicorn
+
+    from ringtrain.jobs.api.app import create_app
+    from ringtrain.jobs.executors.local import LocalExecutor
+    from ringtrain.jobs.service import JobService
+    from ringtrain.jobs.share import Share
+    from ringtrain.jobs.store import SQLiteStore
+
+    check_bind(host, token)
+    home.ensure()
+    lock = _lock(home)
+    sock = _bind(host, port)
+    store = SQLiteStore(home.db_path)
+    share = Share(home.share_root)
+    service = JobService(store, share, LocalExecutor(share))
+    stop = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # The first tick re-adopts the jobs of a previous server: live runners are watched on,
+        # dead ones are settled from their status files (or failed / re-queued).
+        loop = threading.Thread(target=service.run_loop, args=(stop,), name="scheduler",
+                                daemon=True)
+        loop.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            service.wake.set()
+            loop.join(timeout=10)
+
+    app = create_app(service, token=token, home=str(home.root), lifespan=lifespan)
+    bound_port = sock.getsockname()[1]
+    info = {"pid": os.getpid(), "url": f"http://{_url_host(host)}:{bound_port}", "host": host,
+            "port": bound_port, "token": token, "home": str(home.root), "started_at": time.time()}
+    tmp = home.server_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    os.chmod(tmp, 0o600)  # it may hold the token
+    os.replace(tmp, home.server_file)
+    log.info("ringtrain job service at %s (home %s)", info["url"], home.root)
+    try:
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        try:
+            if json.loads(home.server_file.read_text()).get("pid") == os.getpid():
+                home.server_file.unlink()
+        except (OSError, ValueError):
+            pass
+        store.close()
+        lock.close()
