@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringtrain.errors import ConfigError
@@ -148,6 +148,46 @@ def worker_environ(
     }
     env.update(knobs.environ())
     return env
+
+
+def socket_ifname_environ(ifnames: Sequence[str]) -> dict[str, str]:
+    """The variables that make Gloo and NCCL open their sockets on these interfaces only."""
+    joined = ",".join(ifnames)
+    return {"GLOO_SOCKET_IFNAME": joined, "NCCL_SOCKET_IFNAME": joined}
+
+
+def unbuffered_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """Make Python workers write each line as it is printed (unless the user chose otherwise).
+
+    The launcher reads workers through pipes, where Python would otherwise buffer output in
+    blocks, so a tailed ``rank.N/stdout`` would lag by kilobytes.
+    """
+    return {} if "PYTHONUNBUFFERED" in environ else {"PYTHONUNBUFFERED": "1"}
+
+
+def prepend_pythonpath(directory: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` with ``directory`` first (the ``horovod`` shim of ``--horovod-compat``)."""
+    existing = environ.get("PYTHONPATH")
+    return {"PYTHONPATH": directory + (os.pathsep + existing if existing else "")}
+
+
+# Variables that describe the launcher's own host or login session and would be wrong on
+# another host (Horovod forwards the rest of the environment to remote ranks too).
+_HOST_SPECIFIC = re.compile(
+    r"HOSTNAME|HOST|PWD|OLDPWD|SHLVL|_|SSH_\w*|BASH_FUNC_.*|DISPLAY|XAUTHORITY|XDG_RUNTIME_DIR"
+    r"|XDG_SESSION_\w*|TMUX|TMUX_PANE|DBUS_SESSION_BUS_ADDRESS"
+)
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def remote_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the launcher's environment that is forwarded to ranks on other hosts.
+
+    Everything is forwarded (PATH, PYTHONPATH, VIRTUAL_ENV, the user's own variables) except
+    variables tied to this host or login session, and names a shell cannot assign.
+    """
+    return {k: v for k, v in environ.items()
+            if _SHELL_NAME.fullmatch(k) and not _HOST_SPECIFIC.fullmatch(k)}
 
 
 def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:

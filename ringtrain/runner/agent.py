@@ -1,0 +1,304 @@
+"""The agent: starts every rank of a plan, streams their output, and supervises them.
+
+``Agent.run`` has three phases, as torchrun's agent: start every rank; monitor until all have
+exited, stopping the rest on the first failure (or on an interrupt); return a
+:class:`~ringtrain.runner.result.RunResult`. Three threads per rank feed it: one per output
+stream (which also parse the task wrapper's markers) and one waiting for the process to exit;
+they talk to the monitor through one queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from functools import partial
+from typing import IO
+
+from ringtrain.runner.output import OutputSink
+from ringtrain.runner.plan import LaunchPlan, RankSpec
+from ringtrain.runner.result import RankOutcome, RankState, RunResult, check_transition
+from ringtrain.runner.spawn import RankProcess, SpawnOptions
+from ringtrain.runner.task import Marker, split_marker
+
+log = logging.getLogger(__name__)
+
+_LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
+_TAIL_LINES = 5  # stderr lines kept to explain a failure to start
+_REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
+
+
+class _Rank:
+    """The agent's book-keeping for one rank."""
+
+    def __init__(self, spec: RankSpec):
+        self.spec = spec
+        self.state = RankState.STARTING
+        self.outcome: RankOutcome | None = None
+        self.proc: RankProcess | None = None
+        self.deadline = float("inf")  # set when the process is created
+        self.exited = False  # its process is gone (or was never created)
+        self.stop_requested = False
+        self.started = False  # the task wrapper reported in
+        self.failed_reason: str | None = None
+        self.exit_marker: Marker | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.stderr_thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
+
+    def tail(self) -> str:
+        return " / ".join(self.stderr_tail)
+
+    def finish(self, state: RankState, **details) -> RankOutcome:
+        if self.state is RankState.STARTING and state in (RankState.SUCCEEDED, RankState.FAILED):
+            self.state = check_transition(self.state, RankState.RUNNING)
+        self.state = check_transition(self.state, state)
+        self.outcome = RankOutcome(self.spec.rank, self.spec.hostname, state, **details)
+        return self.outcome
+
+
+class Agent:
+    """Runs one launch plan to completion."""
+
+    def __init__(self, plan: LaunchPlan, options: SpawnOptions, sink: OutputSink,
+                 start_timeout_s: float, launcher_environ: Mapping[str, str],
+                 stop_grace_s: float | None = None):
+        """Args:
+            plan: the ranks to start.
+            options: how to start them.
+            sink: where their output goes.
+            start_timeout_s: how long a rank may take to report in.
+            launcher_environ: the launcher's environment (ssh runs with it).
+            stop_grace_s: after a stop request, how long before the ranks are killed; by
+                default a little longer than the wrapper's own grace, so the wrapper's orderly
+                SIGTERM-then-SIGKILL of the command runs first.
+        """
+        self._plan = plan
+        self._options = options
+        self._sink = sink
+        self._launcher_environ = launcher_environ
+        self._ranks = [_Rank(spec) for spec in plan.ranks]
+        self._start_timeout_s = start_timeout_s
+        self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
+        # SimpleQueue: `put` is reentrant, so `interrupt` may be called from a signal handler.
+        self._events: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._root_causes: list[RankOutcome] = []
+        self._interrupted_by: int | None = None
+        self._stopped = 0
+        self._kill_at: float | None = None
+        self._abandon_at: float | None = None
+
+    def interrupt(self, signum: int) -> None:
+        """Stop the job because the launcher got ``signum``; a second call kills at once.
+
+        Safe to call from a signal handler or another thread.
+        """
+        self._events.put(("interrupt", signum))
+
+    def run(self) -> RunResult:
+        """Start every rank, supervise them until all have exited, and report.
+
+        Returns:
+            The outcome of every rank and the root cause of a failure.
+        """
+        try:
+            self._start()
+            self._monitor()
+        finally:
+            self._cleanup()
+        return RunResult(
+            outcomes=tuple(r.outcome for r in self._ranks),
+            root_causes=tuple(self._root_causes),
+            interrupted_by=self._interrupted_by,
+            stopped=self._stopped,
+        )
+
+    # -- start ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        for index, rank in enumerate(self._ranks):
+            try:
+                rank.proc = RankProcess(rank.spec, self._plan.command, self._options,
+                                        self._launcher_environ)
+            except OSError as e:
+                for later in self._ranks[index:]:
+                    later.exited = True
+                for later in self._ranks[index + 1:]:
+                    later.finish(RankState.STOPPED, reason="not started")
+                self._fail(rank.finish(RankState.START_FAILED, reason=str(e)))
+                return
+            rank.deadline = time.monotonic() + self._start_timeout_s
+            log.debug("rank %d on %s: started %s (pid %d)", rank.spec.rank, rank.spec.hostname,
+                      "locally" if rank.spec.local else "over ssh", rank.proc.popen.pid)
+            popen = rank.proc.popen
+            rank.stderr_thread = _thread(f"rank{rank.spec.rank}-stderr", self._pump_stderr,
+                                         index, popen.stderr)
+            rank.threads = [
+                _thread(f"rank{rank.spec.rank}-stdout", self._pump_stdout, rank, popen.stdout),
+                rank.stderr_thread,
+                _thread(f"rank{rank.spec.rank}-wait", self._wait, index),
+            ]
+
+    def _pump_stdout(self, rank: _Rank, pipe: IO[bytes]) -> None:
+        with pipe:
+            for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
+                self._sink.write(rank.spec.rank, "stdout", line)
+
+    def _pump_stderr(self, index: int, pipe: IO[bytes]) -> None:
+        rank = self._ranks[index]
+        with pipe:
+            for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
+                text, marker = split_marker(self._options.token, line)
+                if text:
+                    # A marker after a partial line (the command died mid-line) ends that line.
+                    self._sink.write(rank.spec.rank, "stderr",
+                                     text if marker is None else text + b"\n")
+                    stripped = text.decode(errors="replace").strip()
+                    if stripped:
+                        rank.stderr_tail.append(stripped)
+                if marker is not None:
+                    self._on_marker(rank, marker)
+                    self._events.put(("marker", index))
+
+    def _on_marker(self, rank: _Rank, marker: Marker) -> None:
+        if marker.event == "started":
+            rank.started = True
+            if rank.spec.local:
+                rank.proc.child_pid = int(marker.detail)
+        elif marker.event == "failed":
+            rank.failed_reason = marker.detail
+        elif marker.event == "exit":
+            rank.exit_marker = marker
+
+    def _wait(self, index: int) -> None:
+        self._ranks[index].proc.popen.wait()
+        self._events.put(("exit", index))
+
+    # -- monitor ----------------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        while any(not r.exited for r in self._ranks):
+            try:
+                kind, value = self._events.get(timeout=0.1)
+            except queue.Empty:
+                kind, value = "tick", -1
+            if kind == "exit":
+                self._on_exit(self._ranks[value])
+            elif kind == "marker":
+                rank = self._ranks[value]
+                if rank.started and rank.state is RankState.STARTING:
+                    rank.state = check_transition(rank.state, RankState.RUNNING)
+            elif kind == "interrupt":
+                self._on_interrupt(value)
+            now = time.monotonic()
+            self._check_start_deadlines(now)
+            if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
+                self._kill_all(now)
+            if self._abandon_at is not None and now >= self._abandon_at:
+                self._abandon()
+
+    def _on_exit(self, rank: _Rank) -> None:
+        # Let the stderr reader finish first: the wrapper's last markers may still be in the pipe.
+        rank.stderr_thread.join(timeout=2.0)
+        rank.exited = True
+        if rank.state.is_terminal:  # e.g. it timed out while starting and was stopped since
+            return
+        returncode = rank.proc.popen.returncode
+        if rank.exit_marker is not None:
+            code, sig = rank.exit_marker.exit_status()
+        else:
+            code, sig = (returncode, None) if returncode >= 0 else (None, -returncode)
+        if not rank.started:
+            if rank.stop_requested:
+                rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
+            else:
+                reason = (rank.failed_reason or rank.tail()
+                          or f"exited with code {returncode} before starting")
+                self._fail(rank.finish(RankState.START_FAILED, exit_code=code, signal=sig,
+                                       reason=reason))
+        elif code == 0:
+            rank.finish(RankState.SUCCEEDED, exit_code=0)
+        elif rank.stop_requested:
+            rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
+        elif rank.exit_marker is None and not rank.spec.local:
+            reason = f"the ssh connection ended (ssh exit code {returncode})"
+            tail = rank.tail()
+            self._fail(rank.finish(RankState.FAILED, exit_code=code, signal=sig,
+                                   reason=f"{reason}: {tail}" if tail else reason))
+        else:
+            self._fail(rank.finish(RankState.FAILED, exit_code=code, signal=sig))
+
+    def _check_start_deadlines(self, now: float) -> None:
+        late = [r for r in self._ranks if r.state is RankState.STARTING and not r.exited
+                and not r.stop_requested and now >= r.deadline]
+        why = f"did not report in within {self._start_timeout_s:g} s (--start-timeout)"
+        if late:
+            self._fail(*(rank.finish(RankState.START_FAILED,
+                                     reason=f"{why}: {rank.tail()}" if rank.tail() else why)
+                         for rank in late))
+
+    def _fail(self, *outcomes: RankOutcome) -> None:
+        for outcome in outcomes:
+            log.debug("%s", outcome.describe())
+        # Only the failures before the stop are root causes; later ones are usually the
+        # survivors noticing that a peer is gone.
+        if self._kill_at is None:
+            self._root_causes.extend(outcomes)
+            self._stop_all()
+
+    def _on_interrupt(self, signum: int) -> None:
+        if self._kill_at is None:
+            self._interrupted_by = signum
+            self._stop_all()
+        elif self._abandon_at is None:
+            self._kill_all(time.monotonic())  # a second Ctrl-C: no more grace
+
+    def _stop_all(self) -> None:
+        # Ranks that failed just now (same pass) are causes, not "stopped".
+        for rank in self._ranks:
+            if not rank.state.is_terminal:
+                rank.stop_requested = True
+                self._stopped += 1
+            if rank.proc is not None and not rank.exited:
+                rank.proc.request_stop()
+        self._kill_at = time.monotonic() + self._stop_grace_s
+
+    def _kill_all(self, now: float) -> None:
+        for rank in self._ranks:
+            if rank.proc is not None and not rank.exited:
+                log.debug("rank %d did not stop within %g s; killing it", rank.spec.rank,
+                          self._stop_grace_s)
+                rank.proc.kill()
+        self._abandon_at = now + _REAP_TIMEOUT_S
+
+    def _abandon(self) -> None:
+        for rank in self._ranks:
+            if not rank.exited:
+                log.warning("rank %d on %s did not exit after SIGKILL; leaving it",
+                            rank.spec.rank, rank.spec.hostname)
+                rank.exited = True
+                if not rank.state.is_terminal:
+                    rank.finish(RankState.STOPPED, reason="did not exit after SIGKILL")
+
+    # -- cleanup ----------------------------------------------------------------------------
+
+    def _cleanup(self) -> None:
+        # Normally every process has exited by now; this covers an exception in the agent.
+        for rank in self._ranks:
+            if rank.proc is not None and rank.proc.popen.poll() is None:
+                rank.proc.kill()
+            if rank.outcome is None:  # only after an exception in the agent
+                rank.finish(RankState.STOPPED, reason="stopped by a launcher error")
+        for rank in self._ranks:
+            for thread in rank.threads:
+                thread.join(timeout=1.0)  # a process that escaped its group may hold a pipe
+        self._sink.close()
+
+
+def _thread(name: str, target, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread

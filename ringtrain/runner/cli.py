@@ -1,0 +1,46 @@
+"""`ringtrain run [OPTIONS] COMMAND...`: parse, launch, report. A thin shell over the library."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from ringtrain.errors import ConfigError
+from ringtrain.runner.result import EXIT_START_FAILED
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``ringtrain run`` with ``argv`` (the arguments after ``run``).
+
+    Returns:
+        0 when every rank succeeded, 1 when a rank failed, 2 when the job could not be started
+        (bad options included), 128 + N when the launcher was stopped by signal N.
+    """
+    # Import here: `ringtrain --help` and the other commands never load the launcher.
+    from ringtrain.runner.config import load_config
+    from ringtrain.runner.launch import launch
+
+    logging.basicConfig(format="ringtrain run: %(message)s", level=logging.WARNING)
+    try:
+        config = load_config(argv, os.environ)
+    except SystemExit as e:  # --help and --version print and exit
+        return int(e.code or 0)
+    except ConfigError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    if config.verbose:
+        logging.getLogger("ringtrain").setLevel(logging.DEBUG)
+    try:
+        result = launch(config)
+    except ConfigError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    if result.succeeded:
+        log.info("%s", result.message)
+    else:
+        print(f"ringtrain run: {result.message}", file=sys.stderr)
+    return result.exit_code

@@ -1,0 +1,215 @@
+"""`LaunchConfig`: everything `ringtrain run` was asked to do, frozen and validated once.
+
+:func:`load_config` merges the sources, highest first: the command line, ``--config-file``,
+Horovod's ``HOROVOD_*`` variables in the launcher's environment (for the engine knobs, as
+horovodrun leaves an exported knob alone unless a flag sets it), then the defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ringtrain.errors import ConfigError
+from ringtrain.runner import hosts as hostlib
+from ringtrain.runner.config_file import read_config_file
+from ringtrain.runner.env import EngineKnobs
+from ringtrain.runner.options import BY_DEST, LOG_LEVELS, OPTIONS, parse_argv
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A validated launch request.
+
+    Raises:
+        ConfigError: on construction, when a field is out of range; the message names the flag.
+    """
+
+    command: tuple[str, ...]
+    num_proc: int
+    hosts: tuple[hostlib.HostInfo, ...]
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    start_timeout_s: float = 30.0
+    network_interfaces: tuple[str, ...] = ()
+    output_filename: str | None = None
+    prefix_output_with_timestamp: bool = False
+    verbose: bool = False
+    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    #: Put the ``horovod`` shim on the workers' PYTHONPATH (see ``plan.horovod_compat_environ``).
+    horovod_compat: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no command given: put the program after the options, e.g. "
+                              "`ringtrain run -np 2 python train.py`")
+        if not self.hosts:
+            raise ConfigError("-H/--hosts: no host given")
+        if self.num_proc < 1:
+            raise ConfigError(f"-np/--num-proc: {self.num_proc} ranks requested; give at least 1")
+        slots = hostlib.total_slots(self.hosts)
+        if self.num_proc > slots:
+            listed = ",".join(f"{h.hostname}:{h.slots}" for h in self.hosts)
+            raise ConfigError(
+                f"-np/--num-proc: {self.num_proc} ranks requested but the hosts ({listed}) have "
+                f"only {slots} slots; lower -np or add slots to -H/--hostfile")
+        if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
+            raise ConfigError(f"-p/--ssh-port: {self.ssh_port} is not a TCP port (1-65535)")
+        if self.start_timeout_s <= 0:
+            raise ConfigError(f"--start-timeout: must be positive, not {self.start_timeout_s}")
+        if self.output_filename and Path(self.output_filename).is_file():
+            raise ConfigError(f"--output-filename: {self.output_filename} is a file; give a "
+                              "directory (each rank writes rank.N/stdout and rank.N/stderr)")
+        _check_knobs(self.knobs)
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
+    """Build the launch configuration from ``ringtrain run`` arguments.
+
+    Args:
+        argv: the arguments after ``ringtrain run``.
+        environ: the launcher's environment (read for ``HOROVOD_*`` knobs only).
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: any bad or contradictory input; the message names the flag.
+    """
+    given, command = parse_argv(argv)
+    if "config_file" in given:
+        from_file, file_command = read_config_file(given["config_file"])
+        given = from_file | given
+        command = command or file_command
+    values = {opt.dest: opt.default for opt in OPTIONS} | given
+
+    if values["mpi"]:
+        raise ConfigError("--mpi: ringtrain has no MPI; it always uses Gloo (and NCCL for CUDA "
+                          "tensors). Drop --mpi, or pass --gloo")
+    if values["autotune"]:
+        log.warning("--autotune is not supported by ringtrain; running with the fixed "
+                    "--fusion-threshold-mb and --cycle-time-ms")
+    _reject_elastic(values)
+    host_list = _hosts(values)
+    num_proc = values["num_proc"]
+    if num_proc is None and not host_list:
+        raise ConfigError("-np/--num-proc is required when no -H/--hosts or --hostfile is "
+                          "given, e.g. `ringtrain run -np 2 python train.py`")
+    if num_proc is None:
+        num_proc = hostlib.total_slots(host_list)
+    if not host_list:
+        host_list = [hostlib.HostInfo("localhost", max(num_proc, 1))]
+    identity = values["ssh_identity_file"]
+    if identity is not None and not Path(identity).is_file():
+        raise ConfigError(f"-i/--ssh-identity-file: {identity} does not exist")
+    return LaunchConfig(
+        command=tuple(command),
+        num_proc=num_proc,
+        hosts=tuple(host_list),
+        ssh_port=values["ssh_port"],
+        ssh_identity_file=identity,
+        start_timeout_s=values["start_timeout"],
+        network_interfaces=_interfaces(values["network_interfaces"]),
+        output_filename=values["output_filename"],
+        prefix_output_with_timestamp=values["prefix_output_with_timestamp"],
+        verbose=values["verbose"],
+        knobs=_knobs(values, environ),
+        horovod_compat=values["horovod_compat"],
+    )
+
+
+def _hosts(values: dict[str, Any]) -> list[hostlib.HostInfo]:
+    if values["hosts"] is not None and values["hostfile"] is not None:
+        raise ConfigError("-H/--hosts and --hostfile both given; use one of them")
+    try:
+        if values["hosts"] is not None:
+            return hostlib.parse_hosts(values["hosts"])
+        if values["hostfile"] is not None:
+            path = values["hostfile"]
+            try:
+                text = Path(path).read_text()
+            except OSError as e:
+                raise ConfigError(f"--hostfile {path}: cannot read it ({e.strerror})") from None
+            return hostlib.parse_hostfile(text, f"--hostfile {path}")
+    except ValueError as e:  # hosts' parse errors (a ConfigError passes through unchanged)
+        raise ConfigError(str(e)) from None
+    return []
+
+
+def _interfaces(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise ConfigError(f"--network-interfaces: {text!r} has an empty name; write e.g. eth0,eth1")
+    return names
+
+
+def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
+    knobs = EngineKnobs.from_environ(environ)
+    changes: dict[str, Any] = {}
+    if values["fusion_threshold_mb"] is not None:
+        changes["fusion_threshold_bytes"] = int(values["fusion_threshold_mb"] * _MIB)
+    if values["cycle_time_ms"] is not None:
+        changes["cycle_time_ms"] = values["cycle_time_ms"]
+    if values["cache_capacity"] is not None:
+        changes["cache_capacity"] = values["cache_capacity"]
+    if values["disable_cache"]:
+        changes["cache_capacity"] = 0
+    if values["timeline_filename"] is not None:
+        changes["timeline_filename"] = str(Path(values["timeline_filename"]).absolute())
+    if values["timeline_mark_cycles"]:
+        changes["timeline_mark_cycles"] = True
+    if values["no_stall_check"]:
+        changes["stall_check_enabled"] = False
+    if values["stall_check_warning_time_seconds"] is not None:
+        changes["stall_warning_s"] = values["stall_check_warning_time_seconds"]
+    if values["stall_check_shutdown_time_seconds"] is not None:
+        changes["stall_shutdown_s"] = values["stall_check_shutdown_time_seconds"]
+    if values["log_level"] is not None:
+        changes["log_level"] = values["log_level"]
+    return replace(knobs, **changes)
+
+
+def _check_knobs(knobs: EngineKnobs) -> None:
+    checks = (
+        (knobs.fusion_threshold_bytes >= 0, "fusion_threshold_mb", "must not be negative"),
+        (knobs.cycle_time_ms > 0, "cycle_time_ms", "must be positive"),
+        (knobs.cache_capacity >= 0, "cache_capacity", "must not be negative"),
+        (knobs.stall_warning_s > 0, "stall_check_warning_time_seconds", "must be positive"),
+        (knobs.stall_shutdown_s >= 0, "stall_check_shutdown_time_seconds",
+         "must not be negative (0 = never shut down)"),
+        (knobs.log_level is None or knobs.log_level in LOG_LEVELS, "log_level",
+         f"must be one of {', '.join(LOG_LEVELS)}"),
+    )
+    for ok, dest, what in checks:
+        if not ok:
+            raise ConfigError(f"{BY_DEST[dest].name} {what}")
+
+
+def _reject_elastic(values: dict[str, Any]) -> None:
+    """Validate the elastic options, then refuse them: re-forming the world is not built yet."""
+    min_np, max_np, np = values["min_np"], values["max_np"], values["num_proc"]
+    script, reset_limit = values["host_discovery_script"], values["reset_limit"]
+    if (min_np, max_np, script, reset_limit) == (None, None, None, None):
+        return
+    if min_np is not None and min_np < 1:
+        raise ConfigError(f"--min-np: must be at least 1, not {min_np}")
+    if max_np is not None and max_np < (min_np or 1):
+        raise ConfigError(f"--max-np: {max_np} is below --min-np {min_np or 1}")
+    if np is not None and not (min_np or 1) <= np <= (max_np or np):
+        raise ConfigError(f"-np/--num-proc: {np} lies outside --min-np/--max-np")
+    if reset_limit is not None and reset_limit < 0:
+        raise ConfigError(f"--reset-limit: must not be negative, not {reset_limit}")
+    if script is not None and not Path(script).is_file():
+        raise ConfigError(f"--host-discovery-script: {script} does not exist")
+    raise ConfigError(
+        "elastic training (--min-np, --max-np, --host-discovery-script, --reset-limit) is not "
+        "supported by `ringtrain run` yet; launch a fixed world with -np and -H/--hostfile")

@@ -1,0 +1,101 @@
+"""`launch(config)`: the whole of `ringtrain run` after the options are parsed.
+
+Network plan -> command checks -> rendezvous store -> launch plan -> agent. The CLI and any
+other caller (tests, the job service through the CLI) go through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from ringtrain.errors import ConfigError
+from ringtrain.runner.agent import Agent
+from ringtrain.runner.config import LaunchConfig
+from ringtrain.runner.output import OutputSink
+from ringtrain.runner.plan import build_plan, used_hostnames
+from ringtrain.runner.preflight import check_command
+from ringtrain.runner.rendezvous import StoreServer, plan_network
+from ringtrain.runner.result import RunResult
+from ringtrain.runner.spawn import SpawnOptions
+from ringtrain.runner.task import DEFAULT_GRACE_S
+
+log = logging.getLogger(__name__)
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
+           cwd: str | None = None) -> RunResult:
+    """Run the job described by ``config`` and wait for it.
+
+    Called from the main thread, SIGINT, SIGTERM and SIGHUP stop the job while it runs (a
+    second one kills the ranks at once); the previous handlers are restored afterwards.
+
+    Args:
+        config: the validated launch configuration.
+        environ: the launcher's environment (default: ``os.environ``); workers inherit it.
+        cwd: where ranks start (default: the current directory; remote hosts need the same
+            path).
+
+    Returns:
+        The result of the run.
+
+    Raises:
+        ConfigError: the command or its script does not exist, a network interface is
+            unknown, or the output files or the rendezvous store cannot be created; nothing
+            was started.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    cwd = os.getcwd() if cwd is None else cwd
+    hostnames = used_hostnames(config)
+    net = plan_network(hostnames, config.network_interfaces)
+    if net.local_hosts:
+        check_command(config.command, cwd, environ)
+    run_id = secrets.token_hex(6)
+    options = SpawnOptions(
+        python=sys.executable, cwd=cwd, token=secrets.token_hex(8), grace_s=DEFAULT_GRACE_S,
+        connect_timeout_s=config.start_timeout_s, ssh_port=config.ssh_port,
+        ssh_identity_file=config.ssh_identity_file)
+    sink = OutputSink({"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer},
+                      config.output_filename, config.prefix_output_with_timestamp)
+    try:
+        for rank in range(config.num_proc):
+            sink.open_rank(rank)
+    except OSError as e:
+        sink.close()
+        raise ConfigError(f"--output-filename {config.output_filename}: cannot create the rank "
+                          f"files ({e})") from None
+    try:
+        store = StoreServer(net.master_addr, config.start_timeout_s)
+    except OSError as e:
+        sink.close()
+        raise ConfigError(f"cannot serve the rendezvous store on {net.master_addr}: {e.strerror}; "
+                          "choose another address with --network-interfaces") from None
+    with store:
+        plan = build_plan(config, net, store.port, run_id, environ)
+        log.info("run %s: %d ranks on %s; store at %s:%d", run_id, config.num_proc,
+                 ",".join(hostnames), store.address, store.port)
+        agent = Agent(plan, options, sink, config.start_timeout_s, environ)
+        with _stop_signals_to(agent):
+            return agent.run()
+
+
+@contextmanager
+def _stop_signals_to(agent: Agent) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: agent.interrupt(signum))
+                for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,73 @@
+"""Rank output: each line to the terminal with horovodrun's ``[rank]<stdout>:`` prefix, and
+optionally, unprefixed, to ``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr``.
+
+Every line is flushed as soon as it is written, so a reader tailing the files sees it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+STREAMS = ("stdout", "stderr")
+
+
+def rank_output_path(directory: str | Path, rank: int, stream: str) -> Path:
+    """Where ``--output-filename DIR`` puts one stream of one rank: ``DIR/rank.N/STREAM``."""
+    return Path(directory) / f"rank.{rank}" / stream
+
+
+class OutputSink:
+    """Where the lines of all ranks go; safe to call from one reader thread per stream."""
+
+    def __init__(self, terminal: dict[str, BinaryIO], directory: str | None = None,
+                 timestamps: bool = False):
+        """Args:
+            terminal: the launcher's binary ``stdout`` and ``stderr``, by stream name.
+            directory: ``--output-filename``, or ``None`` for terminal only.
+            timestamps: prefix terminal lines with the time (``--prefix-output-with-timestamp``).
+        """
+        self._terminal = terminal
+        self._directory = directory
+        self._timestamps = timestamps
+        self._lock = threading.Lock()  # one line at a time on the shared terminal
+        self._files: dict[tuple[int, str], BinaryIO] = {}
+
+    def open_rank(self, rank: int) -> None:
+        """Create the rank's output files now, so they exist (empty) before it prints.
+
+        Raises:
+            OSError: the directory cannot be created or written.
+        """
+        if self._directory is None:
+            return
+        for stream in STREAMS:
+            path = rank_output_path(self._directory, rank, stream)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files[rank, stream] = open(path, "wb")
+
+    def write(self, rank: int, stream: str, line: bytes) -> None:
+        """Write one line (as read, usually newline-terminated) of ``stream`` of ``rank``."""
+        file = self._files.get((rank, stream))
+        if file is not None:
+            file.write(line)
+            file.flush()
+        prefix = f"[{rank}]<{stream}>:".encode()
+        if self._timestamps:
+            prefix = time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix
+        text = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
+        with self._lock:
+            out = self._terminal[stream]
+            try:
+                out.write(text)
+                out.flush()
+            except OSError:  # e.g. the terminal's reader (`| head`) is gone; keep the job going
+                pass
+
+    def close(self) -> None:
+        """Close the rank files (the terminal streams stay open)."""
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
