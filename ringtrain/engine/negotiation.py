@@ -137,7 +137,7 @@ def _disagreement(name: str, subs: dict[int, RequestMeta], joined: set[int]) -> 
     if first.op is OpType.BROADCAST:
         checks.append(("root rank", lambda m: m.root_rank))
     for what, get in checks:
-        values = {r: get(m) for r, m in sorted(subs.items())}
+        values = {r: _unwrap(get(m)) for r, m in sorted(subs.items())}
         if len({repr(v) for v in values.values()}) > 1:
             per_rank = "; ".join(f"rank {r}: {v}" for r, v in values.items())
             return (f"{op} {name!r}: ranks disagree on the {what} ({per_rank}). The operation "
@@ -161,3 +161,8 @@ def _alltoall_disagreement(name: str, subs: dict[int, RequestMeta]) -> str | Non
                     f"{rows} rows; splits need one non-negative entry per member "
                     f"({len(m.set_ranks)}) summing to the first dimension")
     return None
+
+
+def _unwrap(value: object) -> object:
+    """Show a one-tensor request's value without the list around it."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value

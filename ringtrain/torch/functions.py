@@ -55,7 +55,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return rank ``root_rank``'s ``obj`` (any picklable object, tensors included) everywhere."""
-    name = name or f"broadcast_object.noname.{next(runtime.current().names)}"
+    name = name or runtime.current().auto_name("broadcast_object", process_set.process_set_id)
     is_root = runtime.current().topology.rank == root_rank
     payload = _serialize(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = ops.broadcast_(torch.tensor([payload.numel()], dtype=torch.int64), root_rank,
@@ -69,7 +69,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return the list of every member's ``obj``, in rank order."""
-    name = name or f"allgather_object.noname.{next(runtime.current().names)}"
+    name = name or runtime.current().auto_name("allgather_object", process_set.process_set_id)
     payload = _serialize(obj)
     lengths = ops.synchronize(ops.allgather_async(
         torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.lengths", process_set))

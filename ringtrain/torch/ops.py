@@ -133,7 +133,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     if not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
     sparse = tensor.coalesce()
-    base = name or f"sparse_allreduce.noname.{next(runtime.current().names)}"
+    base = name or runtime.current().auto_name("sparse_allreduce", process_set.process_set_id)
     indices = allgather_async(sparse.indices().t().contiguous(), name=f"{base}.indices",
                               process_set=process_set)
     values = allgather_async(sparse.values(), name=f"{base}.values", process_set=process_set)

@@ -42,7 +42,13 @@ class Runtime:
     owns_default_group: bool
     process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     next_set_id: int = 1
-    names: itertools.count = field(default_factory=itertools.count)
+    name_counters: dict[int, itertools.count] = field(default_factory=dict)
+
+    def auto_name(self, kind: str, process_set_id: int) -> str:
+        """A name for an unnamed operation. Counted per process set: only members submit on a
+        set, so a per-set count advances identically on every member."""
+        counter = self.name_counters.setdefault(process_set_id, itertools.count())
+        return f"{kind}.noname.{process_set_id}.{next(counter)}"
 
 
 _lock = threading.RLock()

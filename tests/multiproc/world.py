@@ -74,7 +74,10 @@ class World:
             if not conn.poll(timeout):
                 self.close()
                 raise TimeoutError(f"rank {rank} did not finish {what} within {timeout} s")
-            status, value = conn.recv()
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                status, value = "err", "the process exited"
             results.append(value)
             if status == "err":
                 errors.append(f"--- rank {rank} ---\n{value}")

@@ -1,0 +1,264 @@
+"""Errors, join, process sets, barrier, object helpers, autograd and re-initialisation on real
+multi-rank worlds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+from tests.multiproc.world import World, WorkerError
+
+
+def _mismatches() -> dict[str, str]:
+    r = hvd.rank()
+    cases = {
+        "shape": lambda: hvd.allreduce(torch.ones(r + 1), name="mm.shape"),
+        "dtype": lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64),
+                                       name="mm.dtype"),
+        "trailing": lambda: hvd.allgather(torch.ones(2, r + 1), name="mm.trailing"),
+        "root": lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="mm.root"),
+        "op": lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum if r else hvd.Max, name="mm.op"),
+    }
+    messages = {}
+    for case, call in cases.items():
+        try:
+            call()
+            messages[case] = "no error"
+        except RuntimeError as exc:
+            messages[case] = str(exc)
+        # the job stays usable: the next collective works
+        ok = hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{case}")
+        assert ok.item() == hvd.size(), f"collective after {case} mismatch failed"
+    return messages
+
+
+def test_mismatches_fail_on_every_rank_and_name_the_tensor(world):
+    for messages in world.run(_mismatches):
+        assert "mm.shape" in messages["shape"] and "shape" in messages["shape"]
+        assert "rank 0: [1]" in messages["shape"] and "rank 1: [2]" in messages["shape"]
+        assert "dtype" in messages["dtype"] and "float64" in messages["dtype"]
+        assert "trailing dimensions" in messages["trailing"]
+        assert "root rank" in messages["root"]
+        assert "reduction op" in messages["op"]
+
+
+def _duplicate_name() -> str:
+    handle = hvd.allreduce_async(torch.ones(1), name="dup")
+    try:
+        hvd.allreduce_async(torch.ones(1), name="dup")
+        message = "no error"
+    except ValueError as exc:
+        message = str(exc)
+    hvd.synchronize(handle)
+    return message
+
+
+def test_same_name_twice_in_flight_is_a_value_error(world2):
+    for message in world2.run(_duplicate_name):
+        assert "already in flight" in message and "dup" in message
+
+
+def _bad_arguments() -> list[str]:
+    errors = []
+    for call in (lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True),
+                 lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)),
+                 lambda: hvd.broadcast(torch.ones(2), root_rank=99),
+                 lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)),
+                 lambda: hvd.alltoall(torch.ones(5), splits=[1, 1])):
+        try:
+            call()
+            errors.append("no error")
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_bad_arguments_are_refused_before_queueing(world2):
+    for errors in world2.run(_bad_arguments):
+        assert "no error" not in errors
+        assert "either op= or" in errors[0]
+        assert "boolean" in errors[1]
+        assert "root_rank" in errors[2]
+        assert "complex64" in errors[3]
+        assert "splits" in errors[4]
+
+
+def _join_uneven() -> tuple:
+    r, n = hvd.rank(), hvd.size()
+    sums = []
+    # rank r has r + 1 batches; averages only count ranks that still have data
+    for step in range(r + 1):
+        sums.append(hvd.allreduce(torch.tensor([float(r + 1)]), name=f"join.step.{step}").item())
+    last = hvd.join()
+    return sums, last
+
+
+def test_join_lets_ranks_with_more_data_go_on(world):
+    n = world.size
+    results = world.run(_join_uneven)
+    for r, (sums, last) in enumerate(results):
+        assert last == n - 1
+        for step, value in enumerate(sums):
+            active = [i + 1 for i in range(n) if i >= step]
+            assert value == pytest.approx(sum(active) / len(active))
+
+
+def _process_sets() -> dict:
+    r, n = hvd.rank(), hvd.size()
+    evens = hvd.add_process_set([i for i in range(n) if i % 2 == 0])
+    out = {"size": evens.size(), "rank": evens.rank(), "included": evens.included()}
+    if evens.included():
+        out["sum"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, name="ps.sum",
+                                   process_set=evens).item()
+        out["gather"] = hvd.allgather(torch.tensor([r]), name="ps.gather",
+                                      process_set=evens).tolist()
+        hvd.barrier(process_set=evens)
+    else:
+        try:
+            hvd.allreduce(torch.ones(1), process_set=evens)
+        except ValueError as exc:
+            out["refused"] = str(exc)
+    out["global"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="ps.global").item()
+    try:
+        hvd.add_process_set([i for i in range(n) if i % 2 == 0])
+    except ValueError as exc:
+        out["duplicate"] = str(exc)
+    out["removed"] = hvd.remove_process_set(evens)
+    return out
+
+
+def test_process_sets_restrict_collectives(world):
+    n = world.size
+    evens = [i for i in range(n) if i % 2 == 0]
+    for r, out in enumerate(world.run(_process_sets)):
+        assert out["size"] == len(evens) and out["included"] == (r in evens)
+        assert out["global"] == n and out["removed"] is True
+        assert "already registered" in out["duplicate"]
+        if r in evens:
+            assert out["sum"] == sum(evens) and out["gather"] == evens
+            assert out["rank"] == evens.index(r)
+        else:
+            assert out["rank"] == -1 and "not a member" in out["refused"]
+
+
+def _objects() -> tuple:
+    r = hvd.rank()
+    obj = hvd.broadcast_object({"from": r, "t": torch.arange(3) * r}, root_rank=1)
+    gathered = hvd.allgather_object(("rank", r))
+    return obj["from"], obj["t"].tolist(), gathered
+
+
+def test_broadcast_and_allgather_objects(world):
+    for r, (frm, t, gathered) in enumerate(world.run(_objects)):
+        assert frm == 1 and t == [0, 1, 2]
+        assert gathered == [("rank", i) for i in range(world.size)]
+
+
+def _gradients() -> dict:
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((2,), float(r + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum, name="grad.ar").sum().backward()
+    ar = x.grad.tolist()
+    y = torch.full((r + 1,), float(r + 1), requires_grad=True)
+    (hvd.allgather(y, name="grad.ag") * 2).sum().backward()
+    ag = y.grad.tolist()
+    z = torch.full((2,), float(r), requires_grad=True)
+    hvd.broadcast(z, root_rank=0, name="grad.bc").sum().backward()
+    bc = z.grad.tolist()
+    return {"ar": ar, "ag": ag, "bc": bc}
+
+
+def test_gradients_flow_through_synchronous_collectives(world):
+    n = world.size
+    for r, g in enumerate(world.run(_gradients)):
+        assert g["ar"] == [float(n)] * 2  # d/dx of sum over ranks of allreduce-sum
+        assert g["ag"] == [2.0] * (r + 1)  # averaged gradient, this rank's slice
+        assert g["bc"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+
+
+def _reinit() -> list[float]:
+    first = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="reinit").item()
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    second = hvd.allreduce(torch.ones(1) * 2, op=hvd.Sum, name="reinit").item()
+    return [first, second, hvd.size(), hvd.local_size()]
+
+
+def test_init_after_shutdown(world2):
+    for result in world2.run(_reinit):
+        assert result == [2.0, 4.0, 2, 2]
+
+
+def _topology() -> tuple:
+    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+            hvd.cross_size(), hvd.is_homogeneous(), hvd.gloo_enabled(), hvd.mpi_built())
+
+
+def test_topology_and_build_probes(world):
+    for r, t in enumerate(world.run(_topology)):
+        assert t == (r, world.size, r, world.size, 0, 1, True, True, False)
+
+
+def _stall(rank_that_submits: int) -> str:
+    import logging
+
+    records = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Grab()
+    logging.getLogger("ringtrain.engine.stall").addHandler(handler)
+    try:
+        if hvd.rank() == rank_that_submits:
+            try:
+                hvd.allreduce(torch.ones(1), name="stalled.tensor")
+                return "no error"
+            except RuntimeError as exc:
+                return f"error: {exc} | log: {records}"
+        import time
+
+        time.sleep(4)
+        return "log: " + " ".join(records)
+    finally:
+        logging.getLogger("ringtrain.engine.stall").removeHandler(handler)
+
+
+def test_stall_warns_then_shuts_down_instead_of_hanging():
+    world = World(2, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    try:
+        submitter, idle = world.run(_stall, 0)
+        assert "stalled.tensor" in submitter and "waiting for ranks [1]" in submitter
+        assert submitter.startswith("error: stalled for more than 3 s")
+        assert "stalled.tensor" in idle and "waiting for ranks [1]" in idle
+    finally:
+        world.close()
+
+
+def _after_peer_exit(rank_to_die: int) -> str:
+    import os
+
+    if hvd.rank() == rank_to_die:
+        os._exit(0)
+    try:
+        hvd.allreduce(torch.ones(1), name="orphan")
+        return "no error"
+    except hvd.HorovodInternalError as exc:
+        return str(exc)
+
+
+def test_peer_exit_raises_horovod_internal_error_not_a_hang():
+    world = World(2)
+    try:
+        with pytest.raises(WorkerError) as info:
+            world.run(_after_peer_exit, 1, timeout=60)
+    except TimeoutError:
+        pytest.fail("a rank hung after its peer exited")
+    finally:
+        world.close()
+    survivor = info.value.results[0]
+    assert "another rank failed or exited" in survivor
