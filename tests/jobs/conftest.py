@@ -1,0 +1,142 @@
+"""Fixtures of the job service tests: a real SQLite store, a fake clock and executor for the
+scheduler's logic, and a per-test RINGTRAIN_HOME whose real server is stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringtrain.jobs.executors import procs
+from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.home import Home
+from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
+from ringtrain.jobs.scheduler import Scheduler
+from ringtrain.jobs.share import Share
+from ringtrain.jobs.store import SQLiteStore
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeExecutor:
+    """An executor whose attempts do whatever the test says (for scheduling logic only)."""
+
+    def __init__(self) -> None:
+        self.phase: dict[str, Observation] = {}
+        self.started: list[str] = []
+        self.stops: list[tuple[str, bool]] = []
+        self.released: list[str] = []
+
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> dict[str, Any]:
+        self.started.append(job.id)
+        self.phase[job.id] = Observation("preparing")
+        return {"attempt": job.attempt, "nodes": [n.index for n in nodes]}
+
+    def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
+        if launch is None:
+            return Observation("lost", message="never started")
+        return self.phase[job.id]
+
+    def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
+        self.stops.append((job.id, force))
+
+    def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
+        self.released.append(job.id)
+
+    def exit(self, job_id: str, code: int, message: str = "") -> None:
+        self.phase[job_id] = Observation("exited", code, message)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "jobs.sqlite")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fake_executor() -> FakeExecutor:
+    return FakeExecutor()
+
+
+@pytest.fixture
+def scheduler(store: SQLiteStore, fake_executor: FakeExecutor, clock: FakeClock) -> Scheduler:
+    return Scheduler(store, fake_executor, clock, stop_grace_s=5.0)
+
+
+@pytest.fixture
+def add_job(store: SQLiteStore, clock: FakeClock, tmp_path: Path) -> Callable[..., JobInfo]:
+    """Queue a job straight into the store: ``add_job("c", node_count=2, priority="high")``."""
+    counter = iter(range(10_000))
+
+    def add(cluster: str, **spec: Any) -> JobInfo:
+        spec.setdefault("node_count", 1)
+        spec.setdefault("command", "true")
+        job_id = f"{spec.get('name', 'job')}-{next(counter)}"
+        clock.advance(1)
+        return store.add_job(JobInfo(id=job_id, cluster=cluster, spec=parse_job_spec(spec),
+                                     state="queued", created_at=clock(),
+                                     job_dir=str(tmp_path / job_id)))
+    return add
+
+
+@pytest.fixture
+def cluster(store: SQLiteStore, clock: FakeClock) -> Callable[..., str]:
+    def make(name: str = "c", nodes: int = 2, slots: int = 1) -> str:
+        store.add_cluster(ClusterSpec(name=name, nodes=nodes, slots=slots), clock())
+        return name
+    return make
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Share:
+    return Share(tmp_path / "share")
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
+    """A fresh RINGTRAIN_HOME; its server and any job processes are stopped afterwards."""
+    from ringtrain.jobs.connect import stop_server
+
+    h = Home(tmp_path / "home")
+    monkeypatch.setenv("RINGTRAIN_HOME", str(h.root))
+    monkeypatch.delenv("RINGTRAIN_URL", raising=False)
+    monkeypatch.delenv("RINGTRAIN_TOKEN", raising=False)
+    yield h
+    stop_server(h)
+    jobs = h.share_root / "jobs"
+    for job_dir in (jobs.iterdir() if jobs.exists() else []):
+        for pid in procs.job_pids(job_dir.name):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; return its value, or fail the test on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    pytest.fail(f"condition not met within {timeout_s} s")

@@ -1,0 +1,188 @@
+"""The SQLite store on a real database file: records, node allocation, enforced transitions."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ringtrain.jobs.errors import ConflictError, InvalidTransitionError, NotFoundError
+from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, NodeState
+from ringtrain.jobs.store import SQLiteStore
+
+
+def test_wal_mode_and_schema(store: SQLiteStore) -> None:
+    assert store.journal_mode() == "wal"
+    with sqlite3.connect(store.path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"clusters", "nodes", "jobs"} <= tables
+
+
+def test_clusters(store: SQLiteStore, cluster: Callable[..., str]) -> None:
+    cluster("a", nodes=3, slots=2)
+    info = store.get_cluster("a")
+    assert (info.current_nodes, info.slots, info.node_counts.idle) == (3, 2, 3)
+    assert info.allocation_state.value == "steady"
+    with pytest.raises(ConflictError, match="already exists"):
+        cluster("a")
+    assert [c.name for c in store.list_clusters()] == ["a"]
+    for call in (lambda: store.get_cluster("zz"), lambda: store.resize_cluster("zz", 1),
+                 lambda: store.list_nodes("zz"), lambda: store.mark_cluster_deleting("zz")):
+        with pytest.raises(NotFoundError, match="no cluster named 'zz'"):
+            call()
+
+
+def test_unknown_job(store: SQLiteStore) -> None:
+    for call in (lambda: store.get_job("nope"), lambda: store.remove_job("nope"),
+                 lambda: store.update_job("nope", JobState.FAILED, 0.0),
+                 lambda: store.set_launch("nope", {})):
+        with pytest.raises(NotFoundError, match="no job with id 'nope'"):
+            call()
+
+
+def test_transitions_claim_and_release_nodes(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=3)
+    job = add_job("c", node_count=2)
+    job = store.update_job(job.id, JobState.PREPARING, 10.0, nodes=[0, 2])
+    assert job.nodes == [0, 2] and job.started_at == 10.0
+    states = {n.index: (n.state, n.job_id) for n in store.list_nodes("c")}
+    assert states == {0: (NodeState.PREPARING, job.id), 1: (NodeState.IDLE, None),
+                      2: (NodeState.PREPARING, job.id)}
+    store.update_job(job.id, JobState.RUNNING, 11.0)
+    assert store.get_cluster("c").node_counts.running == 2
+    job = store.update_job(job.id, JobState.SUCCEEDED, 12.0, exit_code=0)
+    assert (job.ended_at, job.exit_code) == (12.0, 0)
+    assert store.get_cluster("c").node_counts.idle == 3
+
+
+def test_refused_transition_changes_nothing(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=1)
+    job = add_job("c")
+    with pytest.raises(InvalidTransitionError, match="queued; it cannot become running"):
+        store.update_job(job.id, JobState.RUNNING, 1.0)
+    store.update_job(job.id, JobState.PREPARING, 1.0, nodes=[0])
+    store.update_job(job.id, JobState.FAILED, 2.0, exit_code=3)
+    with pytest.raises(InvalidTransitionError, match="failed; it cannot become queued"):
+        store.update_job(job.id, JobState.QUEUED, 3.0)
+    after = store.get_job(job.id)
+    assert (after.state, after.exit_code, after.ended_at) == (JobState.FAILED, 3, 2.0)
+
+
+def test_cannot_claim_busy_or_missing_nodes(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=1)
+    a, b = add_job("c"), add_job("c")
+    store.update_job(a.id, JobState.PREPARING, 1.0, nodes=[0])
+    with pytest.raises(ConflictError, match="not idle"):
+        store.update_job(b.id, JobState.PREPARING, 1.0, nodes=[0])
+    with pytest.raises(NotFoundError, match="no node 5"):
+        store.update_job(b.id, JobState.PREPARING, 1.0, nodes=[5])
+    assert store.get_job(b.id).state == JobState.QUEUED  # rolled back
+
+
+def test_retry_bumps_attempt(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=1)
+    job = add_job("c", max_retries=1)
+    store.update_job(job.id, JobState.PREPARING, 1.0, nodes=[0])
+    store.set_launch(job.id, {"pid": 1})
+    job = store.update_job(job.id, JobState.QUEUED, 2.0, message="retry")
+    assert (job.attempt, job.message) == (1, "retry")
+    assert store.get_launch(job.id) is None
+    assert store.get_cluster("c").node_counts.idle == 1
+
+
+def test_resize_while_busy_never_kills_work(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=3)
+    job = add_job("c")
+    store.update_job(job.id, JobState.PREPARING, 1.0, nodes=[1])
+    info = store.resize_cluster("c", 0)
+    # Idle nodes go at once; the busy one leaves after its job.
+    assert (info.current_nodes, info.node_counts.leaving) == (1, 1)
+    assert info.allocation_state.value == "resizing"
+    info = store.resize_cluster("c", 2)  # grow while one is leaving: two fresh nodes
+    assert info.current_nodes == 3 and info.node_counts.idle == 2
+    store.update_job(job.id, JobState.RUNNING, 2.0)  # a leaving node stays leaving
+    assert store.get_cluster("c").node_counts.leaving == 1
+    store.update_job(job.id, JobState.SUCCEEDED, 3.0)
+    info = store.get_cluster("c")
+    assert (info.current_nodes, info.allocation_state.value) == (2, "steady")
+    assert [n.index for n in store.list_nodes("c")] == [2, 3]
+
+
+def test_shrink_prefers_idle_nodes(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=3)
+    job = add_job("c")
+    store.update_job(job.id, JobState.PREPARING, 1.0, nodes=[2])
+    info = store.resize_cluster("c", 1)
+    assert info.node_counts.leaving == 0
+    assert [(n.index, n.state) for n in store.list_nodes("c")] == [(2, NodeState.PREPARING)]
+
+
+def test_delete_cluster(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=2)
+    job = add_job("c")
+    store.update_job(job.id, JobState.PREPARING, 1.0, nodes=[0])
+    info = store.mark_cluster_deleting("c")
+    assert (info.allocation_state.value, info.current_nodes) == ("deleting", 1)
+    with pytest.raises(ConflictError, match="still has 1 nodes"):
+        store.remove_cluster("c")
+    with pytest.raises(ConflictError, match="being deleted"):
+        store.resize_cluster("c", 3)
+    store.update_job(job.id, JobState.FAILED, 2.0)
+    store.remove_cluster("c")
+    with pytest.raises(NotFoundError):
+        store.get_cluster("c")
+
+
+def test_remove_job_only_when_final(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=1)
+    job = add_job("c")
+    with pytest.raises(ConflictError, match="terminate it first"):
+        store.remove_job(job.id)
+    store.update_job(job.id, JobState.TERMINATED, 1.0)
+    store.remove_job(job.id)
+    assert store.list_jobs() == []
+
+
+def test_list_filters_and_order(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=1)
+    cluster("d", nodes=1)
+    a = add_job("c", experiment="e1")
+    b = add_job("d", experiment="e2")
+    c = add_job("c", experiment="e1")
+    store.update_job(c.id, JobState.TERMINATED, 1.0)
+    assert [j.id for j in store.list_jobs()] == [a.id, b.id, c.id]
+    assert [j.id for j in store.list_jobs(experiment="e1")] == [a.id, c.id]
+    assert [j.id for j in store.list_jobs(cluster="d")] == [b.id]
+    assert [j.id for j in store.list_jobs(states=[JobState.TERMINATED])] == [c.id]
+
+
+def test_records_survive_reopening(tmp_path: Path, cluster, add_job, store: SQLiteStore) -> None:
+    cluster("c", nodes=2)
+    job = add_job("c", node_count=2, outputs=["model"])
+    store.update_job(job.id, JobState.PREPARING, 5.0, nodes=[0, 1])
+    store.set_launch(job.id, {"pid": 123})
+    store.close()
+    again = SQLiteStore(store.path)
+    got = again.get_job(job.id)
+    assert (got.state, got.nodes, got.spec.outputs) == (JobState.PREPARING, [0, 1], ["model"])
+    assert again.get_launch(job.id) == {"pid": 123}
+    assert again.get_cluster("c").node_counts.preparing == 2
+    again.close()
+
+
+def test_duplicate_job_id_refused(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c")
+    job = add_job("c")
+    with pytest.raises(ConflictError, match="already exists"):
+        store.add_job(JobInfo(**{**job.model_dump(), "state": "queued"}))
+
+
+def test_cluster_spec_is_validated() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        ClusterSpec(name="c", nodes=-1)
+    with pytest.raises(ValidationError):
+        ClusterSpec(name="c", nodes=1, backend="ray")
