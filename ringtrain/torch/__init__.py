@@ -58,6 +58,7 @@ from ringtrain.torch.ops import (
     sparse_allreduce_async,
     synchronize,
 )
+from ringtrain.torch.optimizer import DistributedOptimizer
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.runtime import (
     add_process_set,
@@ -75,10 +76,11 @@ from ringtrain.torch.runtime import (
     start_timeline,
     stop_timeline,
 )
+from ringtrain.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    "Adasum", "Average", "Compression", "Handle", "HorovodInternalError", "Max", "Min",
-    "ProcessSet", "Product", "RingtrainError", "StallError", "Sum", "TensorMismatchError",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Handle", "HorovodInternalError", "Max", "Min",
+    "ProcessSet", "Product", "RingtrainError", "StallError", "Sum", "SyncBatchNorm", "TensorMismatchError",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",

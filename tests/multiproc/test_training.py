@@ -1,0 +1,246 @@
+"""DistributedOptimizer, SyncBatchNorm, join and the timeline on real multi-rank worlds: N ranks
+on batch b must train exactly like one process on the concatenated batch N·b."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _batches(steps: int, per_rank: int, ranks: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(ranks * per_rank, 6, generator=g),
+             torch.randint(0, 3, (ranks * per_rank,), generator=g)) for _ in range(steps)]
+
+
+def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=None):
+    n, r = (hvd.size(), hvd.rank()) if distributed else (1, 0)
+    ranks = hvd.size()
+    model = _model()
+    params = model.parameters()
+    opt = (torch.optim.SGD(params, lr=0.1, momentum=0.9) if optimizer_name == "sgd"
+           else torch.optim.Adam(params, lr=0.01))
+    if distributed:
+        kwargs = {"compression": compression} if compression else {}
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=passes, **kwargs)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for x, y in _batches(4 * passes, 4, ranks):
+        micro = x.shape[0] // ranks
+        if distributed:
+            x, y = x[r * micro:(r + 1) * micro], y[r * micro:(r + 1) * micro]
+        # passes micro-batches accumulate before each step
+        (loss_fn(model(x), y) / (1 if distributed else 1)).backward()
+        if not hasattr(_train, "_count"):
+            pass
+        step_now = True
+        if passes > 1:
+            _train.calls = getattr(_train, "calls", 0) + 1
+            step_now = _train.calls % passes == 0
+        if step_now:
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _equivalence(optimizer_name: str, passes: int = 1, compression=None):
+    _train.calls = 0
+    dist = _train(optimizer_name, True, passes, compression)
+    _train.calls = 0
+    # one process on the concatenated batch: the mean loss over N·b equals the average of the
+    # ranks' mean losses, so its gradient is the ranks' averaged gradient
+    single = _train(optimizer_name, False, passes)
+    return max((a - b).abs().max().item() for a, b in zip(dist, single))
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_n_ranks_train_like_one_process_on_the_whole_batch(world, optimizer_name):
+    for diff in world.run(_equivalence, optimizer_name):
+        assert diff < 1e-5
+
+
+def test_backward_passes_per_step_accumulates_locally(world2):
+    for diff in world2.run(_equivalence, "sgd", 2):
+        assert diff < 1e-5
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compressed_gradients_stay_close(world2, compression):
+    comp = getattr(hvd.Compression, compression)
+    for diff in world2.run(_equivalence, "sgd", 1, comp):
+        assert 0 < diff < 2e-2  # lossy on the wire, but close
+
+
+def _clip_and_amp() -> float:
+    r, n = hvd.rank(), hvd.size()
+    results = []
+    for distributed in (True, False):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+        for x, y in _batches(3, 4, n):
+            if distributed:
+                x, y = x[r * 4:(r + 1) * 4], y[r * 4:(r + 1) * 4]
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if distributed:
+                opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            if distributed:
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+            else:
+                scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        results.append([p.detach().clone() for p in model.parameters()])
+    return max((a - b).abs().max().item() for a, b in zip(*results))
+
+
+def test_gradient_clipping_and_grad_scaler_with_skip_synchronize(world2):
+    for diff in world2.run(_clip_and_amp):
+        assert diff < 1e-5
+
+
+def _misuse() -> dict:
+    out = {}
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.randn(2, 6)).sum().backward()
+    try:
+        opt.zero_grad()
+    except AssertionError as exc:
+        out["zero_grad"] = str(exc)
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    out["warning"] = [str(w.message) for w in caught]
+    named = list(model.named_parameters())
+    for case, np_ in (("duplicate", [("w", named[0][1]), ("w", named[1][1])]),
+                      ("missing", named[:1])):
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=np_)
+        except ValueError as exc:
+            out[case] = str(exc)
+    return out
+
+
+def test_misuse_is_reported(world2):
+    for out in world2.run(_misuse):
+        assert "zero_grad() was called after loss.backward()" in out["zero_grad"]
+        assert any("optimizer.step() called without optimizer.skip_synchronize()" in w
+                   for w in out["warning"])
+        assert "unique" in out["duplicate"] and "'w'" in out["duplicate"]
+        assert "not in it" in out["missing"]
+
+
+def _join_training() -> tuple:
+    r, n = hvd.rank(), hvd.size()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for x, y in _batches(2 + r, 4, 1, seed=10 + r):  # uneven: rank r has 2 + r batches
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    last = hvd.join()
+    # Reference: at each step, the average gradient of the ranks that still had data.
+    ref = _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    data = [_batches(2 + i, 4, 1, seed=10 + i) for i in range(n)]
+    for step in range(2 + n - 1):
+        active = [i for i in range(n) if step < 2 + i]
+        grads = []
+        for i in active:
+            ref.zero_grad()
+            x, y = data[i][step]
+            torch.nn.functional.cross_entropy(ref(x), y).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        for p, *gs in zip(ref.parameters(), *grads):
+            p.grad = sum(gs) / len(gs)
+        ref_opt.step()
+    vs_reference = max((a - b).abs().max().item()
+                       for a, b in zip(model.parameters(), ref.parameters()))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    final = hvd.allgather(torch.cat([p.detach().reshape(-1) for p in model.parameters()])[None])
+    return last, vs_reference, (final - final[0]).abs().max().item()
+
+
+def test_join_with_uneven_batches_excludes_joined_ranks_from_averages(world):
+    for r, (last, vs_reference, spread) in enumerate(world.run(_join_training)):
+        assert last == world.size - 1
+        if r == last:  # the rank that trained through every step matches the reference
+            assert vs_reference < 1e-5
+        assert spread < 1e-6
+
+
+def _sync_batch_norm() -> tuple:
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(5)
+    full = torch.randn(4 * n, 3, 5, 5)
+    weight = torch.randn(3)
+    mine = full[4 * r:4 * (r + 1)].clone().requires_grad_()
+    sync = hvd.SyncBatchNorm(3)
+    ref = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        sync.weight.copy_(weight)
+        ref.weight.copy_(weight)
+    loss_weights = torch.randn(full.shape)
+    out = sync(mine)
+    (out * loss_weights[4 * r:4 * (r + 1)]).sum().backward()
+    whole = full.clone().requires_grad_()
+    ref_out = ref(whole)
+    (ref_out * loss_weights).sum().backward()
+    ref_slice = ref_out[4 * r:4 * (r + 1)]
+    return ((out - ref_slice).abs().max().item(),
+            (mine.grad - whole.grad[4 * r:4 * (r + 1)]).abs().max().item(),
+            (sync.running_var - ref.running_var).abs().max().item(),
+            # weight gradients: each rank holds its share; their sum is the reference's
+            (hvd.allreduce(sync.weight.grad, op=hvd.Sum) - ref.weight.grad).abs().max().item())
+
+
+def test_sync_batch_norm_equals_batch_norm_on_the_concatenated_batch(world):
+    for diffs in world.run(_sync_batch_norm):
+        assert max(diffs) < 1e-3, diffs
+
+
+def _timeline(path: str) -> None:
+    hvd.start_timeline(path)
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    hvd.broadcast(torch.ones(2), root_rank=0, name="timeline.bcast")
+    hvd.stop_timeline()
+
+
+def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
+    path = str(tmp_path / "timeline.json")
+    world2.run(_timeline, path)
+    events = json.loads(open(path).read())
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    phases: dict[str, set] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            phases.setdefault(rows[e["tid"]], set()).add(e["name"])
+    assert "allreduce.0.weight" in phases and "timeline.bcast" in phases
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"} <= phases["allreduce.0.weight"]
+    assert "MEMCPY_IN_FUSION_BUFFER" in set().union(*phases.values())
+    assert {"NEGOTIATE_BROADCAST", "BROADCAST"} <= phases["timeline.bcast"]
