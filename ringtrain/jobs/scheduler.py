@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ringtrain.jobs.errors import ConflictError
+from ringtrain.jobs.errors import ConflictError, JobsError
 from ringtrain.jobs.executors.base import Executor, Observation
 from ringtrain.jobs.models import AllocationState, ClusterInfo, JobInfo, JobState, NodeState
 from ringtrain.jobs.store import Store
@@ -42,7 +42,11 @@ class Scheduler:
     def tick(self) -> None:
         """Observe every active job once, then start what the free nodes allow."""
         for job in self.store.list_jobs(states=ACTIVE):
-            self._supervise(job, self.clock())
+            try:
+                self._supervise(job, self.clock())
+            except JobsError:
+                # One job's inconsistent record must not stall every other job's supervision.
+                log.exception("job %s: supervision failed", job.id)
         for cluster in self.store.list_clusters():
             if cluster.allocation_state == AllocationState.DELETING:
                 if cluster.current_nodes == 0:

@@ -96,6 +96,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
         ConfigError: a non-loopback host without a token.
         ConflictError: another server already serves this home.
     """
+    # Imported here: `ringtrain server stop|status` and the job runner never load the web stack.
     import uvicorn
 
     from ringtrain.jobs.api.app import create_app

@@ -116,6 +116,8 @@ class JobService:
         if errors:
             raise SpecError(errors)
         job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
+        while self.share.job_dir(job_id).exists():  # six hex digits can collide, rarely
+            job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
         job_dir = self.share.create_job_dir(job_id, spec)
         job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.QUEUED,
                       created_at=self.clock(), job_dir=str(job_dir))

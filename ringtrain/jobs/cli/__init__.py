@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from ringtrain.errors import ConfigError
@@ -52,6 +53,9 @@ def main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")  # so that the flush at exit cannot fail again
+        return 0
 
 
 if __name__ == "__main__":
