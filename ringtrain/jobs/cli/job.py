@@ -52,7 +52,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("delete", parents=[common], help="forget a finished job, delete its folder")
     p.add_argument("id")
     p.set_defaults(func=_delete)
-    p = sub.add_parser("schema", help="print the JSON Schema of job specs")
+    p = sub.add_parser("schema", parents=[common], help="print the JSON Schema of job specs")
     p.set_defaults(func=_schema)
 
 
