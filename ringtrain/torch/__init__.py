@@ -92,5 +92,8 @@ __all__ = [
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
     "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
-    "stop_timeline", "synchronize",
+    "stop_timeline", "synchronize", "elastic",
 ]
+
+# Last: elastic builds on the names above (``hvd.elastic.TorchState``, ``hvd.elastic.run``).
+from ringtrain.torch import elastic  # noqa: E402

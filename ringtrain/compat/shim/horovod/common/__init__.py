@@ -1,0 +1,1 @@
+"""``horovod.common``: the framework-independent names that PyTorch scripts import."""

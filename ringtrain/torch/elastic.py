@@ -1,0 +1,351 @@
+"""Elastic training's state and sampler (``hvd.elastic``), without re-forming the world yet.
+
+In Horovod's elastic mode every rank commits its training state at known-good points; when a
+peer fails, the survivors restore the last commit, re-form a smaller world and go on, and hosts
+found by a discovery script join at the next commit. ringtrain implements the state half of that
+contract with Horovod's semantics: ``commit``, ``restore`` and ``sync`` of models, optimizers,
+samplers and plain attributes, and an :class:`ElasticSampler` that shards an epoch and resumes it
+without repeating samples. It does not re-form the world: ``ringtrain run`` refuses the elastic
+flags, so a peer failure ends the job. :func:`run` therefore restores the last commit (so that
+the caller can still save it) and re-raises instead of retrying.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import random
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, TypeVar
+
+import torch
+
+from ringtrain.errors import HorovodInternalError
+from ringtrain.torch import functions, runtime
+
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod raises this from ``commit()`` when the discovery script added or removed hosts.
+
+    ringtrain has no host discovery yet and never raises it; it exists so that scripts which
+    import or catch it keep working.
+
+    Args:
+        skip_sync: whether the state may skip the next ``sync()`` (only hosts were added).
+    """
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the set of hosts changed")
+        self.skip_sync = skip_sync
+
+
+def _broadcast_from_root(obj: Any) -> Any:
+    return functions.broadcast_object(obj, root_rank=0)
+
+
+class State:
+    """A training state that is committed, restored and synchronised as a whole.
+
+    Subclasses define ``save`` (remember the current values), ``restore`` (go back to the last
+    saved values) and ``sync`` (make every rank's values rank 0's), and may define ``reset``
+    (adapt to a new world before it synchronises).
+
+    Args:
+        bcast_object: broadcasts a Python object from rank 0 and returns it on every rank.
+        get_rank: returns this process's rank. Horovod's state classes take it; ringtrain's
+            keep it only so that code passing it positionally still works.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any] = _broadcast_from_root,
+                 get_rank: Callable[[], int] = runtime.rank):
+        self._bcast_object = bcast_object
+        self._get_rank = get_rank
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Add functions to call, in order, after the world is re-formed (see ``on_reset``)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Adapt to a re-formed world: ``reset()``, then the registered callbacks.
+
+        Horovod's ``run`` calls this after a re-form. ringtrain cannot re-form yet, so its
+        ``run`` never does; the method is public, as in Horovod, for code that drives it.
+        """
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the current values as the ones ``restore()`` goes back to, then check for new
+        hosts. Call it on every rank at the same point (e.g. every N batches)."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Horovod raises ``HostsUpdatedInterrupt`` here when its discovery script reported new
+        or lost hosts; ringtrain has no discovery script yet, so nothing can have changed."""
+
+    def save(self) -> None:
+        """Remember the current values."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Go back to the values of the last ``save()``."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Give every rank rank 0's values (a collective: every rank calls it)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Adapt to a new world size; nothing to do for most states."""
+
+
+class ObjectState(State):
+    """A state made of named Python values, kept as attributes: ``state.epoch``.
+
+    As in Horovod, values are kept by reference, not copied: meant for numbers, strings and
+    other values that are replaced rather than changed in place. (A copy would cut objects such
+    as an LR scheduler off from the optimizer they drive.)
+
+    Args:
+        bcast_object: as for :class:`State`.
+        get_rank: as for :class:`State`.
+        **kwargs: the values, by attribute name.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any] = _broadcast_from_root,
+                 get_rank: Callable[[], int] = runtime.rank, **kwargs: Any):
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        """Give every rank rank 0's last saved values (as Horovod: ``sync`` runs right after a
+        start or a restore, when the attributes are the saved values)."""
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+
+class _Handler:
+    """Commits, restores and synchronises one value of a :class:`TorchState` by its kind."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        self.save()
+
+    def set_value(self, value: Any) -> None:
+        """A new object took this attribute's place: it becomes the committed value."""
+        self.value = value
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        # A copy: optimizers and samplers keep what they load and change it in place, which
+        # would otherwise change the saved state too and break a second restore.
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class _ModelHandler(_Handler):
+    def sync(self) -> None:
+        functions.broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def sync(self) -> None:
+        functions.broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerHandler(_Handler):
+    def sync(self) -> None:
+        # Samples processed on any rank count as processed: after a failure the survivors must
+        # not repeat what the lost rank already trained on before the commit.
+        processed = set().union(*functions.allgather_object(self.value.processed_indices))
+        state = self.value.state_dict()
+        state["processed_indices"] = processed
+        self.value.load_state_dict(_broadcast_from_root(state))
+
+
+def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerHandler(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """The state of a PyTorch training loop: a model, an optimizer, samplers and plain values.
+
+    Models and optimizers are committed as copies of their ``state_dict()`` and synchronised with
+    ``broadcast_parameters``/``broadcast_optimizer_state``; an :class:`ElasticSampler` among the
+    keyword values is committed with its progress, and synchronised to the union of every rank's
+    processed samples. Any other value is handled as by :class:`ObjectState`.
+
+    Args:
+        model: a ``torch.nn.Module`` (or ``None``).
+        optimizer: a ``torch.optim.Optimizer`` (or ``None``).
+        **kwargs: further values: modules, optimizers, samplers or plain Python values.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: dict[str, _Handler] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _handler_for(value)
+            if handler is None:
+                plain[name] = value
+            else:
+                handlers[name] = handler
+        # Set before anything else: __setattr__ consults it.
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(**plain)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handler = self.__dict__.get("_handlers", {}).get(name)
+        if handler is not None:
+            handler.set_value(value)
+        super().__setattr__(name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+
+def run(func: _F) -> _F:
+    """Decorate a training function ``func(state, *args, **kwargs)`` for elastic training.
+
+    The wrapper first synchronises ``state`` from rank 0, then calls ``func``. When a collective
+    fails because a peer failed (``HorovodInternalError``), Horovod would restore the last commit,
+    re-form the world and call ``func`` again; ringtrain restores the last commit and re-raises,
+    since it cannot re-form the world yet.
+
+    Raises:
+        HorovodInternalError: a peer failed; ``state`` holds its last committed values.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        state.sync()
+        try:
+            return func(state, *args, **kwargs)
+        except HorovodInternalError as e:
+            state.restore()
+            raise HorovodInternalError(
+                f"{e}\nringtrain cannot re-form the world after a failure yet, so elastic "
+                "training stops instead of retrying. The state was restored to its last commit: "
+                "save it (e.g. in an except clause) and relaunch to resume from there.") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Shards a dataset over the ranks and resumes an epoch without repeating samples.
+
+    Each epoch the indices are shuffled with ``seed + epoch`` (the same order on every rank),
+    the ones recorded as processed are dropped, the rest padded by repetition to a multiple of
+    the world size, and rank ``r`` takes every ``size()``-th index from position ``r``. The world
+    is read from ``hvd.size()``/``hvd.rank()``, so ``hvd.init()`` must come first.
+
+    Args:
+        dataset: anything with a length.
+        shuffle: shuffle the order each epoch.
+        seed: the shuffle's base seed; ranks must agree on it.
+    """
+
+    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0):
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.processed_indices: set[int] = set()
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``: a new order, nothing processed yet."""
+        self.epoch = epoch
+        self.processed_indices = set()
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Record that this rank processed its ``batch_idx``-th batch of ``batch_size``."""
+        self.record_indices(self.get_indices(batch_idx, batch_size))
+
+    def record_indices(self, indices: Iterable[int]) -> None:
+        """Record dataset indices as processed in this epoch."""
+        self.processed_indices.update(indices)
+
+    def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
+        """The dataset indices of this rank's ``batch_idx``-th batch of ``batch_size``."""
+        start = batch_idx * batch_size
+        return self.indices[start:start + batch_size]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the indices processed in it (a copy)."""
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``; the shard is recomputed for the current world."""
+        self.epoch = state_dict["epoch"]
+        self.processed_indices = set(state_dict["processed_indices"])
+        self.reset()
+
+    def reset(self) -> None:
+        """Recompute this rank's shard from the epoch, the processed indices and the world."""
+        self.num_replicas = runtime.size()
+        self.rank = runtime.rank()
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+        self.num_samples = -(-len(self.remaining_indices) // self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        # Cycling pads even when fewer indices remain than there are ranks (Horovod's slice
+        # padding fails there).
+        padded = list(itertools.islice(itertools.cycle(self.remaining_indices), self.total_size))
+        self.indices = padded[self.rank:self.total_size:self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return self.num_samples
