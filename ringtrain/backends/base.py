@@ -8,7 +8,7 @@ engine's business.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -34,8 +34,13 @@ class CollectiveBackend(Protocol):
     def control_allgather(self, obj: Any) -> list[Any]:
         """Gather one picklable object from every rank of the world (negotiation)."""
 
-    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp, ranks: tuple[int, ...]) -> None:
-        """Reduce a contiguous tensor in place over the set."""
+    def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
+                        ranks: tuple[int, ...]) -> Callable[[], None]:
+        """Start reducing a contiguous tensor in place over the set; returns the wait.
+
+        The engine starts several before waiting on the first, so that copying the next fusion
+        buffer overlaps the transfer of the previous one.
+        """
 
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:

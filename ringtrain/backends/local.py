@@ -6,7 +6,7 @@ single-device script wrapped for ringtrain runs unchanged at full speed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,8 +32,9 @@ class LocalBackend:
     def control_allgather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp, ranks: tuple[int, ...]) -> None:
-        pass
+    def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
+                        ranks: tuple[int, ...]) -> Callable[[], None]:
+        return _done
 
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
@@ -52,3 +53,7 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+def _done() -> None:
+    pass

@@ -7,7 +7,7 @@ with the engine's. Dtypes a library cannot reduce are widened on the wire and na
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -73,13 +73,20 @@ class TorchDistributedBackend:
             return groups["cuda"]
         return groups["cpu"]
 
-    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp, ranks: tuple[int, ...]) -> None:
+    def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
+                        ranks: tuple[int, ...]) -> Callable[[], None]:
         wire = _widen(tensor)
         if tensor.dtype is torch.bool:
             op = _BOOL_OPS[op]
-        dist.all_reduce(wire, op=_DIST_OPS[op], group=self._group(tensor, ranks))
-        if wire is not tensor:
-            tensor.copy_(wire)
+        work = dist.all_reduce(wire, op=_DIST_OPS[op], group=self._group(tensor, ranks),
+                               async_op=True)
+
+        def wait() -> None:
+            work.wait()
+            if wire is not tensor:
+                tensor.copy_(wire)
+
+        return wait
 
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:

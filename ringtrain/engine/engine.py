@@ -20,6 +20,7 @@ import torch
 
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import negotiation
+from ringtrain.engine.doorbell import Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.request import OpType, Request
@@ -32,32 +33,41 @@ from ringtrain.runner.env import EngineKnobs
 log = logging.getLogger(__name__)
 
 _FULL_EXCHANGE, _SHUTDOWN, _JOINED, _FLAGS = 0, 1, 2, 3
-#: Longest sleep between idle rounds: bounds the wait a busy rank has on an idle peer.
-_MAX_IDLE_S = 0.01
+#: The engine waits this long for the doorbell before checking again that it should go on;
+#: rounds only start when a rank rings.
+_BELL_WAIT_S = 3600.0
 
 
 class Engine:
     """Queues named requests and runs them in agreement with every other rank."""
 
-    def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, backend_name: str = "GLOO"):
+    def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, doorbell: Doorbell,
+                 backend_name: str = "GLOO"):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
+        self._doorbell = doorbell
         self._cycle_s = max(knobs.cycle_time_ms, 0.0) / 1000.0
         self.timeline = Timeline(self.rank)
         self._executor = Executor(backend, knobs.fusion_threshold_bytes, self.timeline,
                                   backend_name)
         self._cache = ResponseCache(knobs.cache_capacity)
         self._stall = StallInspector(self.rank, knobs)
+        self._stall_period_s = min(1.0, knobs.stall_warning_s)
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
         self._names: set[str] = set()
-        self._wake = threading.Event()
+        self._round = 0  # the next negotiation round; every rank counts rounds alike
+        self._rung = -1  # the last round this rank rang the doorbell for
         self._shutdown_requested = False
         self._failure: HorovodInternalError | None = None
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
+        if knobs.stall_check_enabled:
+            threading.Thread(target=self._watch_stalls, name="ringtrain-stall-watch",
+                             daemon=True).start()
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -77,13 +87,14 @@ class Engine:
                     "synchronize() it before submitting that name again, or use another name")
             self._names.add(request.name)
             self._queue.append(request)
-        self._wake.set()
+            self._ring_locked()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""
         with self._lock:
             self._shutdown_requested = True
-        self._wake.set()
+            if self._failure is None:
+                self._ring_locked()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.timeline.stop()
@@ -92,21 +103,37 @@ class Engine:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    # -- the background thread ------------------------------------------------------------------
+    def _ring_locked(self) -> None:
+        """Make sure the next round happens on every rank (caller holds the lock)."""
+        if self._rung < self._round:
+            self._rung = self._round
+            try:
+                self._doorbell.ring(self._round)
+            except Exception as exc:  # the store is gone: its host (a peer) died
+                raise HorovodInternalError(
+                    f"cannot reach the job's rendezvous store; another rank or the launcher "
+                    f"has probably exited: {exc}") from exc
+
+    # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:
-        idle_rounds = 0
+        last_start = float("-inf")
         try:
             while True:
-                worked = self._cycle()
-                if worked is None:
+                if not self._doorbell.wait(self._round, _BELL_WAIT_S):
+                    continue
+                # Pace rounds at the cycle time: submissions arriving meanwhile join this round
+                # and are fused together.
+                pause = last_start + self._cycle_s - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                last_start = time.monotonic()
+                if self._cycle() is None:
                     break
-                idle_rounds = 0 if worked or self._pending else idle_rounds + 1
-                # A submission wakes the thread at once; the timeout only paces rounds that
-                # peers may need while this rank has nothing to say, backing off when idle.
-                self._wake.wait(self._cycle_s if idle_rounds == 0 else min(
-                    self._cycle_s * (2 ** min(idle_rounds, 10)), _MAX_IDLE_S))
-                self._wake.clear()
+                with self._lock:
+                    self._round += 1
+                    if self._queue:
+                        self._ring_locked()
         except HorovodInternalError as exc:  # the stall inspector gave up
             self._fail(exc)
         except Exception as exc:  # a collective failed: a peer died or the network broke
@@ -115,7 +142,20 @@ class Engine:
                 f"a collective failed on rank {self.rank}, most likely because another rank "
                 f"failed or exited: {exc}"))
         finally:
+            self._stopped.set()
             self.timeline.stop()
+
+    def _watch_stalls(self) -> None:
+        """Ring for a round when a request has waited long enough to be reported as stalled:
+        without new submissions nobody else would, and the report needs every rank."""
+        while not self._stopped.wait(self._stall_period_s):
+            with self._lock:
+                waiting = list(self._pending.values()) + list(self._queue)
+                if waiting and self._stall.wants_report(waiting, peek=True):
+                    try:
+                        self._ring_locked()
+                    except HorovodInternalError:
+                        return
 
     def _cycle(self) -> bool | None:
         """One negotiation round and its execution; None once every rank must stop."""
@@ -139,7 +179,8 @@ class Engine:
             else:
                 bits[bit] = name
         counts = [0] * (_FLAGS + len(self._cache))
-        counts[_FULL_EXCHANGE] = int(missed or self._stall.wants_report(self._pending))
+        counts[_FULL_EXCHANGE] = int(missed or self._stall.wants_report(
+            list(self._pending.values())))
         counts[_SHUTDOWN] = int(shutting_down)
         counts[_JOINED] = int(joined)
         for bit in bits:
@@ -147,6 +188,9 @@ class Engine:
         summed = torch.tensor(counts, dtype=torch.int32)
         self._backend.control_allreduce(summed)
         summed_list = summed.tolist()
+        if self.rank == 0:
+            # Every rank is past this round's wait once the collective above completed.
+            self._doorbell.forget(self._round)
 
         if summed_list[_SHUTDOWN]:
             self._fail(HorovodInternalError(

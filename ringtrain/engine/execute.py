@@ -8,6 +8,8 @@ takes part with zeros.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +19,19 @@ from ringtrain.engine.negotiation import Response
 from ringtrain.engine.request import OpType, ReduceOp, Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.errors import TensorMismatchError
+
+
+@dataclass
+class _Inflight:
+    """An allreduce batch whose collective has started."""
+
+    batch: list[Response]
+    tensors: list[torch.Tensor]
+    buf: torch.Tensor
+    fused: bool
+    wait: Callable[[], None]
+    start: float
+    copied_in: float
 
 
 class Executor:
@@ -43,8 +58,7 @@ class Executor:
                 runnable.append(response)
         allreduces = [r for r in runnable
                       if r.op is OpType.ALLREDUCE and r.meta.reduce_op is not ReduceOp.ADASUM]
-        for batch in fusion.plan(allreduces, self._threshold):
-            self._allreduce(batch, local)
+        self._allreduce_batches(fusion.plan(allreduces, self._threshold), local)
         for response in runnable:
             if response.op is OpType.ALLREDUCE and response.meta.reduce_op is not ReduceOp.ADASUM:
                 continue
@@ -57,9 +71,15 @@ class Executor:
 
     # -- allreduce ----------------------------------------------------------------------------
 
-    def _allreduce(self, batch: list[Response], local: dict[str, Request]) -> None:
+    def _allreduce_batches(self, batches: list[list[Response]], local: dict[str, Request]) -> None:
+        """Start every batch's collective, then finish them in order: copying a batch into its
+        buffer overlaps the transfer of the batches started before it."""
+        started = [self._start_allreduce(batch, local) for batch in batches]
+        for inflight in started:
+            self._finish_allreduce(inflight, local)
+
+    def _start_allreduce(self, batch: list[Response], local: dict[str, Request]) -> _Inflight:
         first = batch[0].meta
-        ranks = first.set_ranks
         start = time.monotonic()
         tensors: list[torch.Tensor] = []
         for response in batch:
@@ -69,38 +89,47 @@ class Executor:
             else:
                 _wait_ready(request)
                 tensors += request.outputs
-        divisor = len(ranks) - len(batch[0].joined) if first.reduce_op is ReduceOp.AVERAGE else 1
-        wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
         if len(tensors) == 1:
-            buf = tensors[0]
-            copied_in = start
+            buf, fused = tensors[0], False
         else:
             total = sum(t.numel() for t in tensors)
-            buf = self._buffers.get(tensors[0].dtype, tensors[0].device, total)
+            buf, fused = self._buffers.acquire(tensors[0].dtype, tensors[0].device, total), True
             torch.cat([t.reshape(-1) for t in tensors], out=buf)
-            copied_in = time.monotonic()
+        copied_in = time.monotonic()
         _scale_(buf, first.prescale, 1)
-        self._backend.allreduce_(buf, wire_op, ranks)
-        _scale_(buf, first.postscale, divisor)
+        wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
+        wait = self._backend.start_allreduce(buf, wire_op, first.set_ranks)
+        return _Inflight(batch, tensors, buf, fused, wait, start, copied_in)
+
+    def _finish_allreduce(self, inflight: _Inflight, local: dict[str, Request]) -> None:
+        batch, tensors, buf = inflight.batch, inflight.tensors, inflight.buf
+        first = batch[0].meta
+        inflight.wait()
         reduced = time.monotonic()
-        if len(tensors) > 1:
+        divisor = (len(first.set_ranks) - len(batch[0].joined)
+                   if first.reduce_op is ReduceOp.AVERAGE else 1)
+        _scale_(buf, first.postscale, divisor)
+        if inflight.fused:
             offset = 0
             for t in tensors:
                 n = t.numel()
                 t.view(-1).copy_(buf[offset:offset + n])
                 offset += n
+            self._buffers.release(buf)
         done = time.monotonic()
         for response in batch:
             request = local.get(response.name)
             if request is None:
                 continue
             if self._timeline.active:
-                row, op = response.name, "ALLREDUCE"
-                self._timeline.span(row, op, start, done, fused=len(batch))
-                if len(tensors) > 1:
-                    self._timeline.span(row, "MEMCPY_IN_FUSION_BUFFER", start, copied_in)
+                row = response.name
+                self._timeline.span(row, "ALLREDUCE", inflight.start, done, fused=len(batch))
+                if inflight.fused:
+                    self._timeline.span(row, "MEMCPY_IN_FUSION_BUFFER", inflight.start,
+                                        inflight.copied_in)
                     self._timeline.span(row, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
-                self._timeline.span(row, f"{self._backend_name}_ALLREDUCE", copied_in, reduced)
+                self._timeline.span(row, f"{self._backend_name}_ALLREDUCE", inflight.copied_in,
+                                    reduced)
             outs = request.outputs
             request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0])
 

@@ -63,14 +63,19 @@ def plan(responses: Iterable[Response], threshold_bytes: int) -> list[list[Respo
 
 
 class FusionBuffers:
-    """One reusable flat buffer per (dtype, device), grown on demand."""
+    """Reusable flat buffers per (dtype, device); several may be in flight at once."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._free: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
 
-    def get(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
-        key = (dtype, device)
-        buf = self._buffers.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = self._buffers[key] = torch.empty(numel, dtype=dtype, device=device)
-        return buf[:numel]
+    def acquire(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
+        """A buffer of at least ``numel`` elements (the view returned has exactly that many)."""
+        free = self._free.setdefault((dtype, device), [])
+        for i, buf in enumerate(free):
+            if buf.numel() >= numel:
+                return free.pop(i)[:numel]
+        return torch.empty(numel, dtype=dtype, device=device)
+
+    def release(self, view: torch.Tensor) -> None:
+        base = view._base if view._base is not None else view
+        self._free.setdefault((view.dtype, view.device), []).append(base)

@@ -33,17 +33,21 @@ class StallInspector:
         self._last_request = float("-inf")
         self._last_warning = float("-inf")
 
-    def wants_report(self, pending: dict[str, Request]) -> bool:
-        """Whether this rank should ask for a full exchange to learn who is missing."""
+    def wants_report(self, pending: list[Request], peek: bool = False) -> bool:
+        """Whether this rank should ask for a full exchange to learn who is missing.
+
+        ``peek`` answers without counting it as a request (rate limiting applies to requests).
+        """
         if not self._enabled or not pending:
             return False
         now = self._clock()
         if now - self._last_request < min(_REPORT_INTERVAL_S, self._warning_s):
             return False
-        oldest = min(r.submitted_at for r in pending.values())
+        oldest = min(r.submitted_at for r in pending)
         if now - oldest < self._warning_s:
             return False
-        self._last_request = now
+        if not peek:
+            self._last_request = now
         return True
 
     def inspect(self, decision: Decision) -> StallError | None:

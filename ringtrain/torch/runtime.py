@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
+from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.torch.topology import Topology, from_hostnames
@@ -97,14 +98,16 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
         _generation += 1
         if size == 1:
             backend: CollectiveBackend = LocalBackend()
+            doorbell: Doorbell = LocalDoorbell()
             hostnames = [env.hostname]
             owns = False
         else:
-            owns = _init_default_group(env, rank, size, comm)
+            owns, prefix = _init_default_group(env, rank, size, comm)
             backend = TorchDistributedBackend(use_nccl=_nccl_usable())
+            doorbell = _store_doorbell(env, prefix)
             hostnames = backend.control_allgather(env.hostname)
         topology = _topology(env, rank, hostnames)
-        engine = Engine(backend, env.knobs, backend_name="GLOO")
+        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO")
         _runtime = Runtime(env=env, topology=topology, backend=backend, engine=engine,
                            owns_default_group=owns)
         if env.knobs.timeline_filename and rank == 0:
@@ -185,24 +188,45 @@ def remove_process_set(process_set) -> bool:
 
 
 def _init_default_group(env: WorkerEnv, rank: int, size: int,
-                        comm: Sequence[int] | None) -> bool:
-    """Initialise torch.distributed's default group; False if the user already had one."""
+                        comm: Sequence[int] | None) -> tuple[bool, str]:
+    """Initialise torch.distributed's default group.
+
+    Returns:
+        Whether ringtrain created it (False if the user already had one), and the store prefix
+        of this initialisation.
+    """
+    prefix = store_prefix(env.run_id, _generation)
+    if comm is not None:
+        prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
     if dist.is_initialized():
         if dist.get_world_size() != size or comm is not None:
             raise ValueError("torch.distributed is already initialised with a different world; "
                              "call hvd.init() without comm, or destroy that process group first")
-        return False
+        return False, prefix
     if "GLOO_SOCKET_IFNAME" not in os.environ and _is_loopback(env.master_addr):
         # Every rank is on this host: keep Gloo's listening sockets on loopback.
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     store = _store(env, rank, size)
-    prefix = store_prefix(env.run_id, _generation)
-    if comm is not None:
-        prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
     backend = "cpu:gloo,cuda:nccl" if _nccl_usable() else "gloo"
     dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=size, timeout=_COLLECTIVE_TIMEOUT)
-    return True
+    return True, prefix
+
+
+def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:
+    """A doorbell on two connections of its own: a store client blocks other calls on it while
+    it waits, and the engine waits while this process's other threads ring."""
+    if env.master_addr is None or env.master_port is None:
+        raise ValueError("ringtrain needs the rendezvous store's address (MASTER_ADDR and "
+                         "MASTER_PORT) for its engine; export them before hvd.init()")
+
+    def client() -> dist.Store:
+        tcp = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                            wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=env.start_timeout_s))
+        return dist.PrefixStore(prefix + "bell/", tcp)
+
+    return StoreDoorbell(wait_store=client(), ring_store=client())
 
 
 def _store(env: WorkerEnv, rank: int, size: int) -> dist.Store:

@@ -1,0 +1,126 @@
+"""Allreduce throughput: ringtrain against raw torch.distributed in the same run.
+
+    python benchmarks/allreduce.py [--np 2]
+
+launches itself with `ringtrain run -np N` and prints one JSON line: for each size from 4 KiB to
+256 MiB, the median time, algorithm bandwidth and bus bandwidth (``algbw * 2(n-1)/n``) of
+``torch.distributed.all_reduce`` on a Gloo group of its own and of ringtrain's in-place
+``allreduce_`` (both Sum, float32, interleaved iteration by iteration), and their throughput
+ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
+against one flat allreduce of the same bytes (raw, and through ringtrain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+
+
+def _iterations(nbytes: int) -> int:
+    return max(3, min(50, (64 << 20) // max(nbytes, 1)))
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def worker() -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ringtrain.torch as hvd
+    from ringtrain.models.resnet import resnet50
+
+    torch.set_num_threads(1)
+    hvd.init()
+    n = hvd.size()
+    raw_group = dist.new_group(list(range(n)), backend="gloo")
+    results = []
+    for nbytes in SIZES:
+        numel = nbytes // 4
+        a, b = torch.ones(numel), torch.ones(numel)
+        raw_t, ours_t = [], []
+        dist.all_reduce(a, group=raw_group)  # warm-up both paths
+        hvd.allreduce_(b, op=hvd.Sum, name=f"size.{nbytes}")
+        for _ in range(_iterations(nbytes)):
+            dist.barrier(group=raw_group)
+            raw_t.append(_timed(lambda: dist.all_reduce(a, group=raw_group)))
+            dist.barrier(group=raw_group)
+            ours_t.append(_timed(lambda: hvd.allreduce_(b, op=hvd.Sum, name=f"size.{nbytes}")))
+        raw, ours = statistics.median(raw_t), statistics.median(ours_t)
+        results.append({
+            "bytes": nbytes,
+            "raw_s": raw, "ringtrain_s": ours,
+            "raw_algbw_GBps": nbytes / raw / 1e9, "ringtrain_algbw_GBps": nbytes / ours / 1e9,
+            "raw_busbw_GBps": nbytes / raw / 1e9 * 2 * (n - 1) / n,
+            "ringtrain_busbw_GBps": nbytes / ours / 1e9 * 2 * (n - 1) / n,
+            "throughput_ratio": raw / ours,
+        })
+
+    grads = [torch.ones(p.shape) for p in resnet50().parameters()]
+    flat = torch.ones(sum(g.numel() for g in grads))
+    many_t, flat_raw_t, flat_ours_t = [], [], []
+
+    def many():
+        handles = [hvd.allreduce_async_(g, op=hvd.Sum, name=f"resnet50.{i}")
+                   for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    many()
+    for _ in range(5):
+        dist.barrier(group=raw_group)
+        many_t.append(_timed(many))
+        dist.barrier(group=raw_group)
+        flat_raw_t.append(_timed(lambda: dist.all_reduce(flat, group=raw_group)))
+        dist.barrier(group=raw_group)
+        flat_ours_t.append(_timed(lambda: hvd.allreduce_(flat, op=hvd.Sum, name="flat")))
+    m, fr, fo = (statistics.median(x) for x in (many_t, flat_raw_t, flat_ours_t))
+    large = [r["throughput_ratio"] for r in results if r["bytes"] >= 16 << 20]
+    if hvd.rank() == 0:
+        print(json.dumps({
+            "benchmark": "allreduce", "world_size": n, "dtype": "float32", "op": "Sum",
+            "sizes": results,
+            "large_message_ratio_min": min(large),
+            "resnet50_161_tensors": {
+                "tensors": len(grads), "bytes": flat.numel() * 4,
+                "ringtrain_161_async_s": m, "raw_flat_s": fr, "ringtrain_flat_s": fo,
+                "ratio_vs_raw_flat": m / fr, "ratio_vs_ringtrain_flat": m / fo,
+            },
+        }), flush=True)
+    hvd.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return 0
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(args.np),
+               "--output-filename", out, sys.executable, os.path.abspath(__file__), "--worker"]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr)
+            return done.returncode
+        with open(os.path.join(out, "rank.0", "stdout")) as f:
+            lines = [line for line in f if line.startswith("{")]
+        print(lines[-1].strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
