@@ -1,1 +1,0 @@
-"""ringtrain.serve"""
