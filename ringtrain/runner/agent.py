@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -87,7 +88,6 @@ class Agent:
         self._events: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._root_causes: list[RankOutcome] = []
         self._interrupted_by: int | None = None
-        self._stopped = 0
         self._kill_at: float | None = None
         self._abandon_at: float | None = None
 
@@ -113,7 +113,7 @@ class Agent:
             outcomes=tuple(r.outcome for r in self._ranks),
             root_causes=tuple(self._root_causes),
             interrupted_by=self._interrupted_by,
-            stopped=self._stopped,
+            stopped=sum(r.stop_requested and r.state is RankState.STOPPED for r in self._ranks),
         )
 
     # -- start ------------------------------------------------------------------------------
@@ -212,11 +212,12 @@ class Agent:
         else:
             code, sig = (returncode, None) if returncode >= 0 else (None, -returncode)
         if not rank.started:
-            if rank.stop_requested:
+            reason = rank.failed_reason or rank.tail()
+            killed = self._abandon_at is not None and returncode == -signal.SIGKILL
+            if rank.stop_requested and (killed or not reason):
                 rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
             else:
-                reason = (rank.failed_reason or rank.tail()
-                          or f"exited with code {returncode} before starting")
+                reason = reason or f"exited with code {returncode} before starting"
                 self._fail(rank.finish(RankState.START_FAILED, exit_code=code, signal=sig,
                                        reason=reason))
         elif code == 0:
@@ -243,11 +244,14 @@ class Agent:
     def _fail(self, *outcomes: RankOutcome) -> None:
         for outcome in outcomes:
             log.debug("%s", outcome.describe())
-        # Only the failures before the stop are root causes; later ones are usually the
-        # survivors noticing that a peer is gone.
+        # Failures after the stop are usually the survivors noticing that a peer is gone, so
+        # only those before it are root causes; but every rank that could not start is named,
+        # since connection failures to one host all arrive at about the same time.
         if self._kill_at is None:
             self._root_causes.extend(outcomes)
             self._stop_all()
+        else:
+            self._root_causes.extend(o for o in outcomes if o.state is RankState.START_FAILED)
 
     def _on_interrupt(self, signum: int) -> None:
         if self._kill_at is None:
@@ -257,11 +261,9 @@ class Agent:
             self._kill_all(time.monotonic())  # a second Ctrl-C: no more grace
 
     def _stop_all(self) -> None:
-        # Ranks that failed just now (same pass) are causes, not "stopped".
         for rank in self._ranks:
             if not rank.state.is_terminal:
                 rank.stop_requested = True
-                self._stopped += 1
             if rank.proc is not None and not rank.exited:
                 rank.proc.request_stop()
         self._kill_at = time.monotonic() + self._stop_grace_s

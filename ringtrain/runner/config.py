@@ -164,7 +164,7 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
     if values["disable_cache"]:
         changes["cache_capacity"] = 0
     if values["timeline_filename"] is not None:
-        changes["timeline_filename"] = str(Path(values["timeline_filename"]).absolute())
+        changes["timeline_filename"] = values["timeline_filename"]  # relative to the ranks' cwd
     if values["timeline_mark_cycles"]:
         changes["timeline_mark_cycles"] = True
     if values["no_stall_check"]:

@@ -145,6 +145,6 @@ def _group_start_failures(causes: Sequence[RankOutcome]) -> list[str]:
         if len(members) == 1:
             clauses.append(members[0].describe())
         else:
-            ranks = ", ".join(str(m.rank) for m in members)
+            ranks = ", ".join(str(m.rank) for m in sorted(members, key=lambda m: m.rank))
             clauses.append(f"ranks {ranks} on {hostname} did not start: {reason}")
     return clauses

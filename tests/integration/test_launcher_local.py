@@ -1,0 +1,174 @@
+"""`ringtrain run` with real local processes: the env contract, output, failures, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import pytest
+from launcher_workers import (
+    CONTROLLED, ENV_DUMP, cli, is_alive, read_pids, run_job, wait_dead, write_script,
+)
+
+from ringtrain.runner.result import RankState
+
+PY = sys.executable
+
+
+def test_env_contract_on_two_host_names(tmp_path):
+    # localhost and this machine's own name are two hosts to the assignment, both local.
+    other = socket.gethostname()
+    assert other != "localhost"
+    script = write_script(tmp_path, "dump.py", ENV_DUMP)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("fusion-threshold-mb: 32\ncycle_time_ms: 2\n"
+                   "timeline:\n  filename: tl.json\n  mark_cycles: true\n")
+    environ = dict(os.environ, RINGTRAIN_TEST_VAR="forwarded")
+    result = run_job(["-np", "3", "-H", f"localhost:2,{other}:1", "--config-file", str(cfg),
+                      "--cycle-time-ms", "5", "--no-stall-check", PY, script, "--flag"],
+                     tmp_path, environ)
+    assert result.exit_code == 0, result.message
+    assert [o.state for o in result.outcomes] == [RankState.SUCCEEDED] * 3
+    envs = [json.loads((tmp_path / f"env.{r}.json").read_text()) for r in range(3)]
+    expected = [  # rank, local rank/size, cross rank/size, hostname
+        ("0", "0", "2", "0", "2", "localhost"), ("1", "1", "2", "0", "1", "localhost"),
+        ("2", "0", "1", "1", "2", other)]
+    for env, (rank, lrank, lsize, xrank, xsize, host) in zip(envs, expected):
+        assert (env["HOROVOD_RANK"], env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"],
+                env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"], env["HOROVOD_HOSTNAME"]
+                ) == (rank, lrank, lsize, xrank, xsize, host)
+        assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (
+            rank, lrank, lsize, xrank)
+        assert env["HOROVOD_SIZE"] == env["WORLD_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["RINGTRAIN_LAUNCHER_STORE"] == "1"
+        assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["PYTHONUNBUFFERED"] == "1"
+        assert env["HOROVOD_START_TIMEOUT"] == "30"
+        assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+        assert env["HOROVOD_CYCLE_TIME"] == "5"  # the command line beats the file's 2
+        assert env["HOROVOD_TIMELINE"] == "tl.json"
+        assert env["HOROVOD_TIMELINE_MARK_CYCLES"] == "1"
+        assert env["HOROVOD_STALL_CHECK_DISABLE"] == "1"
+        assert env["RINGTRAIN_TEST_VAR"] == "forwarded"
+        assert env["cwd"] == str(tmp_path) and env["argv"] == ["--flag"]
+    assert len({(e["MASTER_PORT"], e["RINGTRAIN_RUN_ID"]) for e in envs}) == 1
+
+
+def test_output_is_prefixed_and_written_per_rank(tmp_path, capfd):
+    script = write_script(tmp_path, "talk.py", (
+        "import os, sys\n"
+        "r = os.environ['RANK']\n"
+        "print('out', r, 'line 1'); print('out', r, 'line 2')\n"
+        "sys.stderr.write('err ' + r + ' no newline')\n"))
+    out_dir = tmp_path / "logs"
+    result = run_job(["-np", "2", "--output-filename", str(out_dir), PY, script], tmp_path)
+    assert result.exit_code == 0, result.message
+    captured = capfd.readouterr()
+    for r in range(2):
+        assert f"[{r}]<stdout>:out {r} line 1\n[{r}]<stdout>:out {r} line 2\n" in captured.out
+        assert f"[{r}]<stderr>:err {r} no newline\n" in captured.err
+        assert (out_dir / f"rank.{r}" / "stdout").read_text() == (
+            f"out {r} line 1\nout {r} line 2\n")
+        # The wrapper's exit marker follows the unfinished line, which thereby ends.
+        assert (out_dir / f"rank.{r}" / "stderr").read_text() == f"err {r} no newline\n"
+    assert "@ringtrain-task" not in captured.out + captured.err
+
+
+def test_rank_files_are_flushed_line_by_line(tmp_path):
+    script = write_script(tmp_path, "slow.py", (
+        "import time\n"
+        "print(repr(time.time()))\n"  # no flush: the launcher makes workers line-buffered
+        "time.sleep(4)\n"))
+    out = tmp_path / "logs" / "rank.0" / "stdout"
+    thread = threading.Thread(target=run_job, args=(
+        ["-np", "1", "--output-filename", str(tmp_path / "logs"), PY, script], tmp_path))
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not (out.exists() and out.read_text().endswith("\n")):
+            assert time.time() < deadline, "no line appeared"
+            time.sleep(0.02)
+        lag = time.time() - float(out.read_text())
+        assert lag < 1.0, f"the line reached the file {lag:.2f} s after it was printed"
+    finally:
+        thread.join()
+
+
+def test_first_failure_stops_the_others_quickly(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    result = run_job(["-np", "3", PY, script, "exit:1:3"], tmp_path)
+    returned = time.time()
+    assert result.exit_code == 1
+    assert result.message == "rank 1 on localhost exited with code 3; stopped the other 2 ranks"
+    assert [o.state for o in result.outcomes] == [
+        RankState.STOPPED, RankState.FAILED, RankState.STOPPED]
+    assert returned - float((tmp_path / "failed_at").read_text()) < 4.0
+    assert wait_dead(read_pids(tmp_path, 3), timeout_s=0.5) == []
+
+
+def test_a_signal_is_named(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    result = run_job(["-np", "2", PY, script, "kill:0"], tmp_path)
+    assert result.exit_code == 1
+    assert result.message == ("rank 0 on localhost was killed by signal SIGKILL; "
+                              "stopped the other 1 rank")
+    assert result.root_causes[0].signal == signal.SIGKILL
+
+
+def test_a_rank_that_ignores_sigterm_is_killed(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    started = time.time()
+    result = run_job(["-np", "2", PY, script, "deaf:0:1"], tmp_path)
+    assert result.message == "rank 0 on localhost exited with code 1; stopped the other 1 rank"
+    assert result.outcomes[1].state is RankState.STOPPED
+    assert result.outcomes[1].signal == signal.SIGKILL  # after the wrapper's grace period
+    assert time.time() - started < 30
+    assert wait_dead(read_pids(tmp_path, 2), timeout_s=0.5) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "2", PY, "missing.py"], "missing.py: no such file"),
+    (["-np", "2", "no-such-program-xyz"], "command 'no-such-program-xyz' is not on PATH"),
+    (["-np", "0", PY, "x.py"], "-np/--num-proc: 0 ranks requested; give at least 1"),
+    (["-np", "3", "-H", "localhost:2", PY, "x.py"], "have only 2 slots"),
+    (["-np", "1", "-H", "localhost:x", PY, "x.py"], "-H/--hosts entry 'localhost:x'"),
+    (["-np", "2"], "no command given"),
+    (["-np", "2", "--mpi", PY, "x.py"], "--mpi: ringtrain has no MPI"),
+])
+def test_cli_rejects_bad_input_with_exit_2(tmp_path, argv, message):
+    proc = cli(argv, tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.startswith("ringtrain run: ") and message in err
+    assert out == ""
+
+
+def test_cli_reports_the_root_cause_and_exits_1(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    proc = cli(["-np", "2", PY, script, "exit:1:3"], tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert err.splitlines()[-1] == (
+        "ringtrain run: rank 1 on localhost exited with code 3; stopped the other 1 rank")
+    assert "[0]<stdout>:rank 0 ready" in out and "[1]<stdout>:rank 1 ready" in out
+
+
+def test_cli_ctrl_c_stops_every_rank(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    proc = cli(["-np", "2", PY, script, "sleep"], tmp_path)
+    try:
+        pids = read_pids(tmp_path, 2)
+        time.sleep(0.2)  # let the wrappers report in
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT
+    assert err.splitlines()[-1] == "ringtrain run: interrupted by signal SIGINT; stopped 2 ranks"
+    assert wait_dead(pids, timeout_s=2) == []
+    assert not any(is_alive(p) for p in pids)
