@@ -21,7 +21,9 @@ from typing import IO
 
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
-from ringtrain.runner.result import RankOutcome, RankState, RunResult, check_transition
+from ringtrain.runner.result import (
+    RankOutcome, RankState, RunResult, check_transition, signal_name,
+)
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
 from ringtrain.runner.task import Marker, split_marker
 
@@ -217,7 +219,9 @@ class Agent:
             if rank.stop_requested and (killed or not reason):
                 rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
             else:
-                reason = reason or f"exited with code {returncode} before starting"
+                reason = reason or (f"exited with code {returncode}" if returncode >= 0 else
+                                    f"was killed by signal {signal_name(-returncode)}"
+                                    ) + " before it started"
                 self._fail(rank.finish(RankState.START_FAILED, exit_code=code, signal=sig,
                                        reason=reason))
         elif code == 0:

@@ -82,7 +82,7 @@ def test_rank_files_are_flushed_line_by_line(tmp_path):
     script = write_script(tmp_path, "slow.py", (
         "import time\n"
         "print(repr(time.time()))\n"  # no flush: the launcher makes workers line-buffered
-        "time.sleep(4)\n"))
+        "time.sleep(2)\n"))
     out = tmp_path / "logs" / "rank.0" / "stdout"
     thread = threading.Thread(target=run_job, args=(
         ["-np", "1", "--output-filename", str(tmp_path / "logs"), PY, script], tmp_path))

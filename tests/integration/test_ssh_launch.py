@@ -156,3 +156,12 @@ def test_ssh_flags_are_validated(tmp_path, flag):
     proc = cli(["-np", "1", flag, value, PY, "x.py"], tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and flag in err
+
+
+def test_a_command_missing_on_the_remote_host_is_a_start_failure(tmp_path, sshd_server):  # noqa: F811
+    # No rank is local, so the launcher cannot check the command first; the wrapper reports.
+    result = run_job(["-np", "1", "-H", f"{REMOTE_HOST}:1", *sshd_server.launcher_flags(),
+                      "no-such-program-xyz"], tmp_path)
+    assert result.exit_code == 2
+    assert result.message == (f"rank 0 on {REMOTE_HOST} did not start: cannot run "
+                              "'no-such-program-xyz': No such file or directory")

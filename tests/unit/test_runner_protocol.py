@@ -11,6 +11,7 @@ import pytest
 from ringtrain.errors import ConfigError
 from ringtrain.runner import network
 from ringtrain.runner.preflight import check_command, python_script
+from ringtrain.runner.rendezvous import NetworkPlan, plan_network
 from ringtrain.runner.result import (
     RankOutcome, RankState, RunResult, TransitionError, check_transition,
 )
@@ -108,3 +109,13 @@ def test_result_messages_and_exit_codes():
     interrupted = RunResult((_outcome(0, RankState.STOPPED),), (), signal.SIGINT, 1)
     assert interrupted.exit_code == 130
     assert interrupted.message == "interrupted by signal SIGINT; stopped 1 rank"
+
+
+def test_network_plan_loopback_job_and_explicit_interfaces():
+    assert plan_network(["localhost", "127.0.0.2"], []) == NetworkPlan(
+        "127.0.0.1", ("lo",), False, frozenset({"localhost"}))
+    net = plan_network(["localhost"], ["lo"])
+    assert (net.master_addr, net.socket_ifnames, net.ifnames_explicit) == (
+        "127.0.0.1", ("lo",), True)
+    with pytest.raises(ConfigError, match="--network-interfaces: nosuch0 has no IPv4 address"):
+        plan_network(["localhost"], ["nosuch0"])
