@@ -43,7 +43,8 @@ def _unavailable() -> str | None:
         return "sshd must run as root to accept logins as the test user"
     for tool in (SSHD, shutil.which("ssh"), shutil.which("ssh-keygen")):
         if not tool or not os.access(tool, os.X_OK):
-            return "openssh-server/openssh-client are not installed (scripts/setup.sh installs them)"
+            return ("openssh-server/openssh-client are not installed "
+                    "(scripts/setup.sh installs them)")
     return None
 
 

@@ -158,7 +158,7 @@ def test_ssh_flags_are_validated(tmp_path, flag):
     assert proc.returncode == 2 and flag in err
 
 
-def test_a_command_missing_on_the_remote_host_is_a_start_failure(tmp_path, sshd_server):  # noqa: F811
+def test_a_command_missing_remotely_is_a_start_failure(tmp_path, sshd_server):  # noqa: F811
     # No rank is local, so the launcher cannot check the command first; the wrapper reports.
     result = run_job(["-np", "1", "-H", f"{REMOTE_HOST}:1", *sshd_server.launcher_flags(),
                       "no-such-program-xyz"], tmp_path)
