@@ -1,4 +1,4 @@
-"""``ringtrain run --horovod-compat``: unmodified Horovod scripts import ringtrain as ``horovod``."""
+"""`ringtrain run --horovod-compat`: unmodified Horovod scripts import ringtrain as `horovod`."""
 
 from __future__ import annotations
 
