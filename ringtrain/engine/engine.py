@@ -36,6 +36,8 @@ _FULL_EXCHANGE, _SHUTDOWN, _JOINED, _FLAGS = 0, 1, 2, 3
 #: The engine waits this long for the doorbell before checking again that it should go on;
 #: rounds only start when a rank rings.
 _BELL_WAIT_S = 3600.0
+#: How often requests waiting on peers trigger a round (liveness and stall checks).
+_PROBE_S = 1.0
 
 
 class Engine:
@@ -53,7 +55,6 @@ class Engine:
                                   backend_name)
         self._cache = ResponseCache(knobs.cache_capacity)
         self._stall = StallInspector(self.rank, knobs)
-        self._stall_period_s = min(1.0, knobs.stall_warning_s)
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
@@ -65,9 +66,8 @@ class Engine:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
-        if knobs.stall_check_enabled:
-            threading.Thread(target=self._watch_stalls, name="ringtrain-stall-watch",
-                             daemon=True).start()
+        threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
+                         daemon=True).start()
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -145,13 +145,13 @@ class Engine:
             self._stopped.set()
             self.timeline.stop()
 
-    def _watch_stalls(self) -> None:
-        """Ring for a round when a request has waited long enough to be reported as stalled:
-        without new submissions nobody else would, and the report needs every rank."""
-        while not self._stopped.wait(self._stall_period_s):
+    def _watch_pending(self) -> None:
+        """Ring for a round while requests wait on peers: the round then reports stalls, and a
+        collective with a peer that died fails instead of waiting for a bell nobody rings."""
+        while not self._stopped.wait(_PROBE_S):
             with self._lock:
                 waiting = list(self._pending.values()) + list(self._queue)
-                if waiting and self._stall.wants_report(waiting, peek=True):
+                if waiting and time.monotonic() - min(r.submitted_at for r in waiting) > _PROBE_S:
                     try:
                         self._ring_locked()
                     except HorovodInternalError:

@@ -33,11 +33,8 @@ class StallInspector:
         self._last_request = float("-inf")
         self._last_warning = float("-inf")
 
-    def wants_report(self, pending: list[Request], peek: bool = False) -> bool:
-        """Whether this rank should ask for a full exchange to learn who is missing.
-
-        ``peek`` answers without counting it as a request (rate limiting applies to requests).
-        """
+    def wants_report(self, pending: list[Request]) -> bool:
+        """Whether this rank should ask for a full exchange to learn who is missing."""
         if not self._enabled or not pending:
             return False
         now = self._clock()
@@ -46,8 +43,7 @@ class StallInspector:
         oldest = min(r.submitted_at for r in pending)
         if now - oldest < self._warning_s:
             return False
-        if not peek:
-            self._last_request = now
+        self._last_request = now
         return True
 
     def inspect(self, decision: Decision) -> StallError | None:
