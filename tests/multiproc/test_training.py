@@ -244,3 +244,38 @@ def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"} <= phases["allreduce.0.weight"]
     assert "MEMCPY_IN_FUSION_BUFFER" in set().union(*phases.values())
     assert {"NEGOTIATE_BROADCAST", "BROADCAST"} <= phases["timeline.bcast"]
+
+
+OPTIMIZERS = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
+              "RAdam", "ASGD", "Rprop"]
+
+
+def _broadcast_state(name: str) -> float:
+    r = hvd.rank()
+    torch.manual_seed(100 + r)  # ranks start different
+    model = torch.nn.Linear(5, 3)
+    kwargs = {"lr": 0.01 * (r + 1)}
+    if name == "SGD":
+        kwargs["momentum"] = 0.9
+    opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
+    if r == 0:  # only the root has taken a step, so only it has (lazily created) state
+        model(torch.randn(4, 5)).sum().backward()
+        opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    # one identical step everywhere must now give identical parameters
+    opt.zero_grad()
+    torch.manual_seed(7)
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat[None])
+    lr_spread = hvd.allgather(torch.tensor([opt.param_groups[0]["lr"]]))
+    return max((gathered - gathered[0]).abs().max().item(),
+               (lr_spread - lr_spread[0]).abs().max().item())
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_broadcast_optimizer_state_for_every_torch_optimizer(world2, name):
+    for spread in world2.run(_broadcast_state, name):
+        assert spread == 0.0
