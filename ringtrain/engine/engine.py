@@ -132,7 +132,9 @@ class Engine:
                     break
                 with self._lock:
                     self._round += 1
-                    if self._queue:
+                    # News that arrived during the round (rung for the round in progress) needs
+                    # a round of its own.
+                    if self._queue or self._shutdown_requested:
                         self._ring_locked()
         except HorovodInternalError as exc:  # the stall inspector gave up
             self._fail(exc)
