@@ -117,17 +117,14 @@ class Engine:
     # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:
-        last_start = float("-inf")
         try:
             while True:
                 if not self._doorbell.wait(self._round, _BELL_WAIT_S):
                     continue
-                # Pace rounds at the cycle time: submissions arriving meanwhile join this round
-                # and are fused together.
-                pause = last_start + self._cycle_s - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-                last_start = time.monotonic()
+                # Give the round one cycle time to gather: peers usually submit the same
+                # tensors moments apart, and what arrives meanwhile is negotiated (and fused)
+                # in this round instead of the next.
+                time.sleep(self._cycle_s)
                 if self._cycle() is None:
                     break
                 with self._lock:
