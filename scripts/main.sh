@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job, from a fresh machine: install everything, then train the Fashion-MNIST example
+# with 2 workers as a job on a local 2-node cluster, follow its log to the end, and list the
+# trained model among the job's output files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+export RINGTRAIN_HOME="${RINGTRAIN_HOME:-$PWD/.ringtrain}"
+
+ringtrain cluster show local >/dev/null 2>&1 || ringtrain cluster create local --nodes 2 --slots 1
+job=$(ringtrain job submit examples/fashion_mnist_job.yaml --cluster local -o json \
+      | python -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+echo "submitted job $job; following rank 0's log (the job keeps running if you press Ctrl-C)"
+ringtrain job logs "$job" --follow
+ringtrain job show "$job"
+echo "output files of $job:"
+ringtrain job files "$job" outputs/model
+state=$(ringtrain job show "$job" -o json | python -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+[ "$state" = succeeded ]
