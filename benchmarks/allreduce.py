@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from launch import run_under_launcher
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
@@ -109,17 +108,7 @@ def main() -> int:
     if args.worker:
         worker()
         return 0
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(args.np),
-               "--output-filename", out, sys.executable, os.path.abspath(__file__), "--worker"]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stderr)
-            return done.returncode
-        with open(os.path.join(out, "rank.0", "stdout")) as f:
-            lines = [line for line in f if line.startswith("{")]
-        print(lines[-1].strip())
-    return 0
+    return run_under_launcher(__file__, args.np, [])
 
 
 if __name__ == "__main__":

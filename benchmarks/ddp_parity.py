@@ -15,10 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from launch import run_under_launcher
 
 
 def _build(name: str):
@@ -106,20 +106,10 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(args.np),
-               "--output-filename", out, sys.executable, os.path.abspath(__file__), "--worker",
-               "--model", args.model, "--batch-size", str(args.batch_size),
-               "--blocks", str(args.blocks), "--steps-per-block", str(args.steps_per_block),
-               "--warmup", str(args.warmup)]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stderr)
-            return done.returncode
-        with open(os.path.join(out, "rank.0", "stdout")) as f:
-            lines = [line for line in f if line.startswith("{")]
-        print(lines[-1].strip())
-    return 0
+    return run_under_launcher(__file__, args.np, ["--model", args.model, "--batch-size", str(args.batch_size),
+                               "--blocks", str(args.blocks),
+                               "--steps-per-block", str(args.steps_per_block),
+                               "--warmup", str(args.warmup)])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 def _cuda_collectives() -> dict:
     torch.cuda.set_device(hvd.local_rank())
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     dev = torch.device("cuda", hvd.local_rank())
     out = {}
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.int16):

@@ -85,7 +85,7 @@ def test_bad_arguments_are_refused_before_queueing(world2):
 
 
 def _join_uneven() -> tuple:
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     sums = []
     # rank r has r + 1 batches; averages only count ranks that still have data
     for step in range(r + 1):
@@ -156,7 +156,7 @@ def test_broadcast_and_allgather_objects(world):
 
 
 def _gradients() -> dict:
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     x = torch.full((2,), float(r + 1), requires_grad=True)
     hvd.allreduce(x, op=hvd.Sum, name="grad.ar").sum().backward()
     ar = x.grad.tolist()

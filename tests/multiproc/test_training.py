@@ -24,8 +24,11 @@ def _batches(steps: int, per_rank: int, ranks: int, seed: int = 1):
 
 
 def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=None):
-    n, r = (hvd.size(), hvd.rank()) if distributed else (1, 0)
-    ranks = hvd.size()
+    """Train 4 steps of ``passes`` micro-batches each; returns the final parameters.
+
+    Distributed, rank r takes its slice of every batch; alone, the whole batch.
+    """
+    ranks, r = hvd.size(), hvd.rank()
     model = _model()
     params = model.parameters()
     opt = (torch.optim.SGD(params, lr=0.1, momentum=0.9) if optimizer_name == "sgd"
@@ -35,28 +38,19 @@ def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        backward_passes_per_step=passes, **kwargs)
     loss_fn = torch.nn.CrossEntropyLoss()
-    for x, y in _batches(4 * passes, 4, ranks):
+    for i, (x, y) in enumerate(_batches(4 * passes, 4, ranks)):
         micro = x.shape[0] // ranks
         if distributed:
             x, y = x[r * micro:(r + 1) * micro], y[r * micro:(r + 1) * micro]
-        # passes micro-batches accumulate before each step
-        (loss_fn(model(x), y) / (1 if distributed else 1)).backward()
-        if not hasattr(_train, "_count"):
-            pass
-        step_now = True
-        if passes > 1:
-            _train.calls = getattr(_train, "calls", 0) + 1
-            step_now = _train.calls % passes == 0
-        if step_now:
+        loss_fn(model(x), y).backward()
+        if (i + 1) % passes == 0:
             opt.step()
             opt.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
 
 
 def _equivalence(optimizer_name: str, passes: int = 1, compression=None):
-    _train.calls = 0
     dist = _train(optimizer_name, True, passes, compression)
-    _train.calls = 0
     # one process on the concatenated batch: the mean loss over N·b equals the average of the
     # ranks' mean losses, so its gradient is the ranks' averaged gradient
     single = _train(optimizer_name, False, passes)
