@@ -24,7 +24,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 
 
 
 def _iterations(nbytes: int) -> int:
-    return max(3, min(50, (64 << 20) // max(nbytes, 1)))
+    return max(7, min(50, (64 << 20) // max(nbytes, 1)))
 
 
 def _timed(fn) -> float:
@@ -77,7 +77,7 @@ def worker() -> None:
             hvd.synchronize(h)
 
     many()
-    for _ in range(5):
+    for _ in range(9):
         dist.barrier(group=raw_group)
         many_t.append(_timed(many))
         dist.barrier(group=raw_group)
