@@ -35,10 +35,10 @@ from ringtrain.models.fashion_cnn import FashionCNN
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; the only place this example reads environment variables."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--epochs", type=int, default=12,
-                   help="epochs for one process; N processes run ceil(epochs / N) (default 12)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="examples per process per step (default 32)")
+    p.add_argument("--epochs", type=int, default=10,
+                   help="epochs for one process; N processes run ceil(epochs / N) (default 10)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="examples per process per step (default 64)")
     p.add_argument("--lr", type=float, default=1e-3,
                    help="RMSprop learning rate for one process; scaled by the number of processes "
                         "(default 0.001)")

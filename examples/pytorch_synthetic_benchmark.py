@@ -107,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
 
     mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
     log(f"Img/sec per {kind}: {mean:.1f} +- {conf:.1f}")
-    log(f"Total img/sec on {hvd.size()} {kind}(s): {hvd.size() * mean:.1f} +- {hvd.size() * conf:.1f}")
+    total, total_conf = hvd.size() * mean, hvd.size() * conf
+    log(f"Total img/sec on {hvd.size()} {kind}(s): {total:.1f} +- {total_conf:.1f}")
     log(json.dumps({
         "benchmark": "pytorch_synthetic", "model": args.model, "device": kind,
         "world_size": hvd.size(), "batch_size": args.batch_size, "image_size": args.image_size,
         "fp16_allreduce": args.fp16_allreduce, "adasum": args.use_adasum,
         "img_sec_per_device": round(mean, 2), "img_sec_per_device_conf": round(conf, 2),
-        "img_sec_total": round(hvd.size() * mean, 2),
+        "img_sec_total": round(total, 2),
     }))
     hvd.shutdown()
     return 0

@@ -152,9 +152,9 @@ def load_torchvision() -> ModuleType | None:
     spec = importlib.util.find_spec("torchvision")
     if spec is None or not spec.submodule_search_locations:
         return None
-    if not _torchvision_has("nms"):
-        if not _load_compiled_torchvision_ops(Path(next(iter(spec.submodule_search_locations)))):
-            register_nms_fallback()
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    if not _torchvision_has("nms") and not _load_compiled_torchvision_ops(package_dir):
+        register_nms_fallback()
     return importlib.import_module("torchvision")
 
 

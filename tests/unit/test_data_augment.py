@@ -10,7 +10,7 @@ from ringtrain.data.augment import random_shift_flip
 
 def _find_offset(original: torch.Tensor, out: torch.Tensor) -> tuple[int, int, bool] | None:
     """The (dy, dx, flipped) that turns ``original`` into ``out``, if any does within 3 px."""
-    c, h, w = original.shape
+    _, h, w = original.shape
     for flipped in (False, True):
         src = original.flip(-1) if flipped else original
         for dy in range(-3, 4):

@@ -1,4 +1,4 @@
-"""Fashion-MNIST on the real files from the `dataset-fashion-mnist` package, and on broken copies."""
+"""Fashion-MNIST on the real files of the `dataset-fashion-mnist` package, and on broken copies."""
 
 from __future__ import annotations
 

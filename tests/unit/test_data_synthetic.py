@@ -29,7 +29,11 @@ def test_fixed_by_seed_and_leaves_global_rng_alone() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"batch_size": 0}, {"batch_size": 1, "num_classes": 0}, {"batch_size": 1, "image_shape": (3, 4)}],
+    [
+        {"batch_size": 0},
+        {"batch_size": 1, "num_classes": 0},
+        {"batch_size": 1, "image_shape": (3, 4)},
+    ],
 )
 def test_bad_sizes_are_value_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
