@@ -1,1 +1,6 @@
-"""ringtrain.models"""
+"""ringtrain.models: single-device reference models; distribution wraps them, never the reverse.
+
+``fashion_cnn`` is the classic small CNN, ``resnet`` torchvision-compatible ResNets, ``vision``
+the optional torchvision import (with its nms fallback) and builders by torchvision's names.
+Import the module you need; this package imports nothing.
+"""
