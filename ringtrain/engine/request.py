@@ -52,9 +52,6 @@ class TensorMeta:
     dtype: str  # str(torch.dtype), e.g. "torch.float32": picklable and readable in errors
     device: str  # "cpu" or "cuda": ranks may use different CUDA indices, not different kinds
 
-    def describe(self) -> str:
-        return f"{self.dtype.removeprefix('torch.')}{list(self.shape)} on {self.device}"
-
 
 @dataclass(frozen=True)
 class RequestMeta:
@@ -76,20 +73,12 @@ class RequestMeta:
     splits: tuple[int, ...] | None = None  # alltoall: rows sent to each member of the set
     age_s: float = 0.0  # how long the request has waited on its rank, for stall reports
 
-    def agreement_key(self, include_dim0: bool = True) -> tuple:
-        """The fields that must be equal on every rank for the operation to run."""
-        tensors = tuple(
-            (t.shape if include_dim0 else t.shape[1:], t.dtype, t.device) for t in self.tensors)
-        return (self.op, self.set_ranks, len(self.tensors), tensors, self.reduce_op,
-                self.root_rank, self.prescale, self.postscale)
-
 
 @dataclass
 class Request:
-    """A rank's own submission: the meta plus the tensors, outputs and its handle."""
+    """A rank's own submission: the meta, the tensors the engine works in, and its handle."""
 
     meta: RequestMeta
-    inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     handle: Handle
     submitted_at: float = field(default_factory=time.monotonic)

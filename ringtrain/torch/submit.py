@@ -64,7 +64,7 @@ def submit(
     if any(t.is_cuda for t in inputs):
         ready = torch.cuda.Event()
         ready.record()
-    rt.engine.submit(Request(meta=meta, inputs=list(inputs), outputs=list(outputs),
+    rt.engine.submit(Request(meta=meta, outputs=list(outputs),
                              handle=handle, ready_event=ready, grouped=grouped))
     return handle
 
