@@ -166,9 +166,9 @@ class Engine:
         if self.timeline.mark_cycles:
             self.timeline.instant(CYCLE_ROW, "CYCLE_START")
 
-        bits = {}
+        bits = set()
         missed = joined = False
-        for name, request in self._pending.items():
+        for request in self._pending.values():
             if request.meta.op is OpType.JOIN:
                 joined = True
                 continue
@@ -176,7 +176,7 @@ class Engine:
             if bit is None:
                 missed = True
             else:
-                bits[bit] = name
+                bits.add(bit)
         counts = [0] * (_FLAGS + len(self._cache))
         counts[_FULL_EXCHANGE] = int(missed or self._stall.wants_report(
             list(self._pending.values())))

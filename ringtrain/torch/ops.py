@@ -48,14 +48,12 @@ def _allreduce_async(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped
     check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
     works = [contiguous_work(t, in_place) for t in tensors]
     finish = None
-    if in_place and any(w is not t.data for w, t in zip(works, tensors)):
+    if in_place:
         def finish(result):
+            # A non-contiguous tensor was reduced in a contiguous copy: write it back.
             for t, w in zip(tensors, works):
-                if w is not t.data:
+                if not t.is_contiguous():
                     t.data.copy_(w)
-            return list(tensors) if grouped else tensors[0]
-    elif in_place:
-        def finish(result):
             return list(tensors) if grouped else tensors[0]
     return submit(OpType.ALLREDUCE, name, tensors, works, process_set, reduce_op=reduce_op,
                   prescale=prescale_factor, postscale=postscale_factor, grouped=grouped,
@@ -203,7 +201,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     work = contiguous_work(tensor, True)
 
     def finish(result):
-        if work is not tensor.data:
+        if not tensor.is_contiguous():  # broadcast into a contiguous copy: write it back
             tensor.data.copy_(work)
         return tensor
 
