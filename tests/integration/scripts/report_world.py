@@ -5,6 +5,7 @@ them, as a user's script would not.
 """
 
 import json
+import os
 
 import torch
 
@@ -17,10 +18,13 @@ total = hvd.allreduce(mine, op=hvd.Sum, name="rank_sum")
 mean = hvd.allreduce(mine, name="rank_mean")
 gathered = hvd.allgather(mine, name="ranks")
 root = hvd.broadcast(mine, root_rank=0, name="root")
-print(json.dumps({
+# One write(2) of under PIPE_BUF bytes: ranks sharing a stdout pipe (torchrun) cannot interleave
+# inside the line, even with PYTHONUNBUFFERED splitting print() into two writes.
+report = json.dumps({
     "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
     "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
     "cross_size": hvd.cross_size(), "sum": total.item(), "mean": mean.item(),
     "gathered": gathered.tolist(), "root": root.item(),
-}), flush=True)
+})
+os.write(1, (report + "\n").encode())
 hvd.shutdown()
