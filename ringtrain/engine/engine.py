@@ -1,19 +1,22 @@
 """The engine: one per process, a background thread that negotiates and runs named operations.
 
-Each cycle the thread drains newly submitted requests and takes part in one negotiation round
-with every rank: a sum of per-rank counts (the response cache's bits, plus flags for "I have a
-request the cache does not know", "I want to shut down", "I have joined"). When every rank's
-requests hit the cache, the counts alone say what is ready. Otherwise all ranks exchange the metas
-of everything pending and :func:`negotiation.decide` makes the same decision on every rank. The
-ready operations are then fused and executed, and their handles completed.
+Rounds start on the doorbell (see :mod:`ringtrain.engine.doorbell`): when an operation is known
+to be submitted on every member, or a request needs all ranks' attention. In a round every rank
+takes part in one negotiation: a sum of per-rank counts (the response cache's bits, plus flags
+for "I have a request the cache does not know", "I want to shut down", "I have joined"). When
+every rank's requests hit the cache, the counts alone say what is ready. Otherwise all ranks
+exchange the metas of everything pending and :func:`negotiation.decide` makes the same decision
+on every rank. The ready operations are then fused and executed, and their handles completed.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -23,6 +26,7 @@ from ringtrain.engine import negotiation
 from ringtrain.engine.doorbell import Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.negotiation import Decision
+from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import OpType, Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
@@ -36,6 +40,8 @@ _FULL_EXCHANGE, _SHUTDOWN, _JOINED, _FLAGS = 0, 1, 2, 3
 #: The engine waits this long for the doorbell before checking again that it should go on;
 #: rounds only start when a rank rings.
 _BELL_WAIT_S = 3600.0
+#: A pause in submissions this long ends a round's gathering before the cycle time is up.
+_QUIET_S = 0.0002
 #: How often requests waiting on peers trigger a round (liveness and stall checks).
 _PROBE_S = 1.0
 
@@ -61,8 +67,14 @@ class Engine:
         self._names: set[str] = set()
         self._round = 0  # the next negotiation round; every rank counts rounds alike
         self._rung = -1  # the last round this rank rang the doorbell for
+        self._submitted = 0  # requests submitted so far, to see when submissions pause
+        self._drained = False  # the current round has taken its requests: news waits for the next
+        self._owed = False  # news arrived after the drain: ring for the next round
+        self._peers_joined = False  # a rank has joined: counters do not reach the member count
         self._shutdown_requested = False
         self._failure: HorovodInternalError | None = None
+        self._batch = threading.local()  # requests of this thread's one_round block
+        self._readiness = Readiness(self._cache, self._count)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
@@ -87,7 +99,37 @@ class Engine:
                     "synchronize() it before submitting that name again, or use another name")
             self._names.add(request.name)
             self._queue.append(request)
-            self._ring_locked()
+            self._submitted += 1
+            batch = getattr(self._batch, "requests", None)
+            if batch is not None:
+                batch.append(request)
+            else:
+                # Counting each operation would cost a store round trip per tensor; operations
+                # submitted one by one ring at once and gather for a cycle instead.
+                request.counted = None
+                self._ring_locked()
+
+    @contextlib.contextmanager
+    def one_round(self) -> Iterator[None]:
+        """Submit several requests from this thread as one unit, negotiated in one round.
+
+        On exit the unit is counted once (see :mod:`ringtrain.engine.readiness`); the rank that
+        completes it everywhere rings for a round without waiting a cycle to gather more, as the
+        unit is all there is. Peers must submit the same unit (the same names) for it to complete;
+        a nested block joins the outer one.
+        """
+        if getattr(self._batch, "requests", None) is not None:
+            yield
+            return
+        self._batch.requests = []
+        try:
+            yield
+        finally:
+            batch, self._batch.requests = self._batch.requests, None
+            if batch:
+                with self._lock:
+                    if self._failure is None and self._needs_round_locked(batch):
+                        self._ring_locked(gather=False)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""
@@ -103,12 +145,32 @@ class Engine:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _ring_locked(self) -> None:
-        """Make sure the next round happens on every rank (caller holds the lock)."""
-        if self._rung < self._round:
+    def _needs_round_locked(self, requests: list[Request]) -> bool:
+        """Count requests submitted together on this rank; True if a round can now do something.
+
+        While a rank has joined, counters cannot complete (it submits nothing): every
+        submission needs a full exchange.
+        """
+        if self._peers_joined:
+            return True
+        return self._readiness.count(requests)
+
+    def _count(self, key: str) -> int:
+        try:
+            return self._doorbell.count(key)
+        except Exception as exc:  # the store is gone: its host (a peer) died
+            raise HorovodInternalError(
+                f"cannot reach the job's rendezvous store; another rank or the launcher "
+                f"has probably exited: {exc}") from exc
+
+    def _ring_locked(self, gather: bool = True) -> None:
+        """Make sure a round happens soon on every rank (caller holds the lock)."""
+        if self._drained:
+            self._owed = True  # the round in progress has drained: ring for the next one
+        elif self._rung < self._round:
             self._rung = self._round
             try:
-                self._doorbell.ring(self._round)
+                self._doorbell.ring(self._round, gather)
             except Exception as exc:  # the store is gone: its host (a peer) died
                 raise HorovodInternalError(
                     f"cannot reach the job's rendezvous store; another rank or the launcher "
@@ -119,19 +181,19 @@ class Engine:
     def _run(self) -> None:
         try:
             while True:
-                if not self._doorbell.wait(self._round, _BELL_WAIT_S):
+                gather = self._doorbell.wait(self._round, _BELL_WAIT_S)
+                if gather is None:
                     continue
-                # Give the round one cycle time to gather: peers usually submit the same
-                # tensors moments apart, and what arrives meanwhile is negotiated (and fused)
-                # in this round instead of the next.
-                time.sleep(self._cycle_s)
+                if gather:
+                    self._gather()
                 if self._cycle() is None:
                     break
                 with self._lock:
                     self._round += 1
-                    # News that arrived during the round (rung for the round in progress) needs
-                    # a round of its own.
-                    if self._queue or self._shutdown_requested:
+                    self._drained = False
+                    if (self._owed or self._shutdown_requested
+                            or (self._peers_joined and self._queue)):
+                        self._owed = False
                         self._ring_locked()
         except HorovodInternalError as exc:  # the stall inspector gave up
             self._fail(exc)
@@ -143,6 +205,21 @@ class Engine:
         finally:
             self._stopped.set()
             self.timeline.stop()
+
+    def _gather(self) -> None:
+        """Wait up to one cycle time while this rank keeps submitting.
+
+        Operations submitted one by one arrive moments apart, and what arrives meanwhile is
+        negotiated (and fused) in this round instead of the next; a lone operation does not wait
+        the whole cycle once submissions have stopped.
+        """
+        deadline = time.monotonic() + self._cycle_s
+        seen = self._submitted
+        while (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(min(_QUIET_S, remaining))
+            if self._submitted == seen:
+                return
+            seen = self._submitted
 
     def _watch_pending(self) -> None:
         """Ring for a round while requests wait on peers: the round then reports stalls, and a
@@ -163,6 +240,7 @@ class Engine:
                 request = self._queue.popleft()
                 self._pending[request.name] = request
             shutting_down = self._shutdown_requested
+            self._drained = True
         if self.timeline.mark_cycles:
             self.timeline.instant(CYCLE_ROW, "CYCLE_START")
 
@@ -196,6 +274,7 @@ class Engine:
                 "ringtrain was shut down (hvd.shutdown() was called on "
                 f"{summed_list[_SHUTDOWN]} rank(s)); call hvd.init() again to continue"))
             return None
+        self._peers_joined = bool(summed_list[_JOINED])
         if summed_list[_FULL_EXCHANGE] or summed_list[_JOINED]:
             decision = self._full_exchange()
         else:
@@ -209,8 +288,11 @@ class Engine:
         now = time.monotonic()
         metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
         decision = negotiation.decide(self._backend.control_allgather(metas))
-        for response in decision.responses:
-            self._cache.put(response)
+        with self._lock:
+            for response in decision.responses:
+                self._cache.put(response)
+            if self._readiness.recount(list(self._pending.values()) + list(self._queue)):
+                self._ring_locked()
         stall_error = self._stall.inspect(decision)
         if stall_error is not None:
             raise stall_error

@@ -5,6 +5,12 @@ assigned in the same order on every rank. When a rank submits a request whose me
 submitted last time under that name, it only reports the bit; a bit whose count reaches the size of
 the process set is ready everywhere and its cached response is executed without exchanging metas.
 Any rank with a request that misses the cache makes the round a full exchange.
+
+Each bit also names a counter in the rendezvous store (see :meth:`counter_key`) that every member
+increments once per submission, so that the last member to submit knows the operation is ready
+everywhere and rings for a round. A bit's counter is replaced whenever a full exchange decides its
+name again: submissions may then have been counted unevenly (a mismatch, a joined rank), and a
+fresh counter starts every rank even.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class ResponseCache:
         self.capacity = capacity
         self._bits: dict[str, int] = {}
         self._responses: list[Response] = []
+        self._generations: list[int] = []
 
     def __len__(self) -> int:
         return len(self._responses)
@@ -49,14 +56,25 @@ class ResponseCache:
     def members(self, bit: int) -> int:
         return len(self._responses[bit].set_ranks)
 
+    def counter_key(self, bit: int) -> str:
+        """The store counter that members of ``bit``'s operation increment on submission."""
+        return f"{bit}.{self._generations[bit]}"
+
     def put(self, response: Response) -> None:
-        """Remember a successful, join-free response (replacing an older one of that name)."""
+        """Record a response decided by a full exchange.
+
+        A successful, join-free response is remembered (replacing an older one of that name);
+        either way a cached name gets a fresh counter.
+        """
+        bit = self._bits.get(response.name)
+        if bit is not None:
+            self._generations[bit] += 1
         if response.error or response.joined or response.op not in _CACHEABLE:
             return
         stored = replace(response, metas={r: _signature(m) for r, m in response.metas.items()})
-        bit = self._bits.get(response.name)
         if bit is not None:
             self._responses[bit] = stored
         elif len(self._responses) < self.capacity:
             self._bits[response.name] = len(self._responses)
             self._responses.append(stored)
+            self._generations.append(0)
