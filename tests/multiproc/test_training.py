@@ -240,6 +240,53 @@ def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
     assert {"NEGOTIATE_BROADCAST", "BROADCAST"} <= phases["timeline.bcast"]
 
 
+def _bucket_steps(path: str) -> None:
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for step in range(4):
+        if step == 2:  # steps 0-1 fill the response cache; 2-3 run on readiness counters
+            hvd.start_timeline(path)
+        model(torch.randn(4, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    hvd.stop_timeline()
+
+
+def test_a_bucket_of_gradients_runs_as_one_fused_collective(world2, tmp_path):
+    path = str(tmp_path / "timeline.json")
+    world2.run(_bucket_steps, path)
+    with open(path) as f:
+        events = json.load(f)
+    fused = [e["args"]["fused"] for e in events if e.get("name") == "ALLREDUCE"]
+    # the model's 4 gradients fit one bucket: each step is one collective of all four
+    assert fused == [4] * 8, fused
+
+
+def _unused_on_rank_1() -> list[float]:
+    torch.manual_seed(0)
+    used, spare = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    params = list(used.parameters()) + list(spare.parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(params, lr=1.0),
+        named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+    for _ in range(3):
+        out = used(torch.ones(1, 3)).sum()
+        if hvd.rank() == 0:
+            out = out + spare(torch.ones(1, 3)).sum()
+        out.backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().sum().item() for p in params]
+
+
+def test_a_bucket_with_a_gradient_missing_on_one_rank_still_completes(world2):
+    # rank 1 never uses `spare`: its bucket is submitted at step() with zeros for it, and
+    # both ranks apply the same averaged update
+    first, second = world2.run(_unused_on_rank_1)
+    assert first == pytest.approx(second)
+
+
 OPTIMIZERS = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
               "RAdam", "ASGD", "Rprop"]
 
