@@ -9,7 +9,8 @@ place: copying it into a buffer and back costs more memory traffic than the extr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import torch
 
@@ -19,6 +20,7 @@ from ringtrain.engine.negotiation import Response
 DIRECT_BYTES = 4 * 1024 * 1024
 
 _ITEMSIZE: dict[str, int] = {}
+T = TypeVar("T")
 
 
 def nbytes(response: Response) -> int:
@@ -43,22 +45,30 @@ def plan(responses: Iterable[Response], threshold_bytes: int) -> list[list[Respo
 
     A response's tensors always travel together (grouped allreduce is one unit).
     """
-    batches: list[list[Response]] = []
-    open_batch: dict[tuple, tuple[list[Response], int]] = {}
-    for response in responses:
-        size = nbytes(response)
-        if size >= min(DIRECT_BYTES, threshold_bytes) and len(response.meta.tensors) == 1:
-            batches.append([response])
+    direct = min(DIRECT_BYTES, threshold_bytes)
+    return pack(responses, fusion_key, nbytes, threshold_bytes,
+                alone=lambda r: len(r.meta.tensors) == 1 and nbytes(r) >= direct)
+
+
+def pack(items: Iterable[T], kind: Callable[[T], Hashable], size: Callable[[T], int], cap: int,
+         alone: Callable[[T], bool] = lambda _: False) -> list[list[T]]:
+    """Batch items in order: each joins the open batch of its kind while that stays within
+    ``cap`` bytes, else opens a new one; items for which ``alone`` holds get a batch each."""
+    batches: list[list[T]] = []
+    open_batch: dict[Hashable, tuple[list[T], int]] = {}
+    for item in items:
+        if alone(item):
+            batches.append([item])
             continue
-        key = fusion_key(response)
+        key, n = kind(item), size(item)
         current = open_batch.get(key)
-        if current is not None and current[1] + size <= threshold_bytes:
-            current[0].append(response)
-            open_batch[key] = (current[0], current[1] + size)
+        if current is not None and current[1] + n <= cap:
+            current[0].append(item)
+            open_batch[key] = (current[0], current[1] + n)
             continue
-        batch = [response]
+        batch = [item]
         batches.append(batch)
-        open_batch[key] = (batch, size)
+        open_batch[key] = (batch, n)
     return batches
 
 
