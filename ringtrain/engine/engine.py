@@ -106,7 +106,6 @@ class Engine:
             else:
                 # Counting each operation would cost a store round trip per tensor; operations
                 # submitted one by one ring at once and gather for a cycle instead.
-                request.counted = None
                 self._ring_locked()
 
     @contextlib.contextmanager
