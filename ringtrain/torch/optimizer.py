@@ -45,13 +45,17 @@ class _DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
-        self._groups = _parameter_groups(self.param_groups, groups)
         self._handles: dict[torch.nn.Parameter, tuple[Handle | None, object]] = {}
-        self._group_ready: dict[int, set] = {}
-        self._buckets = _buckets([p for p in self._names
-                                  if p.requires_grad and p not in self._groups])
-        self._bucket_of = {p: i for i, bucket in enumerate(self._buckets) for p in bucket}
-        self._bucket_counts: dict[int, int] = {}
+        # Units of gradients submitted together: the user's groups (each one grouped
+        # allreduce), then buckets of the other gradients (one allreduce per gradient).
+        explicit = _parameter_groups(self.param_groups, groups)
+        grouped = {p for group in explicit for p in group}
+        self._units = [(group, True) for group in explicit] + [
+            (bucket, False)
+            for bucket in _buckets([p for p in self._names
+                                    if p.requires_grad and p not in grouped])]
+        self._unit_of = {p: i for i, (params, _) in enumerate(self._units) for p in params}
+        self._unit_counts: dict[int, int] = {}
         self._synchronized = False
         self._should_synchronize = True
         self.backward_passes_per_step = backward_passes_per_step
@@ -65,38 +69,27 @@ class _DistributedOptimizer:
     # -- gradient hooks -------------------------------------------------------------------------
 
     def _hook(self, p: torch.nn.Parameter) -> None:
-        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
+        if self._delay[p] <= 0:  # already counted since the last synchronize()
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
+        self._handles[p] = (None, None)  # held until its unit is complete
         if self._delay[p] > 0:
-            self._handles[p] = (None, None)
             return
-        group = self._groups.get(p)
-        if group is None:
-            self._bucket_ready(p)
-            return
-        ready = self._group_ready.setdefault(group[0], set())
-        ready.add(p)
-        self._handles[p] = (None, None)
-        if len(ready) == len(group[1]):
-            del self._group_ready[group[0]]
-            for q, pair in zip(group[1], self._allreduce_async(group[1])):
-                self._handles[q] = pair
+        unit = self._unit_of[p]
+        self._unit_counts[unit] = self._unit_counts.get(unit, 0) + 1
+        if self._unit_counts[unit] == len(self._units[unit][0]):
+            self._submit_unit(unit)
 
-    def _bucket_ready(self, p: torch.nn.Parameter) -> None:
-        """Hold ``p``'s gradient until its whole bucket is ready, then submit the bucket."""
-        self._handles[p] = (None, None)
-        bucket = self._bucket_of[p]
-        count = self._bucket_counts.get(bucket, 0) + 1
-        self._bucket_counts[bucket] = count
-        if count == len(self._buckets[bucket]):
-            self._submit_held(self._buckets[bucket])
-
-    def _submit_held(self, params: list) -> None:
-        """Submit the held gradients among ``params``, as news for one negotiation round."""
+    def _submit_unit(self, unit: int) -> None:
+        """Submit the unit's gradients not submitted yet, as one unit for the engine."""
+        params, grouped = self._units[unit]
         with runtime.current().engine.one_round():
+            if grouped:
+                for q, pair in zip(params, self._allreduce_async(params)):
+                    self._handles[q] = pair
+                return
             for q in params:
                 if self._handles.get(q, (None, None))[0] is None:
                     self._handles[q] = self._allreduce_async([q])[0]
@@ -140,19 +133,10 @@ class _DistributedOptimizer:
         for p in self._names:
             if p.requires_grad and p not in self._handles:
                 self._handles[p] = (None, None)  # no gradient this step: reduce zeros
-        held = {self._bucket_of[p] for p, (handle, _) in self._handles.items()
-                if handle is None and p not in self._groups}
-        for bucket in sorted(held):  # whole buckets: peers count the same units
-            self._submit_held(self._buckets[bucket])
-        pending_groups = {}
-        for p, (handle, _) in self._handles.items():
-            if handle is None:
-                pending_groups[self._groups[p][0]] = self._groups[p][1]
-        for params in pending_groups.values():
-            for q, pair in zip(params, self._allreduce_async(params)):
-                self._handles[q] = pair
-        self._bucket_counts.clear()
-        self._group_ready.clear()
+        held = {self._unit_of[p] for p, (handle, _) in self._handles.items() if handle is None}
+        for unit in sorted(held):  # whole units: peers count the same ones
+            self._submit_unit(unit)
+        self._unit_counts.clear()
         done: dict[int, object] = {}
         for p, (handle, (index, tensor, ctx)) in self._handles.items():
             if id(handle) not in done:
@@ -322,25 +306,20 @@ def _buckets(params: list) -> list[list]:
     it never disagrees with peers.
 
     Why not one small first bucket, as DDP has: each bucket costs a negotiation round, and on
-    CPUs that also compute, communication overlapped with backward competes with it; with a
-    1 MiB first bucket the Fashion-MNIST CNN measured 0.90-0.92x DDP, without it 0.94x
-    (benchmarks/ddp_parity.py, same session).
+    CPUs that also compute, communication overlapped with backward competes with it. On the
+    Fashion-MNIST CNN (benchmarks/ddp_parity.py, six runs each, 2026-11-22) a 1 MiB first bucket
+    measured 0.84-0.92x DDP and a single bucket 0.88-1.01x: no gain from it here.
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
 
 
-def _parameter_groups(param_groups, groups) -> dict:
-    """Map each grouped parameter to (group id, its group's parameters)."""
+def _parameter_groups(param_groups, groups) -> list[list]:
+    """The user's ``groups`` as lists, each checked to hold only the optimizer's parameters."""
     if groups is None:
-        return {}
+        return []
     known = {p for g in param_groups for p in g["params"]}
-    out = {}
-    for gid, group in enumerate(groups):
-        group = list(group)
-        for p in group:
-            if p not in known:
-                raise ValueError("groups contains a tensor that is not one of the optimizer's "
-                                 "parameters")
-            out[p] = (gid, group)
+    out = [list(group) for group in groups]
+    if any(p not in known for group in out for p in group):
+        raise ValueError("groups contains a tensor that is not one of the optimizer's parameters")
     return out

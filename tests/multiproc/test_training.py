@@ -23,7 +23,8 @@ def _batches(steps: int, per_rank: int, ranks: int, seed: int = 1):
              torch.randint(0, 3, (ranks * per_rank,), generator=g)) for _ in range(steps)]
 
 
-def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=None):
+def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=None,
+           num_groups: int = 0):
     """Train 4 steps of ``passes`` micro-batches each; returns the final parameters.
 
     Distributed, rank r takes its slice of every batch; alone, the whole batch.
@@ -36,7 +37,8 @@ def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=
     if distributed:
         kwargs = {"compression": compression} if compression else {}
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       backward_passes_per_step=passes, **kwargs)
+                                       backward_passes_per_step=passes, num_groups=num_groups,
+                                       **kwargs)
     loss_fn = torch.nn.CrossEntropyLoss()
     for i, (x, y) in enumerate(_batches(4 * passes, 4, ranks)):
         micro = x.shape[0] // ranks
@@ -49,8 +51,8 @@ def _train(optimizer_name: str, distributed: bool, passes: int = 1, compression=
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _equivalence(optimizer_name: str, passes: int = 1, compression=None):
-    dist = _train(optimizer_name, True, passes, compression)
+def _equivalence(optimizer_name: str, passes: int = 1, compression=None, num_groups: int = 0):
+    dist = _train(optimizer_name, True, passes, compression, num_groups)
     # one process on the concatenated batch: the mean loss over N·b equals the average of the
     # ranks' mean losses, so its gradient is the ranks' averaged gradient
     single = _train(optimizer_name, False, passes)
@@ -66,6 +68,35 @@ def test_n_ranks_train_like_one_process_on_the_whole_batch(world, optimizer_name
 def test_backward_passes_per_step_accumulates_locally(world2):
     for diff in world2.run(_equivalence, "sgd", 2):
         assert diff < 1e-5
+
+
+def test_gradients_reduced_in_groups_train_like_one_process(world):
+    for diff in world.run(_equivalence, "sgd", 1, None, 2):
+        assert diff < 1e-5
+
+
+def _backward_twice() -> str | None:
+    torch.manual_seed(0)
+    used, spare = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    params = list(used.parameters()) + list(spare.parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(params, lr=1.0),
+        named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+    # `spare` has no gradient, so the bucket is still held when the second backward comes
+    used(torch.ones(1, 3)).sum().backward()
+    try:
+        used(torch.ones(1, 3)).sum().backward()
+    except AssertionError as exc:
+        message = str(exc)
+    else:
+        message = None
+    opt.synchronize()
+    return message
+
+
+def test_a_second_backward_before_step_is_refused(world2):
+    for message in world2.run(_backward_twice):
+        assert message is not None and "backward_passes_per_step" in message
 
 
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
