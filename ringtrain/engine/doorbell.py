@@ -3,10 +3,10 @@
 A negotiation round is a collective, so all ranks must enter it together. Polling for rounds
 every cycle would make idle ranks burn the CPU that training needs; instead, round ``k`` starts
 when any rank rings bell ``k`` (a key in the rendezvous store, which every engine waits on with a
-blocking read). A rank rings when an operation it submitted is known to be submitted on every
-member (its shared counter, see :meth:`Doorbell.count`, reached the member count), when it has a
-request that needs a full exchange, wants to shut down, or must report a stall. Ringing on the
-first submission instead would start rounds that the slower ranks cannot take part in yet.
+blocking read). A rank rings when it submits an operation, wants to shut down, or must report a
+stall; for a unit of operations submitted together (a gradient bucket), only once the unit is
+known to be submitted on every member (its shared counter, see :meth:`Doorbell.count`, reached
+the member count), since a round rung earlier is one the slower ranks cannot take part in yet.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -74,7 +75,7 @@ class Engine:
         self._shutdown_requested = False
         self._failure: HorovodInternalError | None = None
         self._batch = threading.local()  # requests of this thread's one_round block
-        self._readiness = Readiness(self._cache, self._count)
+        self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count))
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
@@ -127,7 +128,9 @@ class Engine:
             batch, self._batch.requests = self._batch.requests, None
             if batch:
                 with self._lock:
-                    if self._failure is None and self._needs_round_locked(batch):
+                    # While a rank has joined, counters cannot complete (it submits nothing).
+                    if self._failure is None and (self._peers_joined
+                                                  or self._readiness.count(batch)):
                         self._ring_locked(gather=False)
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -144,36 +147,13 @@ class Engine:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _needs_round_locked(self, requests: list[Request]) -> bool:
-        """Count requests submitted together on this rank; True if a round can now do something.
-
-        While a rank has joined, counters cannot complete (it submits nothing): every
-        submission needs a full exchange.
-        """
-        if self._peers_joined:
-            return True
-        return self._readiness.count(requests)
-
-    def _count(self, key: str) -> int:
-        try:
-            return self._doorbell.count(key)
-        except Exception as exc:  # the store is gone: its host (a peer) died
-            raise HorovodInternalError(
-                f"cannot reach the job's rendezvous store; another rank or the launcher "
-                f"has probably exited: {exc}") from exc
-
     def _ring_locked(self, gather: bool = True) -> None:
         """Make sure a round happens soon on every rank (caller holds the lock)."""
         if self._drained:
             self._owed = True  # the round in progress has drained: ring for the next one
         elif self._rung < self._round:
             self._rung = self._round
-            try:
-                self._doorbell.ring(self._round, gather)
-            except Exception as exc:  # the store is gone: its host (a peer) died
-                raise HorovodInternalError(
-                    f"cannot reach the job's rendezvous store; another rank or the launcher "
-                    f"has probably exited: {exc}") from exc
+            _reach_store(self._doorbell.ring, self._round, gather)
 
     # -- the background threads -----------------------------------------------------------------
 
@@ -333,3 +313,12 @@ class Engine:
         for request in requests:
             request.handle.set_error(self._failure)
 
+
+def _reach_store(call, *args):
+    """``call(*args)`` on the rendezvous store, whose loss means a peer (its host) died."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        raise HorovodInternalError(
+            f"cannot reach the job's rendezvous store; another rank or the launcher has "
+            f"probably exited: {exc}") from exc

@@ -47,20 +47,22 @@ def plan(responses: Iterable[Response], threshold_bytes: int) -> list[list[Respo
     """
     direct = min(DIRECT_BYTES, threshold_bytes)
     return pack(responses, fusion_key, nbytes, threshold_bytes,
-                alone=lambda r: len(r.meta.tensors) == 1 and nbytes(r) >= direct)
+                alone=lambda r, n: n >= direct and len(r.meta.tensors) == 1)
 
 
 def pack(items: Iterable[T], kind: Callable[[T], Hashable], size: Callable[[T], int], cap: int,
-         alone: Callable[[T], bool] = lambda _: False) -> list[list[T]]:
+         alone: Callable[[T, int], bool] = lambda _, __: False) -> list[list[T]]:
     """Batch items in order: each joins the open batch of its kind while that stays within
-    ``cap`` bytes, else opens a new one; items for which ``alone`` holds get a batch each."""
+    ``cap`` bytes, else opens a new one; items for which ``alone(item, its size)`` holds get a
+    batch each."""
     batches: list[list[T]] = []
     open_batch: dict[Hashable, tuple[list[T], int]] = {}
     for item in items:
-        if alone(item):
+        n = size(item)
+        if alone(item, n):
             batches.append([item])
             continue
-        key, n = kind(item), size(item)
+        key = kind(item)
         current = open_batch.get(key)
         if current is not None and current[1] + n <= cap:
             current[0].append(item)
