@@ -1,12 +1,16 @@
-"""The doorbell: wakes every rank's engine for a negotiation round only when it can do something.
+"""The doorbell: wakes every rank's engine for a round only when it can do something.
 
-A negotiation round is a collective, so all ranks must enter it together. Polling for rounds
+A round is collective, so all ranks must enter it together and agree on what it does. Polling
 every cycle would make idle ranks burn the CPU that training needs; instead, round ``k`` starts
-when any rank rings bell ``k`` (a key in the rendezvous store, which every engine waits on with a
-blocking read). A rank rings when it submits an operation, wants to shut down, or must report a
-stall; for a unit of operations submitted together (a gradient bucket), only once the unit is
-known to be submitted on every member (its shared counter, see :meth:`Doorbell.count`, reached
-the member count), since a round rung earlier is one the slower ranks cannot take part in yet.
+when a rank rings bell ``k`` (a key in the rendezvous store, which every engine waits on with a
+blocking read). The first ring of a round decides its bell and later rings find it taken, so
+every rank reads the same bell:
+
+* :data:`NEGOTIATE`: a negotiation round (a rank submitted an operation one by one, wants to shut
+  down, or must report a stall);
+* a unit's tag (see :mod:`ringtrain.engine.readiness`): run exactly that unit of cached
+  operations, known to be submitted on every member, with no negotiation at all. Only the last
+  member to count a unit rings its tag.
 """
 
 from __future__ import annotations
@@ -17,20 +21,19 @@ from typing import Protocol
 
 import torch.distributed as dist
 
+#: The bell of a negotiation round; every other bell names a unit.
+NEGOTIATE = b"g"
+
 
 class Doorbell(Protocol):
     """Round-numbered wake-ups shared by all ranks."""
 
-    def ring(self, round_: int, gather: bool = True) -> None:
-        """Ask every rank to run round ``round_`` (idempotent).
+    def ring(self, round_: int, bell: bytes) -> bytes:
+        """Ring round ``round_`` with ``bell`` unless it was rung already; return the round's
+        bell (``bell``, or the one rung first)."""
 
-        ``gather``: engines should wait one cycle time before the round, for what peers are about
-        to submit; False when the ringer knows the round's work is all submitted already.
-        """
-
-    def wait(self, round_: int, timeout_s: float) -> bool | None:
-        """Block until round ``round_`` was rung (return its ``gather`` flag) or the timeout
-        passed (return None)."""
+    def wait(self, round_: int, timeout_s: float) -> bytes | None:
+        """Block until round ``round_`` was rung and return its bell; None after the timeout."""
 
     def forget(self, round_: int) -> None:
         """Release what round ``round_`` used, once no rank can still be waiting for it."""
@@ -51,15 +54,15 @@ class StoreDoorbell:
         self._ring_store = ring_store
         self._ring_lock = threading.Lock()
 
-    def ring(self, round_: int, gather: bool = True) -> None:
+    def ring(self, round_: int, bell: bytes) -> bytes:
         with self._ring_lock:
-            self._ring_store.set(str(round_), b"g" if gather else b"n")
+            return self._ring_store.compare_set(str(round_), "", bell)
 
-    def wait(self, round_: int, timeout_s: float) -> bool | None:
+    def wait(self, round_: int, timeout_s: float) -> bytes | None:
         # get() blocks until the key exists and returns it in the same round trip.
         self._wait_store.set_timeout(timedelta(seconds=timeout_s))
         try:
-            return self._wait_store.get(str(round_)) == b"g"
+            return self._wait_store.get(str(round_))
         except dist.DistStoreError:
             return None
 
@@ -77,15 +80,15 @@ class LocalDoorbell:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._rung: dict[int, bool] = {}
+        self._rung: dict[int, bytes] = {}
         self._counts: dict[str, int] = {}
 
-    def ring(self, round_: int, gather: bool = True) -> None:
+    def ring(self, round_: int, bell: bytes) -> bytes:
         with self._cond:
-            self._rung[round_] = gather
             self._cond.notify_all()
+            return self._rung.setdefault(round_, bell)
 
-    def wait(self, round_: int, timeout_s: float) -> bool | None:
+    def wait(self, round_: int, timeout_s: float) -> bytes | None:
         with self._cond:
             if not self._cond.wait_for(lambda: round_ in self._rung, timeout_s):
                 return None

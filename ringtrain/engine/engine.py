@@ -1,12 +1,19 @@
 """The engine: one per process, a background thread that negotiates and runs named operations.
 
-Rounds start on the doorbell (see :mod:`ringtrain.engine.doorbell`): when an operation is known
-to be submitted on every member, or a request needs all ranks' attention. In a round every rank
-takes part in one negotiation: a sum of per-rank counts (the response cache's bits, plus flags
-for "I have a request the cache does not know", "I want to shut down", "I have joined"). When
-every rank's requests hit the cache, the counts alone say what is ready. Otherwise all ranks
-exchange the metas of everything pending and :func:`negotiation.decide` makes the same decision
-on every rank. The ready operations are then fused and executed, and their handles completed.
+Rounds start on the doorbell (see :mod:`ringtrain.engine.doorbell`), and are of two kinds.
+
+A unit round runs one unit of cached operations (a gradient bucket) that its last member found
+submitted everywhere (see :mod:`ringtrain.engine.readiness`): every rank knows what to run from
+the bell alone.
+
+A negotiation round starts when a request needs all ranks' attention (an operation submitted on
+its own, shutdown, a stall to report). Every rank takes part in one negotiation: a sum of
+per-rank counts (the response cache's bits, plus flags for "I have a request the cache does not
+know", "I want to shut down", "I have joined"). When every rank's requests hit the cache, the
+counts alone say what is ready. Otherwise all ranks exchange the metas of everything pending and
+:func:`negotiation.decide` makes the same decision on every rank.
+
+Either way the operations to run are then fused and executed, and their handles completed.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import torch
 
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import negotiation
-from ringtrain.engine.doorbell import Doorbell
+from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.negotiation import Decision
+from ringtrain.engine import readiness
 from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import OpType, Request
 from ringtrain.engine.response_cache import ResponseCache
@@ -66,11 +74,11 @@ class Engine:
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
         self._names: set[str] = set()
-        self._round = 0  # the next negotiation round; every rank counts rounds alike
-        self._rung = -1  # the last round this rank rang the doorbell for
+        self._round = 0  # the next round; every rank counts rounds alike
+        self._negotiation = -1  # a negotiation round rung that has not taken this rank's queue
+        self._forgotten = 0  # rounds before this one are released from the store
         self._submitted = 0  # requests submitted so far, to see when submissions pause
         self._drained = False  # the current round has taken its requests: news waits for the next
-        self._owed = False  # news arrived after the drain: ring for the next round
         self._peers_joined = False  # a rank has joined: counters do not reach the member count
         self._shutdown_requested = False
         self._failure: HorovodInternalError | None = None
@@ -99,24 +107,24 @@ class Engine:
                     f"an operation named {request.name!r} is already in flight on this rank; "
                     "synchronize() it before submitting that name again, or use another name")
             self._names.add(request.name)
-            self._queue.append(request)
-            self._submitted += 1
             batch = getattr(self._batch, "requests", None)
             if batch is not None:
-                batch.append(request)
-            else:
-                # Counting each operation would cost a store round trip per tensor; operations
-                # submitted one by one ring at once and gather for a cycle instead.
-                self._ring_locked()
+                batch.append(request)  # queued once counted, see one_round
+                return
+            self._queue.append(request)
+            self._submitted += 1
+            # Counting each operation would cost a store round trip per tensor; operations
+            # submitted one by one ring for a negotiation round that gathers for a cycle instead.
+            self._ring_locked(NEGOTIATE)
 
     @contextlib.contextmanager
     def one_round(self) -> Iterator[None]:
         """Submit several requests from this thread as one unit, negotiated in one round.
 
-        On exit the unit is counted once (see :mod:`ringtrain.engine.readiness`); the rank that
-        completes it everywhere rings for a round without waiting a cycle to gather more, as the
-        unit is all there is. Peers must submit the same unit (the same names) for it to complete;
-        a nested block joins the outer one.
+        On exit the unit is counted once (see :mod:`ringtrain.engine.readiness`) and queued; the
+        rank that completes it everywhere rings the unit's own round, which runs it with no
+        negotiation. Peers must submit the same unit (the same names) for it to complete; a
+        nested block joins the outer one.
         """
         if getattr(self._batch, "requests", None) is not None:
             yield
@@ -128,17 +136,30 @@ class Engine:
             batch, self._batch.requests = self._batch.requests, None
             if batch:
                 with self._lock:
-                    # While a rank has joined, counters cannot complete (it submits nothing).
-                    if self._failure is None and (self._peers_joined
-                                                  or self._readiness.count(batch)):
-                        self._ring_locked(gather=False)
+                    self._queue_unit_locked(batch)
+
+    def _queue_unit_locked(self, batch: list[Request]) -> None:
+        if self._failure is not None:
+            self._names.difference_update(r.name for r in batch)
+            for request in batch:
+                request.handle.set_error(self._failure)
+            return
+        # Counted before the engine can see it: a queued request has always been counted, so a
+        # unit's tag rings only once every member's requests are in its queue.
+        ring = self._readiness.count(batch)
+        self._queue.extend(batch)
+        self._submitted += len(batch)
+        if self._peers_joined:  # counters cannot complete while a rank submits nothing
+            ring = readiness.NEGOTIATE
+        if ring is not None:
+            self._ring_locked(NEGOTIATE if ring == readiness.NEGOTIATE else ring.encode())
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""
         with self._lock:
             self._shutdown_requested = True
             if self._failure is None:
-                self._ring_locked()
+                self._ring_locked(NEGOTIATE)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.timeline.stop()
@@ -147,33 +168,39 @@ class Engine:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _ring_locked(self, gather: bool = True) -> None:
-        """Make sure a round happens soon on every rank (caller holds the lock)."""
-        if self._drained:
-            self._owed = True  # the round in progress has drained: ring for the next one
-        elif self._rung < self._round:
-            self._rung = self._round
-            _reach_store(self._doorbell.ring, self._round, gather)
+    def _ring_locked(self, bell: bytes) -> None:
+        """Make sure a round with ``bell`` happens soon on every rank (caller holds the lock).
+
+        The first round this rank has not drained yet whose bell is free, or (for a negotiation)
+        already a negotiation, gets it.
+        """
+        round_ = self._round + 1 if self._drained else self._round
+        if bell == NEGOTIATE and self._negotiation >= round_:
+            return
+        while _reach_store(self._doorbell.ring, round_, bell) != bell:
+            round_ += 1  # taken by a unit, or (for a unit) by another unit or a negotiation
+        if bell == NEGOTIATE:
+            self._negotiation = round_
 
     # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while True:
-                gather = self._doorbell.wait(self._round, _BELL_WAIT_S)
-                if gather is None:
+                bell = self._doorbell.wait(self._round, _BELL_WAIT_S)
+                if bell is None:
                     continue
-                if gather:
+                if bell == NEGOTIATE:
                     self._gather()
-                if self._cycle() is None:
-                    break
+                    if self._cycle() is None:
+                        break
+                else:
+                    self._unit_round(bell.decode())
                 with self._lock:
                     self._round += 1
                     self._drained = False
-                    if (self._owed or self._shutdown_requested
-                            or (self._peers_joined and self._queue)):
-                        self._owed = False
-                        self._ring_locked()
+                    if self._peers_joined and self._queue:
+                        self._ring_locked(NEGOTIATE)
         except HorovodInternalError as exc:  # the stall inspector gave up
             self._fail(exc)
         except Exception as exc:  # a collective failed: a peer died or the network broke
@@ -208,7 +235,7 @@ class Engine:
                 waiting = list(self._pending.values()) + list(self._queue)
                 if waiting and time.monotonic() - min(r.submitted_at for r in waiting) > _PROBE_S:
                     try:
-                        self._ring_locked()
+                        self._ring_locked(NEGOTIATE)
                     except HorovodInternalError:
                         return
 
@@ -244,9 +271,7 @@ class Engine:
         summed = torch.tensor(counts, dtype=torch.int32)
         self._backend.control_allreduce(summed)
         summed_list = summed.tolist()
-        if self.rank == 0:
-            # Every rank is past this round's wait once the collective above completed.
-            self._doorbell.forget(self._round)
+        self._forget_rounds()
 
         if summed_list[_SHUTDOWN]:
             self._fail(HorovodInternalError(
@@ -263,6 +288,31 @@ class Engine:
         self._execute(decision)
         return bool(decision.responses) or decision.join_done is not None
 
+    def _unit_round(self, tag: str) -> None:
+        """Run this rank's requests counted under ``tag``: every member has them queued, or had
+        them run by an earlier round on every rank alike."""
+        with self._lock:
+            self._drained = True
+            unit = [r for r in self._queue if r.counted == tag]
+            if unit:
+                self._queue = collections.deque(r for r in self._queue if r.counted != tag)
+            unit += [r for r in self._pending.values() if r.counted == tag]
+            for request in unit:
+                self._pending[request.name] = request
+        bits = sorted(self._cache.lookup(r.meta) for r in unit)
+        decision = Decision(responses=[self._cache.response(bit) for bit in bits])
+        self._execute(decision)
+        if decision.responses and len(decision.responses[0].set_ranks) == self.size:
+            self._forget_rounds()  # every rank took part in the collective: all are past the bell
+
+    def _forget_rounds(self) -> None:
+        """Release the bells of the rounds up to this one, which every rank has read (the caller
+        just completed a collective of all ranks in this round)."""
+        if self.rank == 0:
+            for round_ in range(self._forgotten, self._round + 1):
+                self._doorbell.forget(round_)
+        self._forgotten = self._round + 1
+
     def _full_exchange(self) -> Decision:
         now = time.monotonic()
         metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
@@ -270,8 +320,10 @@ class Engine:
         with self._lock:
             for response in decision.responses:
                 self._cache.put(response)
-            if self._readiness.recount(list(self._pending.values()) + list(self._queue)):
-                self._ring_locked()
+            decided = {response.name for response in decision.responses}
+            waiting = [r for r in (*self._pending.values(), *self._queue) if r.name not in decided]
+            for ring in self._readiness.recount(waiting):
+                self._ring_locked(NEGOTIATE if ring == readiness.NEGOTIATE else ring.encode())
         stall_error = self._stall.inspect(decision)
         if stall_error is not None:
             raise stall_error

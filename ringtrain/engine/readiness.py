@@ -2,10 +2,15 @@
 
 Every member of a cached operation adds one to a counter in the rendezvous store when it submits
 the operation (see :meth:`ResponseCache.counter_key`); the member whose addition makes the counter
-a multiple of the member count is the last to submit, and rings for a round that will find the
-operation ready on every rank. Requests submitted together (a gradient bucket) count as one unit
-under a key derived from all of theirs, so a bucket costs one store round trip rather than one
-per tensor; peers that submit the same bucket derive the same key.
+a multiple of the member count is the last to submit. Requests submitted together (a gradient
+bucket) count as one unit under a key derived from all of theirs, so a bucket costs one store
+round trip rather than one per tensor; peers that submit the same bucket derive the same key.
+
+The counter also numbers the unit's submissions: the ``e``-th submission of a unit on every
+member takes the counter from ``(e-1)·m`` to ``e·m`` (a member cannot submit a unit again before
+its previous submission completed, which needs every member's). The last member therefore rings
+the unit's *tag*, ``key@e``, and every rank runs exactly its ``e``-th submission of that unit,
+deciding nothing else (see :mod:`ringtrain.engine.doorbell`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,14 @@ from collections.abc import Callable, Iterable
 from ringtrain.engine.request import OpType, Request
 from ringtrain.engine.response_cache import ResponseCache
 
+#: What counting asks for besides a unit's tag: a negotiation round, as only one can decide.
+NEGOTIATE = "negotiate"
+
+
+def tag(key: str, epoch: int) -> str:
+    """The bell of a unit's ``epoch``-th submission."""
+    return f"{key}@{epoch}"
+
 
 class Readiness:
     """Counts this rank's submissions; says when one completes a unit on every member."""
@@ -24,38 +37,45 @@ class Readiness:
         self._cache = cache
         self._add = add
 
-    def count(self, requests: list[Request]) -> bool:
+    def count(self, requests: list[Request]) -> str | None:
         """Count ``requests``, submitted together, as one unit.
 
         Returns:
-            True when a round should start now: this rank completed the unit's counter, or the
-            unit cannot be counted (a request the cache does not know, a join, members that
-            differ) and only a full exchange can decide it.
+            The unit's tag when this rank completed it on every member; :data:`NEGOTIATE` when
+            the unit cannot be counted (a request the cache does not know, a join, members that
+            differ) and only a negotiation round can decide it; None when peers are still to
+            submit it.
         """
         unit = self._unit(requests)
-        for request in requests:
-            request.counted = None if unit is None else unit[0]
         if unit is None:
-            return True
+            for request in requests:
+                request.counted = None
+            return NEGOTIATE
         key, members = unit
-        return self._add(key) % members == 0
+        value = self._add(key)
+        epoch = -(-value // members)
+        for request in requests:
+            request.counted = tag(key, epoch)
+        return request.counted if value % members == 0 else None
 
-    def recount(self, requests: Iterable[Request]) -> bool:
-        """Count again the units whose counters a full exchange replaced.
+    def recount(self, requests: Iterable[Request]) -> list[str]:
+        """Count again the units whose counters a negotiation replaced.
 
         Returns:
-            True when a round should start now (as for :meth:`count`).
+            What to ring (as for :meth:`count`), for each unit that asks for a round.
         """
         units: dict[str, list[Request]] = {}
         for request in requests:
             if request.counted is not None:
                 units.setdefault(request.counted, []).append(request)
-        ready = False
-        for old_key, group in units.items():
+        rings = []
+        for counted, group in units.items():
             unit = self._unit(group)
-            if unit is None or unit[0] != old_key:
-                ready |= self.count(group)
-        return ready
+            if unit is None or not counted.startswith(unit[0] + "@"):
+                ring = self.count(group)
+                if ring is not None:
+                    rings.append(ring)
+        return rings
 
     def _unit(self, requests: list[Request]) -> tuple[str, int] | None:
         """The counter key and member count of ``requests`` as one unit, or None."""

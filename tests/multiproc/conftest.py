@@ -23,6 +23,12 @@ def world2() -> World:
     return _world(2)
 
 
+@pytest.fixture
+def world3() -> World:
+    """A world with a rank outside any two-rank process set."""
+    return _world(3)
+
+
 def pytest_sessionfinish(session, exitstatus):
     for w in _worlds.values():
         w.close()

@@ -294,6 +294,78 @@ def test_a_bucket_of_gradients_runs_as_one_fused_collective(world2, tmp_path):
     assert fused == [4] * 8, fused
 
 
+def _negotiations_while_training(metric_every_step: bool) -> tuple[int, list[float], float]:
+    """Train 6 steps after 2 warm-up steps; count the negotiation rounds of the 6."""
+    from ringtrain.torch import runtime
+
+    backend = runtime.current().engine._backend
+    negotiations = []
+    control_allreduce = backend.control_allreduce
+
+    def counted(counts):
+        negotiations.append(1)
+        control_allreduce(counts)
+
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    metric = 0.0
+    for i, (x, y) in enumerate(_batches(8, 4, hvd.size())):
+        if i == 2:
+            negotiations.clear()
+            backend.control_allreduce = counted
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if metric_every_step:  # a metric averaged by a collective submitted on its own
+            metric = hvd.allreduce(torch.tensor([float(hvd.rank())]), name="metric").item()
+    backend.control_allreduce = control_allreduce
+    return len(negotiations), [p.detach().sum().item() for p in model.parameters()], metric
+
+
+def test_steady_training_runs_buckets_without_negotiating(world2):
+    # the bucket's last member rings the bucket itself: no control collective per step
+    results = world2.run(_negotiations_while_training, False)
+    assert [n for n, _, _ in results] == [0, 0]
+    assert results[0][1] == pytest.approx(results[1][1])
+
+
+def test_buckets_and_operations_submitted_on_their_own_interleave(world2):
+    results = world2.run(_negotiations_while_training, True)
+    # the metric negotiates once a step (twice when a rank submits it after the round that the
+    # other rang has started); the buckets still do not. Rounds are collective: counts agree.
+    (n0, _, _), (n1, _, _) = results
+    assert n0 == n1 and 6 <= n0 <= 12
+    assert [m for _, _, m in results] == [0.5, 0.5]
+    assert results[0][1] == pytest.approx(results[1][1])
+
+
+def _train_on_ranks_0_and_1() -> tuple[list[float], float]:
+    pair = hvd.add_process_set([0, 1])
+    model = _model(seed=hvd.rank())  # members start apart: only the set's averaging joins them
+    params = None
+    if hvd.rank() in (0, 1):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0, process_set=pair)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=pair)
+        for x, y in _batches(4, 2, 1, seed=10 + hvd.rank()):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        params = [p.detach().sum().item() for p in model.parameters()]
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after_pair").item()
+    hvd.remove_process_set(pair)
+    return params, total
+
+
+def test_training_on_a_process_set_leaves_the_other_ranks_free(world3):
+    results = world3.run(_train_on_ranks_0_and_1)
+    assert results[0][0] == pytest.approx(results[1][0])
+    assert [total for _, total in results] == [3.0, 3.0, 3.0]
+
+
 def _unused_on_rank_1() -> list[float]:
     torch.manual_seed(0)
     used, spare = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ringtrain.engine.doorbell import LocalDoorbell
 from ringtrain.engine.handle import Handle
 from ringtrain.engine.negotiation import decide
-from ringtrain.engine.readiness import Readiness
+from ringtrain.engine.readiness import NEGOTIATE, Readiness
 from ringtrain.engine.request import OpType, ReduceOp, Request, RequestMeta, TensorMeta
 from ringtrain.engine.response_cache import ResponseCache
 
@@ -35,54 +35,59 @@ def ranks_sharing(cache: ResponseCache, size: int = 2) -> list[Readiness]:
     return [Readiness(cache, store.count) for _ in range(size)]
 
 
-def test_the_last_member_to_submit_completes_the_operation():
+def test_the_last_member_to_submit_rings_the_submission_it_completed():
     rank0, rank1 = ranks_sharing(cached("a"))
-    assert rank0.count([request("a", 0)]) is False
-    assert rank1.count([request("a", 1)]) is True
-    # the next submission of the same name starts counting again
-    assert rank0.count([request("a", 0)]) is False
-    assert rank1.count([request("a", 1)]) is True
+    first0, first1 = request("a", 0), request("a", 1)
+    assert rank0.count([first0]) is None
+    tag = rank1.count([first1])
+    assert tag is not None and tag.endswith("@1")
+    # every member's request carries the tag that the last member rings
+    assert first0.counted == first1.counted == tag
+    # the next submission of the same name is the next one
+    second0, second1 = request("a", 0), request("a", 1)
+    assert rank1.count([second1]) is None
+    assert rank0.count([second0]) == second1.counted == tag.replace("@1", "@2")
 
 
 def test_a_unit_completes_once_whatever_order_its_requests_came_in():
     rank0, rank1 = ranks_sharing(cached("a", "b", "c"))
-    assert rank0.count([request(n, 0) for n in ("a", "b", "c")]) is False
-    assert rank1.count([request(n, 1) for n in ("c", "a", "b")]) is True
+    assert rank0.count([request(n, 0) for n in ("a", "b", "c")]) is None
+    assert rank1.count([request(n, 1) for n in ("c", "a", "b")]) is not None
 
 
 def test_different_units_never_complete_each_other():
     rank0, rank1 = ranks_sharing(cached("a", "b"))
-    assert rank0.count([request("a", 0), request("b", 0)]) is False
-    assert rank1.count([request("a", 1)]) is False
+    assert rank0.count([request("a", 0), request("b", 0)]) is None
+    assert rank1.count([request("a", 1)]) is None
 
 
 def test_what_the_cache_does_not_know_needs_a_round_at_once():
     (rank0,) = ranks_sharing(cached("a"), size=1)
     first_time = request("new", 0)
-    assert rank0.count([first_time]) is True and first_time.counted is None
+    assert rank0.count([first_time]) == NEGOTIATE and first_time.counted is None
     reshaped = request("a", 0, shape=(5,))
-    assert rank0.count([reshaped, request("a", 0)]) is True
+    assert rank0.count([reshaped, request("a", 0)]) == NEGOTIATE
     join = Request(meta=RequestMeta("join", OpType.JOIN, 0, (0, 1), ()), outputs=[],
                    handle=Handle("join"))
-    assert rank0.count([join]) is True
+    assert rank0.count([join]) == NEGOTIATE
 
 
 def test_a_unit_over_different_process_sets_is_not_counted():
     cache = cached("a")
     cache.put(decide([[meta("b", r, ranks=(0, 1, 2))] for r in range(3)]).responses[0])
     (rank0,) = ranks_sharing(cache, size=1)
-    assert rank0.count([request("a", 0), request("b", 0, ranks=(0, 1, 2))]) is True
+    assert rank0.count([request("a", 0), request("b", 0, ranks=(0, 1, 2))]) == NEGOTIATE
 
 
 def test_a_full_exchange_renews_the_counter_and_pending_requests_count_again():
     cache = cached("a")
     rank0, rank1 = ranks_sharing(cache)
     pending = request("a", 0)
-    assert rank0.count([pending]) is False
-    old_key = pending.counted
+    assert rank0.count([pending]) is None
+    old_tag = pending.counted
     # a full exchange decides "a" again (say a peer missed the cache): every rank renews it
     cache.put(decide([[meta("a", 0)], [meta("a", 1)]]).responses[0])
-    assert cache.counter_key(cache.lookup(meta("a", 0))) != old_key
-    assert rank0.recount([pending]) is False and pending.counted != old_key
-    assert rank1.count([request("a", 1)]) is True
-    assert rank0.recount([pending]) is False  # unchanged key: not counted twice
+    assert not old_tag.startswith(cache.counter_key(cache.lookup(meta("a", 0))) + "@")
+    assert rank0.recount([pending]) == [] and pending.counted != old_tag
+    assert rank1.count([request("a", 1)]) == pending.counted
+    assert rank0.recount([pending]) == []  # unchanged key: not counted twice
