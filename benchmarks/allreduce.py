@@ -7,13 +7,16 @@ launches itself with `ringtrain run -np N` and prints one JSON line: for each si
 ``torch.distributed.all_reduce`` on a Gloo group of its own and of ringtrain's in-place
 ``allreduce_`` (both Sum, float32, interleaved iteration by iteration), and their throughput
 ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
-against one flat allreduce of the same bytes (raw, and through ringtrain).
+against one flat allreduce of the same bytes (raw, and through ringtrain), and against raw Gloo
+running the same fusion plan as ringtrain's engine (the same collectives and buffer copies, no
+engine): what this machine can do with separate tensors at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,12 +36,40 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _raw_plan(tensors, group, threshold: int):
+    """Allreduce ``tensors`` on raw Gloo in the batches ringtrain's fusion would make."""
+    import torch
+    import torch.distributed as dist
+
+    from ringtrain.engine import fusion
+
+    direct = min(fusion.DIRECT_BYTES, threshold)
+    batches = fusion.pack(tensors, lambda t: t.dtype, lambda t: t.numel() * t.element_size(),
+                          threshold, alone=lambda t, n: n >= direct)
+    buffers = [torch.empty(sum(t.numel() for t in b)) if len(b) > 1 else b[0] for b in batches]
+
+    def run() -> None:
+        works = []
+        for batch, buf in zip(batches, buffers):
+            if len(batch) > 1:
+                torch.cat([t.reshape(-1) for t in batch], out=buf)
+            works.append(dist.all_reduce(buf, group=group, async_op=True))
+        for batch, buf, work in zip(batches, buffers, works):
+            work.wait()
+            if len(batch) > 1:
+                torch.split_with_sizes_copy(buf, [t.numel() for t in batch],
+                                            out=[t.view(-1) for t in batch])
+
+    return run, len(batches)
+
+
 def worker() -> None:
     import torch
     import torch.distributed as dist
 
     import ringtrain.torch as hvd
     from ringtrain.models.resnet import resnet50
+    from ringtrain.runner.env import EngineKnobs
 
     torch.set_num_threads(1)
     hvd.init()
@@ -68,7 +99,9 @@ def worker() -> None:
 
     grads = [torch.ones(p.shape) for p in resnet50().parameters()]
     flat = torch.ones(sum(g.numel() for g in grads))
-    many_t, flat_raw_t, flat_ours_t = [], [], []
+    many_t, flat_raw_t, flat_ours_t, plan_t = [], [], [], []
+    threshold = EngineKnobs.from_environ(os.environ).fusion_threshold_bytes
+    raw_plan, collectives = _raw_plan(grads, raw_group, threshold)
 
     def many():
         handles = [hvd.allreduce_async_(g, op=hvd.Sum, name=f"resnet50.{i}")
@@ -84,7 +117,9 @@ def worker() -> None:
         flat_raw_t.append(_timed(lambda: dist.all_reduce(flat, group=raw_group)))
         dist.barrier(group=raw_group)
         flat_ours_t.append(_timed(lambda: hvd.allreduce_(flat, op=hvd.Sum, name="flat")))
-    m, fr, fo = (statistics.median(x) for x in (many_t, flat_raw_t, flat_ours_t))
+        dist.barrier(group=raw_group)
+        plan_t.append(_timed(raw_plan))
+    m, fr, fo, rp = (statistics.median(x) for x in (many_t, flat_raw_t, flat_ours_t, plan_t))
     large = [r["throughput_ratio"] for r in results if r["bytes"] >= 16 << 20]
     if hvd.rank() == 0:
         print(json.dumps({
@@ -94,7 +129,9 @@ def worker() -> None:
             "resnet50_161_tensors": {
                 "tensors": len(grads), "bytes": flat.numel() * 4,
                 "ringtrain_161_async_s": m, "raw_flat_s": fr, "ringtrain_flat_s": fo,
+                "raw_same_plan_s": rp, "plan_collectives": collectives,
                 "ratio_vs_raw_flat": m / fr, "ratio_vs_ringtrain_flat": m / fo,
+                "raw_same_plan_vs_raw_flat": rp / fr, "ratio_vs_raw_same_plan": m / rp,
             },
         }), flush=True)
     hvd.shutdown()

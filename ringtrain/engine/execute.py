@@ -110,11 +110,8 @@ class Executor:
                    if first.reduce_op is ReduceOp.AVERAGE else 1)
         _scale_(buf, first.postscale, divisor)
         if inflight.fused:
-            offset = 0
-            for t in tensors:
-                n = t.numel()
-                t.view(-1).copy_(buf[offset:offset + n])
-                offset += n
+            torch.split_with_sizes_copy(buf, [t.numel() for t in tensors],
+                                        out=[t.view(-1) for t in tensors])
             self._buffers.release(buf)
         done = time.monotonic()
         for response in batch:

@@ -71,7 +71,9 @@ class RequestMeta:
     prescale: float = 1.0
     postscale: float = 1.0
     splits: tuple[int, ...] | None = None  # alltoall: rows sent to each member of the set
-    age_s: float = 0.0  # how long the request has waited on its rank, for stall reports
+    #: How long the request has waited on its rank, for stall reports; not part of what peers
+    #: must agree on, so equality ignores it.
+    age_s: float = field(default=0.0, compare=False)
 
 
 @dataclass

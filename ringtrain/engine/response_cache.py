@@ -15,17 +15,11 @@ fresh counter starts every rank even.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ringtrain.engine.negotiation import Response
 from ringtrain.engine.request import OpType, RequestMeta
 
 _CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST,
                         OpType.REDUCESCATTER, OpType.ALLTOALL})
-
-
-def _signature(meta: RequestMeta) -> RequestMeta:
-    return replace(meta, age_s=0.0)
 
 
 class ResponseCache:
@@ -46,7 +40,7 @@ class ResponseCache:
         if bit is None:
             return None
         cached = self._responses[bit].metas.get(meta.rank)
-        if cached is None or _signature(cached) != _signature(meta):
+        if cached is None or cached != meta:
             return None
         return bit
 
@@ -71,10 +65,9 @@ class ResponseCache:
             self._generations[bit] += 1
         if response.error or response.joined or response.op not in _CACHEABLE:
             return
-        stored = replace(response, metas={r: _signature(m) for r, m in response.metas.items()})
         if bit is not None:
-            self._responses[bit] = stored
+            self._responses[bit] = response
         elif len(self._responses) < self.capacity:
             self._bits[response.name] = len(self._responses)
-            self._responses.append(stored)
+            self._responses.append(response)
             self._generations.append(0)
