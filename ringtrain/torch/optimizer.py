@@ -305,10 +305,11 @@ def _buckets(params: list) -> list[list]:
     same parameter order; a bucket whose gradients arrive in another order only starts later,
     it never disagrees with peers.
 
-    Why not one small first bucket, as DDP has: each bucket costs a negotiation round, and on
-    CPUs that also compute, communication overlapped with backward competes with it. On the
-    Fashion-MNIST CNN (benchmarks/ddp_parity.py, six runs each, 2026-11-22) a 1 MiB first bucket
-    measured 0.84-0.92x DDP and a single bucket 0.88-1.01x: no gain from it here.
+    Why not one small first bucket, as DDP has: on CPUs that also compute, communication
+    overlapped with backward competes with it, and each bucket is one more collective. On the
+    Fashion-MNIST CNN (benchmarks/ddp_parity.py, 2026-11-22, with unit rounds) a DDP-style 1 MiB
+    first bucket measured 0.954/0.966/0.960x DDP and a single bucket 0.985/0.962/0.983x: no gain
+    from it here.
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
