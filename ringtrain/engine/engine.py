@@ -34,7 +34,6 @@ from ringtrain.engine import negotiation
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.negotiation import Decision
-from ringtrain.engine import readiness
 from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import OpType, Request
 from ringtrain.engine.response_cache import ResponseCache
@@ -150,9 +149,9 @@ class Engine:
         self._queue.extend(batch)
         self._submitted += len(batch)
         if self._peers_joined:  # counters cannot complete while a rank submits nothing
-            ring = readiness.NEGOTIATE
+            ring = NEGOTIATE
         if ring is not None:
-            self._ring_locked(NEGOTIATE if ring == readiness.NEGOTIATE else ring.encode())
+            self._ring_locked(ring)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""
@@ -323,7 +322,7 @@ class Engine:
             decided = {response.name for response in decision.responses}
             waiting = [r for r in (*self._pending.values(), *self._queue) if r.name not in decided]
             for ring in self._readiness.recount(waiting):
-                self._ring_locked(NEGOTIATE if ring == readiness.NEGOTIATE else ring.encode())
+                self._ring_locked(ring)
         stall_error = self._stall.inspect(decision)
         if stall_error is not None:
             raise stall_error

@@ -18,11 +18,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 
+from ringtrain.engine.doorbell import NEGOTIATE
 from ringtrain.engine.request import OpType, Request
 from ringtrain.engine.response_cache import ResponseCache
-
-#: What counting asks for besides a unit's tag: a negotiation round, as only one can decide.
-NEGOTIATE = "negotiate"
 
 
 def tag(key: str, epoch: int) -> str:
@@ -37,14 +35,14 @@ class Readiness:
         self._cache = cache
         self._add = add
 
-    def count(self, requests: list[Request]) -> str | None:
+    def count(self, requests: list[Request]) -> bytes | None:
         """Count ``requests``, submitted together, as one unit.
 
         Returns:
-            The unit's tag when this rank completed it on every member; :data:`NEGOTIATE` when
-            the unit cannot be counted (a request the cache does not know, a join, members that
-            differ) and only a negotiation round can decide it; None when peers are still to
-            submit it.
+            The bell to ring: the unit's tag when this rank completed it on every member;
+            :data:`~ringtrain.engine.doorbell.NEGOTIATE` when the unit cannot be counted (a
+            request the cache does not know, a join, members that differ) and only a negotiation
+            round can decide it. None when peers are still to submit it.
         """
         unit = self._unit(requests)
         if unit is None:
@@ -56,9 +54,9 @@ class Readiness:
         epoch = -(-value // members)
         for request in requests:
             request.counted = tag(key, epoch)
-        return request.counted if value % members == 0 else None
+        return request.counted.encode() if value % members == 0 else None
 
-    def recount(self, requests: Iterable[Request]) -> list[str]:
+    def recount(self, requests: Iterable[Request]) -> list[bytes]:
         """Count again the units whose counters a negotiation replaced.
 
         Returns:

@@ -259,7 +259,8 @@ def _timeline(path: str) -> None:
 def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
     path = str(tmp_path / "timeline.json")
     world2.run(_timeline, path)
-    events = json.loads(open(path).read())
+    with open(path) as f:
+        events = json.load(f)
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     phases: dict[str, set] = {}
     for e in events:

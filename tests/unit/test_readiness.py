@@ -3,10 +3,10 @@ counters of a real LocalDoorbell (the store's add, in one process)."""
 
 from __future__ import annotations
 
-from ringtrain.engine.doorbell import LocalDoorbell
+from ringtrain.engine.doorbell import NEGOTIATE, LocalDoorbell
 from ringtrain.engine.handle import Handle
 from ringtrain.engine.negotiation import decide
-from ringtrain.engine.readiness import NEGOTIATE, Readiness
+from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import OpType, ReduceOp, Request, RequestMeta, TensorMeta
 from ringtrain.engine.response_cache import ResponseCache
 
@@ -39,14 +39,14 @@ def test_the_last_member_to_submit_rings_the_submission_it_completed():
     rank0, rank1 = ranks_sharing(cached("a"))
     first0, first1 = request("a", 0), request("a", 1)
     assert rank0.count([first0]) is None
-    tag = rank1.count([first1])
-    assert tag is not None and tag.endswith("@1")
+    bell = rank1.count([first1])
+    assert bell is not None and bell.endswith(b"@1")
     # every member's request carries the tag that the last member rings
-    assert first0.counted == first1.counted == tag
+    assert first0.counted == first1.counted == bell.decode()
     # the next submission of the same name is the next one
     second0, second1 = request("a", 0), request("a", 1)
     assert rank1.count([second1]) is None
-    assert rank0.count([second0]) == second1.counted == tag.replace("@1", "@2")
+    assert rank0.count([second0]) == second1.counted.encode() == bell.replace(b"@1", b"@2")
 
 
 def test_a_unit_completes_once_whatever_order_its_requests_came_in():
@@ -89,5 +89,5 @@ def test_a_full_exchange_renews_the_counter_and_pending_requests_count_again():
     cache.put(decide([[meta("a", 0)], [meta("a", 1)]]).responses[0])
     assert not old_tag.startswith(cache.counter_key(cache.lookup(meta("a", 0))) + "@")
     assert rank0.recount([pending]) == [] and pending.counted != old_tag
-    assert rank1.count([request("a", 1)]) == pending.counted
+    assert rank1.count([request("a", 1)]) == pending.counted.encode()
     assert rank0.recount([pending]) == []  # unchanged key: not counted twice
