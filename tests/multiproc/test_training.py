@@ -256,11 +256,16 @@ def _timeline(path: str) -> None:
     hvd.stop_timeline()
 
 
-def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
+def _timeline_events(world, fn, tmp_path) -> list[dict]:
+    """Run ``fn(path)`` on every rank and return the timeline rank 0 wrote to ``path``."""
     path = str(tmp_path / "timeline.json")
-    world2.run(_timeline, path)
+    world.run(fn, path)
     with open(path) as f:
-        events = json.load(f)
+        return json.load(f)
+
+
+def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
+    events = _timeline_events(world2, _timeline, tmp_path)
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     phases: dict[str, set] = {}
     for e in events:
@@ -277,7 +282,7 @@ def _bucket_steps(path: str) -> None:
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
     for step in range(4):
-        if step == 2:  # steps 0-1 fill the response cache; 2-3 run on readiness counters
+        if step == 2:  # steps 0-1 fill the response cache; 2-3 run as unit rounds
             hvd.start_timeline(path)
         model(torch.randn(4, 6)).sum().backward()
         opt.step()
@@ -286,10 +291,7 @@ def _bucket_steps(path: str) -> None:
 
 
 def test_a_bucket_of_gradients_runs_as_one_fused_collective(world2, tmp_path):
-    path = str(tmp_path / "timeline.json")
-    world2.run(_bucket_steps, path)
-    with open(path) as f:
-        events = json.load(f)
+    events = _timeline_events(world2, _bucket_steps, tmp_path)
     fused = [e["args"]["fused"] for e in events if e.get("name") == "ALLREDUCE"]
     # the model's 4 gradients fit one bucket: each step is one collective of all four
     assert fused == [4] * 8, fused
