@@ -51,10 +51,10 @@ class Readiness:
             return NEGOTIATE
         key, members = unit
         value = self._add(key)
-        epoch = -(-value // members)
+        counted = tag(key, -(-value // members))  # the submission this addition belongs to
         for request in requests:
-            request.counted = tag(key, epoch)
-        return request.counted.encode() if value % members == 0 else None
+            request.counted = counted
+        return counted.encode() if value % members == 0 else None
 
     def recount(self, requests: Iterable[Request]) -> list[bytes]:
         """Count again the units whose counters a negotiation replaced.

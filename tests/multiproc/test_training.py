@@ -75,13 +75,19 @@ def test_gradients_reduced_in_groups_train_like_one_process(world):
         assert diff < 1e-5
 
 
-def _backward_twice() -> str | None:
+def _used_and_spare():
+    """Two layers in one bucket, with an optimizer over both; tests leave `spare` unused."""
     torch.manual_seed(0)
     used, spare = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     params = list(used.parameters()) + list(spare.parameters())
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(params, lr=1.0),
         named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+    return used, spare, params, opt
+
+
+def _backward_twice() -> str | None:
+    used, _, _, opt = _used_and_spare()
     # `spare` has no gradient, so the bucket is still held when the second backward comes
     used(torch.ones(1, 3)).sum().backward()
     try:
@@ -370,12 +376,7 @@ def test_training_on_a_process_set_leaves_the_other_ranks_free(world3):
 
 
 def _unused_on_rank_1() -> list[float]:
-    torch.manual_seed(0)
-    used, spare = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
-    params = list(used.parameters()) + list(spare.parameters())
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(params, lr=1.0),
-        named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+    used, spare, params, opt = _used_and_spare()
     for _ in range(3):
         out = used(torch.ones(1, 3)).sum()
         if hvd.rank() == 0:
