@@ -9,7 +9,8 @@ launches itself with `ringtrain run -np N` and prints one JSON line: for each si
 ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
 against one flat allreduce of the same bytes (raw, and through ringtrain), and against raw Gloo
 running the same fusion plan as ringtrain's engine (the same collectives and buffer copies, no
-engine): what this machine can do with separate tensors at all.
+engine): what this machine can do with separate tensors at all. The ratios to the raw flat
+allreduce are medians of per-iteration ratios, with bootstrap 95% intervals.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 
 from launch import run_under_launcher
+from stats import bootstrap_median_ci
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
@@ -110,7 +112,7 @@ def worker() -> None:
             hvd.synchronize(h)
 
     many()
-    for _ in range(9):
+    for _ in range(25):
         dist.barrier(group=raw_group)
         many_t.append(_timed(many))
         dist.barrier(group=raw_group)
@@ -120,6 +122,10 @@ def worker() -> None:
         dist.barrier(group=raw_group)
         plan_t.append(_timed(raw_plan))
     m, fr, fo, rp = (statistics.median(x) for x in (many_t, flat_raw_t, flat_ours_t, plan_t))
+    # Ratios of the adjacent measurements of each iteration: the machine's speed drifts between
+    # iterations by more than the differences measured here.
+    paired = [a / b for a, b in zip(many_t, flat_raw_t)]
+    plan_paired = [a / b for a, b in zip(plan_t, flat_raw_t)]
     large = [r["throughput_ratio"] for r in results if r["bytes"] >= 16 << 20]
     if hvd.rank() == 0:
         print(json.dumps({
@@ -130,8 +136,12 @@ def worker() -> None:
                 "tensors": len(grads), "bytes": flat.numel() * 4,
                 "ringtrain_161_async_s": m, "raw_flat_s": fr, "ringtrain_flat_s": fo,
                 "raw_same_plan_s": rp, "plan_collectives": collectives,
-                "ratio_vs_raw_flat": m / fr, "ratio_vs_ringtrain_flat": m / fo,
-                "raw_same_plan_vs_raw_flat": rp / fr, "ratio_vs_raw_same_plan": m / rp,
+                "ratio_vs_raw_flat": statistics.median(paired),
+                "ratio_vs_raw_flat_ci95": bootstrap_median_ci(paired),
+                "ratio_vs_ringtrain_flat": m / fo,
+                "raw_same_plan_vs_raw_flat": statistics.median(plan_paired),
+                "raw_same_plan_vs_raw_flat_ci95": bootstrap_median_ci(plan_paired),
+                "ratio_vs_raw_same_plan": m / rp,
             },
         }), flush=True)
     hvd.shutdown()

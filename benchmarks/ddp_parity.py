@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
 
 from launch import run_under_launcher
+from stats import bootstrap_median_ci
 
 
 def _build(name: str):
@@ -89,7 +89,7 @@ def worker(args) -> None:
     if hvd.rank() == 0:
         ddp_rate, rt_rate = statistics.median(ddp_rates), statistics.median(rt_rates)
         ratios = [r / d for r, d in zip(rt_rates, ddp_rates)]
-        low, high = _bootstrap_median_ci(ratios)
+        low, high = bootstrap_median_ci(ratios)
         print(json.dumps({
             "benchmark": "ddp_parity", "model": args.model, "world_size": hvd.size(),
             "batch_size_per_rank": args.batch_size, "blocks": args.blocks,
@@ -100,14 +100,6 @@ def worker(args) -> None:
             "ddp_blocks": ddp_rates, "ringtrain_blocks": rt_rates,
         }), flush=True)
     hvd.shutdown()
-
-
-def _bootstrap_median_ci(values: list[float], resamples: int = 2000) -> tuple[float, float]:
-    """A 95% percentile-bootstrap interval of the median of ``values`` (seeded: reproducible)."""
-    rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
-                     for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def main() -> int:

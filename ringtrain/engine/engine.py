@@ -270,7 +270,6 @@ class Engine:
         summed = torch.tensor(counts, dtype=torch.int32)
         self._backend.control_allreduce(summed)
         summed_list = summed.tolist()
-        self._forget_rounds()
 
         if summed_list[_SHUTDOWN]:
             self._fail(HorovodInternalError(
@@ -285,6 +284,9 @@ class Engine:
                 self._cache.response(bit) for bit in range(len(self._cache))
                 if summed_list[_FLAGS + bit] == self._cache.members(bit)])
         self._execute(decision)
+        # After the round's work, not before it: releasing bells is a store round trip per round
+        # on rank 0, and no rank waits for it.
+        self._forget_rounds()
         return bool(decision.responses) or decision.join_done is not None
 
     def _unit_round(self, tag: str) -> None:
