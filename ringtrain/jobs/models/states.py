@@ -27,10 +27,6 @@ class JobState(str, Enum):
         """True for the states a job never leaves."""
         return not JOB_TRANSITIONS[self]
 
-    def is_active(self) -> bool:
-        """True while the job holds nodes (preparing, running or terminating)."""
-        return self in (JobState.PREPARING, JobState.RUNNING, JobState.TERMINATING)
-
 
 _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
