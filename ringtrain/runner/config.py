@@ -17,7 +17,8 @@ from ringtrain.errors import ConfigError
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
 from ringtrain.runner.env import EngineKnobs
-from ringtrain.runner.options import BY_DEST, LOG_LEVELS, OPTIONS, parse_argv
+from ringtrain.log_level import LOG_LEVELS, is_log_level
+from ringtrain.runner.options import BY_DEST, OPTIONS, parse_argv
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _check_knobs(knobs: EngineKnobs) -> None:
         (knobs.stall_warning_s > 0, "stall_check_warning_time_seconds", "must be positive"),
         (knobs.stall_shutdown_s >= 0, "stall_check_shutdown_time_seconds",
          "must not be negative (0 = never shut down)"),
-        (knobs.log_level is None or knobs.log_level in LOG_LEVELS, "log_level",
+        (knobs.log_level is None or is_log_level(knobs.log_level), "log_level",
          f"must be one of {', '.join(LOG_LEVELS)}"),
     )
     for ok, dest, what in checks:

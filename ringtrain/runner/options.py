@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringtrain.errors import ConfigError
-
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+from ringtrain.log_level import LOG_LEVELS
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import atexit
 import datetime
 import ipaddress
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -24,8 +25,11 @@ from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
+from ringtrain.log_level import apply_log_level
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.torch.topology import Topology, from_hostnames
+
+log = logging.getLogger(__name__)
 
 # Collectives may legitimately wait long (a slow rank writing a checkpoint); a dead peer is
 # detected by its closed connection, not by this timeout.
@@ -88,6 +92,7 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
         if _runtime is not None:
             return
         env = read_worker_env()
+        apply_log_level(env.knobs.log_level)
         rank, size = env.rank, env.size
         if comm is not None:
             members = sorted(set(int(r) for r in comm))
@@ -112,6 +117,8 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
                            owns_default_group=owns)
         if env.knobs.timeline_filename and rank == 0:
             engine.timeline.start(env.knobs.timeline_filename, env.knobs.timeline_mark_cycles)
+        log.debug("rank %d of %d on %s (started by %s): engine running, %s", rank, size,
+                  env.hostname, env.launcher, env.knobs)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -128,6 +135,7 @@ def shutdown() -> None:
             return
         _runtime = None
         rt.engine.shutdown()
+        log.debug("rank %d: engine stopped", rt.topology.rank)
         if rt.engine.running:
             return  # a peer is unreachable: leave the communicators to process exit
         rt.backend.close()

@@ -126,6 +126,13 @@ def test_autotune_is_accepted_with_a_warning(caplog):
     assert "--autotune is not supported" in caplog.text
 
 
+def test_log_level_from_the_environment_takes_any_case():
+    config = load("-np", "1", "x", environ={"HOROVOD_LOG_LEVEL": "debug"})
+    assert config.knobs.log_level == "debug"
+    with pytest.raises(ConfigError, match="--log-level must be one of TRACE, DEBUG, INFO"):
+        load("-np", "1", "x", environ={"HOROVOD_LOG_LEVEL": "loud"})
+
+
 @pytest.mark.parametrize("argv, words", [
     (["-np", "0", "x"], r"-np/--num-proc: 0 ranks requested; give at least 1"),
     (["-np", "-2", "x"], r"-np/--num-proc: -2 ranks"),
