@@ -7,7 +7,6 @@ horovodrun leaves an exported knob alone unless a flag sets it), then the defaul
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,9 +17,7 @@ from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
 from ringtrain.runner.env import EngineKnobs
 from ringtrain.log_level import LOG_LEVELS, is_log_level
-from ringtrain.runner.options import BY_DEST, OPTIONS, parse_argv
-
-log = logging.getLogger(__name__)
+from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 
 _MIB = 1024 * 1024
 
@@ -94,9 +91,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
     if values["mpi"]:
         raise ConfigError("--mpi: ringtrain has no MPI; it always uses Gloo (and NCCL for CUDA "
                           "tensors). Drop --mpi, or pass --gloo")
-    if values["autotune"]:
-        log.warning("--autotune is not supported by ringtrain; running with the fixed "
-                    "--fusion-threshold-mb and --cycle-time-ms")
+    _reject_autotune(values)
     _reject_elastic(values)
     host_list = _hosts(values)
     num_proc = values["num_proc"]
@@ -193,6 +188,22 @@ def _check_knobs(knobs: EngineKnobs) -> None:
     for ok, dest, what in checks:
         if not ok:
             raise ConfigError(f"{BY_DEST[dest].name} {what}")
+
+
+def _reject_autotune(values: dict[str, Any]) -> None:
+    """Refuse Horovod's autotuning options, from the command line or the config file alike.
+
+    ``--autotune`` off (``autotune: {enabled: false}`` in Horovod's file) asks for nothing and
+    passes; every other autotune setting would silently do nothing, so it is an error.
+    """
+    given = [BY_DEST[dest].name for dest in AUTOTUNE_DESTS
+             if values[dest] is not None and values[dest] is not False]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: autotuning is not supported by ringtrain. Remove the autotune "
+            "options (on the command line, or the `autotune` section of --config-file) and set "
+            "the fusion buffer and cycle time by hand: --fusion-threshold-mb MB or "
+            "HOROVOD_FUSION_THRESHOLD=BYTES, and --cycle-time-ms MS or HOROVOD_CYCLE_TIME=MS")
 
 
 def _reject_elastic(values: dict[str, Any]) -> None:

@@ -91,17 +91,18 @@ OPTIONS: tuple[Option, ...] = (
          type=float, metavar="SECONDS", group=_STALL,
          help="fail a stalled job after this long (default: 0, never)"),
     _opt("--autotune", dest="autotune", group=_AUTOTUNE,
-         help="accepted for horovodrun compatibility; the settings stay fixed"),
+         help="refused: ringtrain does not autotune; set --fusion-threshold-mb and "
+              "--cycle-time-ms instead"),
     _opt("--autotune-log-file", dest="autotune_log_file", type=str, metavar="FILE",
-         group=_AUTOTUNE, help="accepted, unused"),
+         group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int, metavar="N",
-         group=_AUTOTUNE, help="accepted, unused"),
+         group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--autotune-steps-per-sample", dest="autotune_steps_per_sample", type=int,
-         metavar="N", group=_AUTOTUNE, help="accepted, unused"),
+         metavar="N", group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--autotune-bayes-opt-max-samples", dest="autotune_bayes_opt_max_samples", type=int,
-         metavar="N", group=_AUTOTUNE, help="accepted, unused"),
+         metavar="N", group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--autotune-gaussian-process-noise", dest="autotune_gaussian_process_noise",
-         type=float, metavar="X", group=_AUTOTUNE, help="accepted, unused"),
+         type=float, metavar="X", group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N", group=_ELASTIC,
          help="elastic: fewest ranks to keep running"),
     _opt("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N", group=_ELASTIC,
@@ -119,6 +120,8 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
+#: Horovod's autotuning options, which ringtrain refuses (it has no autotuner).
+AUTOTUNE_DESTS: tuple[str, ...] = tuple(o.dest for o in OPTIONS if o.group == _AUTOTUNE)
 
 
 class _Parser(argparse.ArgumentParser):

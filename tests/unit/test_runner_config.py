@@ -104,7 +104,7 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
         "verbose: 0\n"
         "params:\n  fusion_threshold_mb: 8\n  cycle_time_ms: 2\n  cache_capacity: 10\n"
         "  hierarchical_allreduce: false\n"
-        "autotune:\n  enabled: false\n  warmup_samples: 3\n"
+        "autotune:\n  enabled: false\n"
         "timeline:\n  filename: /tmp/t.json\n  mark_cycles: true\n"
         "stall_check:\n  enabled: false\n  warning_time_seconds: 5\n"
         "logging:\n  level: warning\n")
@@ -117,13 +117,37 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
     assert "hierarchical_allreduce: ignored" in caplog.text
 
 
-def test_autotune_is_accepted_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING):
-        load("-np", "1", "--autotune", "--autotune-log-file", "a.csv",
-             "--autotune-warmup-samples", "2", "--autotune-steps-per-sample", "5",
-             "--autotune-bayes-opt-max-samples", "9", "--autotune-gaussian-process-noise",
-             "0.5", "x")
-    assert "--autotune is not supported" in caplog.text
+_AUTOTUNE_FLAGS = [
+    ["--autotune"], ["--autotune-log-file", "a.csv"], ["--autotune-warmup-samples", "2"],
+    ["--autotune-steps-per-sample", "5"], ["--autotune-bayes-opt-max-samples", "0"],
+    ["--autotune-gaussian-process-noise", "0.5"]]
+_AUTOTUNE_HINT = (r"autotuning is not supported by ringtrain\. Remove the autotune options .* "
+                  r"--fusion-threshold-mb MB or HOROVOD_FUSION_THRESHOLD=BYTES, and "
+                  r"--cycle-time-ms MS or HOROVOD_CYCLE_TIME=MS")
+
+
+@pytest.mark.parametrize("flag", _AUTOTUNE_FLAGS, ids=lambda f: f[0])
+def test_autotune_flags_are_refused(flag):
+    with pytest.raises(ConfigError, match=f"^{flag[0]}: {_AUTOTUNE_HINT}"):
+        load("-np", "1", *flag, "x")
+
+
+def test_autotune_refusal_names_every_flag_given():
+    with pytest.raises(ConfigError, match="^--autotune, --autotune-log-file: autotuning"):
+        load("-np", "1", "--autotune", "--autotune-log-file", "a.csv", "x")
+
+
+@pytest.mark.parametrize("yaml_text, flag", [
+    ("autotune-warmup-samples: 3\n", "--autotune-warmup-samples"),
+    ("autotune:\n  enabled: true\n", "--autotune"),
+    ("autotune:\n  enabled: false\n  log_file: a.csv\n", "--autotune-log-file"),
+    ("autotune:\n  gaussian_process_noise: 0\n", "--autotune-gaussian-process-noise"),
+])
+def test_autotune_in_the_config_file_is_refused(tmp_path, yaml_text, flag):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=f"^{flag}: {_AUTOTUNE_HINT}"):
+        load("-np", "1", "--config-file", str(cfg), "x")
 
 
 def test_log_level_from_the_environment_takes_any_case():
