@@ -10,9 +10,10 @@ median steps/s of each and their ratio (ringtrain / DDP; at least 0.95 is the go
 over pairs of adjacent blocks of ringtrain's rate over DDP's, so that drifts of the machine's
 speed cancel out, with a bootstrap 95% confidence interval of that median.
 
-On a shared VM the speed of adjacent blocks of one side differs by up to 20%: short blocks (two
-steps) and many of them measure the ratio far more precisely than a few long ones. Ranks meet at
-a barrier before each block, outside the timed span.
+On a shared machine the speed of adjacent blocks of one side drifts by more than the differences
+to be measured (benchmarks/RESULTS.md): short blocks (two steps) and many of them measure the
+ratio far more precisely than a few long ones. Ranks meet at a barrier before each block, outside
+the timed span.
 """
 
 from __future__ import annotations

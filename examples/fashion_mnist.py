@@ -74,8 +74,8 @@ def _warmup_cosine(total_steps: int, warmup_fraction: float = 0.05) -> Callable[
     """The learning-rate factor of each step: a linear ramp, then a cosine decay to zero.
 
     The ramp is Horovod's advice for a rate scaled by the world size (large steps from random
-    weights diverge); ending near zero is worth about 2 points of test accuracy over a constant
-    rate when there are only a few epochs (measured, docs/examples.md).
+    weights diverge); ending near zero gives a clearly better test accuracy than a constant rate
+    when there are only a few epochs (measured: benchmarks/RESULTS.md).
     """
     warmup = max(1, int(warmup_fraction * total_steps))
 

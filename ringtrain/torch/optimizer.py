@@ -306,10 +306,8 @@ def _buckets(params: list) -> list[list]:
     it never disagrees with peers.
 
     Why not one small first bucket, as DDP has: on CPUs that also compute, communication
-    overlapped with backward competes with it, and each bucket is one more collective. On the
-    Fashion-MNIST CNN (benchmarks/ddp_parity.py with 150 paired blocks, 2026-11-22) a DDP-style
-    1 MiB first bucket measured 0.979 and 0.958x DDP, a single bucket 0.985 and 0.976x in the
-    same sequence of runs: no gain from it here.
+    overlapped with backward competes with it, and each bucket is one more collective; measured
+    on the Fashion-MNIST CNN it gained nothing (benchmarks/RESULTS.md, "Tried and dropped").
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
