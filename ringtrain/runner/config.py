@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.errors import ConfigError
+from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
 from ringtrain.runner.env import EngineKnobs
-from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 
 _MIB = 1024 * 1024
