@@ -15,10 +15,11 @@ import sys
 import time
 from typing import Any
 
+from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
 from ringtrain.jobs.executors.procs import is_alive
-from ringtrain.jobs.home import HOME_VAR, Home, service_token, service_url
+from ringtrain.jobs.home import Home, service_token, service_url
 
 START_TIMEOUT_S = 30.0
 
@@ -58,7 +59,7 @@ def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> dict[str, An
     with open(home.server_log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ringtrain.cli", "server"],
-            env={**os.environ, HOME_VAR: str(home.root)}, stdin=subprocess.DEVNULL,
+            env={**os.environ, envvars.HOME: str(home.root)}, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ringtrain.jobs.envvars import NODE_INDEX
+
 STATUS_FILE = "launcher/status.json"
 LAUNCH_FILE = "launcher/launch.json"
 
@@ -76,7 +78,7 @@ class JobRunner:
         for k in range(self.launch["node_count"]):
             with open(prep / f"node.{k}.stdout", "wb") as out, \
                     open(prep / f"node.{k}.stderr", "wb") as err:
-                env = {**os.environ, "RINGTRAIN_NODE_INDEX": str(k)}
+                env = {**os.environ, NODE_INDEX: str(k)}
                 procs.append(subprocess.Popen(["sh", "-c", command], stdout=out, stderr=err,
                                               stdin=subprocess.DEVNULL, env=env))
         self._children = procs
