@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.record_file import read_record_file
 
 
 class ServerInfo(BaseModel):
@@ -42,12 +43,9 @@ class ServerInfo(BaseModel):
         Raises:
             RecordError: the file cannot be read, is not JSON, or lacks a field.
         """
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+        raw = read_record_file(path, str(path))
+        if raw is None:
             return None
-        except OSError as e:
-            raise RecordError(f"cannot read {path}: {e.strerror or e}") from None
         try:
             return cls.model_validate_json(raw)
         except ValidationError as e:

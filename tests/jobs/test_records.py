@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_malformed_launch_file(tmp_path: Path, content: str | None, why: str) ->
 
 
 def test_launch_file_with_a_wrong_list(tmp_path: Path) -> None:
-    data = {**json.loads(json.dumps(launch_spec(tmp_path).__dict__)), "nodes": ["0"]}
+    data = {**asdict(launch_spec(tmp_path)), "nodes": ["0"]}
     (tmp_path / "launch.json").write_text(json.dumps(data))
     with pytest.raises(RecordError, match=r"field 'nodes' must be a list of int, not \['0'\]"):
         LaunchSpec.read(tmp_path / "launch.json")
@@ -183,3 +184,9 @@ def test_malformed_server_file(tmp_path: Path, content: str, why: str) -> None:
     with pytest.raises(RecordError, match="is not a job server record") as raised:
         ServerInfo.read(path)
     assert why in str(raised.value) and "delete the file" in str(raised.value)
+
+
+def test_record_file_that_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "server.json").mkdir()
+    with pytest.raises(RecordError, match="cannot read .*server.json: Is a directory"):
+        ServerInfo.read(tmp_path / "server.json")

@@ -1,7 +1,7 @@
 """The phases of an attempt, as executors report them and the job runner writes them.
 
-A module of its own with no imports, so that the job runner (which must start quickly) and the
-Executor protocol share one definition.
+A module of its own, needing only the standard library, so that the job runner (which must start
+quickly) and the Executor protocol share one definition.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import Any
 
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.record_file import read_record_file
 
 LAUNCH_FILE = "launcher/launch.json"
 STATUS_FILE = "launcher/status.json"
@@ -177,12 +178,9 @@ class RunnerStatus:
 
 def _read_object(path: Path, source: str) -> Mapping[str, Any] | None:
     """The JSON object in ``path``, or ``None`` if there is no such file."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = read_record_file(path, source)
+    if raw is None:
         return None
-    except OSError as e:
-        raise RecordError(f"cannot read {source}: {e.strerror or e}") from None
     try:
         data = json.loads(raw)
     except ValueError as e:
