@@ -7,38 +7,43 @@ supervising jobs until ``ringtrain server stop``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
+from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
 from ringtrain.jobs.executors.procs import is_alive
-from ringtrain.jobs.home import HOME_VAR, Home, service_token, service_url
+from ringtrain.jobs.home import Home, service_token, service_url
+from ringtrain.jobs.server_info import ServerInfo
 
 START_TIMEOUT_S = 30.0
 
 
-def read_server_file(home: Home) -> dict[str, Any] | None:
-    """The contents of ``server.json``, or ``None`` if absent or unreadable."""
-    try:
-        return json.loads(home.server_file.read_text())
-    except (OSError, ValueError):
-        return None
+def read_server_file(home: Home) -> ServerInfo | None:
+    """The contents of ``server.json``, or ``None`` if there is none.
+
+    Raises:
+        RecordError: the file is there but malformed (the message says what to do).
+    """
+    return ServerInfo.read(home.server_file)
 
 
-def running_server(home: Home) -> dict[str, Any] | None:
-    """The server of ``home`` if its process lives and answers, else ``None``."""
+def running_server(home: Home) -> ServerInfo | None:
+    """The server of ``home`` if its process lives and answers, else ``None``.
+
+    Raises:
+        RecordError: ``server.json`` is malformed.
+    """
     info = read_server_file(home)
-    if info is None or not is_alive(info["pid"], None):
+    if info is None or not is_alive(info.pid, None):
         return None
-    client = JobsClient(info["url"], info.get("token"), timeout_s=5)
+    client = JobsClient(info.url, info.token, timeout_s=5)
     try:
-        if client.health().pid != info["pid"]:
+        if client.health().pid != info.pid:
             return None
     except JobsError:
         return None
@@ -47,7 +52,7 @@ def running_server(home: Home) -> dict[str, Any] | None:
     return info
 
 
-def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
     """Start ``ringtrain server`` for ``home`` in the background and wait until it answers.
 
     Raises:
@@ -58,7 +63,7 @@ def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> dict[str, An
     with open(home.server_log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ringtrain.cli", "server"],
-            env={**os.environ, HOME_VAR: str(home.root)}, stdin=subprocess.DEVNULL,
+            env={**os.environ, envvars.HOME: str(home.root)}, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -96,24 +101,24 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
         if not autostart:
             raise ServiceUnavailableError(f"no job server runs for {home.root}")
         info = start_server(home)
-    return JobsClient(info["url"], token or info.get("token"))
+    return JobsClient(info.url, token or info.token)
 
 
-def stop_server(home: Home, timeout_s: float = 15.0) -> dict[str, Any] | None:
+def stop_server(home: Home, timeout_s: float = 15.0) -> ServerInfo | None:
     """Stop the home's server (SIGTERM, then SIGKILL past ``timeout_s``). Jobs keep running.
 
     Returns:
         The stopped server's info, or ``None`` if none ran.
     """
     info = read_server_file(home)
-    if info is None or not is_alive(info["pid"], None):
+    if info is None or not is_alive(info.pid, None):
         home.server_file.unlink(missing_ok=True)
         return None
-    os.kill(info["pid"], signal.SIGTERM)
+    os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while is_alive(info["pid"], None):
+    while is_alive(info.pid, None):
         if time.monotonic() > deadline:
-            os.kill(info["pid"], signal.SIGKILL)
+            os.kill(info.pid, signal.SIGKILL)
             break
         time.sleep(0.05)
     home.server_file.unlink(missing_ok=True)

@@ -60,3 +60,8 @@ class AuthError(JobsError, PermissionError):
     """A request lacked the bearer token the server was started with."""
 
     http_status = 401
+
+
+class RecordError(JobsError, ValueError):
+    """A record that one ringtrain process left for another (a launch or status file,
+    ``server.json``, a stored launch handle) is missing, unreadable or lacks a field it needs."""

@@ -1,7 +1,8 @@
-"""Where the job service keeps its state, and the only place its environment variables are read.
+"""Where the job service keeps its state, and the only place its own settings are read.
 
 ``RINGTRAIN_HOME`` (default ``~/.ringtrain``) holds the SQLite database, the share root with one
-folder per job, and the running server's address in ``server.json``.
+folder per job, and the running server's address in ``server.json``. The variables' names are
+defined in :mod:`ringtrain.jobs.envvars`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-HOME_VAR = "RINGTRAIN_HOME"
-URL_VAR = "RINGTRAIN_URL"  # talk to this server instead of the one of RINGTRAIN_HOME
-TOKEN_VAR = "RINGTRAIN_TOKEN"
+from ringtrain.jobs import envvars
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Home:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Home:
         """The home named by ``RINGTRAIN_HOME``, else ``~/.ringtrain``, as an absolute path."""
         environ = os.environ if environ is None else environ
-        raw = environ.get(HOME_VAR) or str(Path.home() / ".ringtrain")
+        raw = environ.get(envvars.HOME) or str(Path.home() / ".ringtrain")
         return cls(Path(raw).expanduser().resolve())
 
     @property
@@ -61,10 +60,10 @@ class Home:
 def service_url(environ: Mapping[str, str] | None = None) -> str | None:
     """The server URL given by ``RINGTRAIN_URL``, if any."""
     environ = os.environ if environ is None else environ
-    return environ.get(URL_VAR) or None
+    return environ.get(envvars.URL) or None
 
 
 def service_token(environ: Mapping[str, str] | None = None) -> str | None:
     """The bearer token given by ``RINGTRAIN_TOKEN``, if any."""
     environ = os.environ if environ is None else environ
-    return environ.get(TOKEN_VAR) or None
+    return environ.get(envvars.TOKEN) or None

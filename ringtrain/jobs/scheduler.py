@@ -12,8 +12,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from ringtrain.jobs.errors import ConflictError, JobsError
-from ringtrain.jobs.executors.base import Executor, Observation
+from ringtrain.jobs.errors import ConflictError, JobsError, RecordError
+from ringtrain.jobs.executors.base import Executor, LaunchHandle, Observation
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import AllocationState, ClusterInfo, JobInfo, JobState, NodeState
 from ringtrain.jobs.store import Store
 
@@ -71,19 +72,38 @@ class Scheduler:
             raise ConflictError(f"job {job_id} is already {job.state.value}; nothing to terminate")
         job = self.store.update_job(job_id, JobState.TERMINATING, now,
                                     message="terminating on request")
-        self.executor.stop(job, self.store.get_launch(job_id), force=False)
+        try:
+            launch = self._launch(job_id)
+        except RecordError:
+            launch = None  # stopped by its job id alone; the next tick ends it (_supervise)
+        self.executor.stop(job, launch, force=False)
         return job
 
+    def _launch(self, job_id: str) -> LaunchHandle | None:
+        """The handle of the job's attempt; ``None`` if the service stopped before storing it.
+
+        Raises:
+            RecordError: the stored handle is not one of this executor.
+        """
+        data = self.store.get_launch(job_id)
+        return None if data is None else self.executor.load_handle(data)
+
     def _supervise(self, job: JobInfo, now: float) -> None:
-        launch = self.store.get_launch(job.id)
+        try:
+            launch = self._launch(job.id)
+        except RecordError as e:
+            # Nothing can be watched through a handle that cannot be read: the attempt ends,
+            # and releasing it still finds its processes by their job id.
+            self._finish(job, Observation(Phase.LOST, message=str(e)), None, now)
+            return
         seen = self.executor.poll(job, launch)
-        if seen.phase in ("exited", "lost"):
+        if seen.phase in (Phase.EXITED, Phase.LOST):
             self._finish(job, seen, launch, now)
         elif job.state == JobState.TERMINATING:
             if now - (job.terminate_requested_at or now) >= self.stop_grace_s:
                 self.executor.stop(job, launch, force=True)
         else:
-            if job.state == JobState.PREPARING and seen.phase == "running":
+            if job.state == JobState.PREPARING and seen.phase is Phase.RUNNING:
                 job = self.store.update_job(job.id, JobState.RUNNING, now)
             limit = job.spec.max_wall_clock_time
             if limit is not None and job.started_at is not None and now - job.started_at > limit:
@@ -92,14 +112,15 @@ class Scheduler:
                     message=f"exceeded max_wall_clock_time of {limit:g} s; stopped")
                 self.executor.stop(job, launch, force=False)
 
-    def _finish(self, job: JobInfo, seen: Observation, launch: dict | None, now: float) -> None:
+    def _finish(self, job: JobInfo, seen: Observation, launch: LaunchHandle | None,
+                now: float) -> None:
         self.executor.release(job, launch)
         code = seen.exit_code
         if job.state == JobState.TERMINATING:
             final = job.ends_as or JobState.TERMINATED
             message = job.message if final == JobState.FAILED else "terminated on request"
             self.store.update_job(job.id, final, now, exit_code=code, message=message)
-        elif seen.phase == "exited" and code == 0:
+        elif seen.phase is Phase.EXITED and code == 0:
             self.store.update_job(job.id, JobState.SUCCEEDED, now, exit_code=0, message="")
         else:
             reason = seen.message or f"exited with code {code}"
@@ -129,7 +150,7 @@ class Scheduler:
             job = self.store.update_job(job.id, JobState.PREPARING, now,
                                         nodes=[n.index for n in nodes], message="")
             try:
-                self.store.set_launch(job.id, self.executor.start(job, nodes))
+                self.store.set_launch(job.id, self.executor.start(job, nodes).to_json())
             except OSError as e:
                 log.exception("job %s could not start", job.id)
                 self.store.update_job(job.id, JobState.FAILED, now,

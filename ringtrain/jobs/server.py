@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import json
 import logging
 import os
 import socket
@@ -22,8 +21,9 @@ from typing import IO
 from fastapi import FastAPI
 
 from ringtrain.errors import ConfigError
-from ringtrain.jobs.errors import ConflictError
+from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.server_info import ServerInfo
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ def _lock(home: Home) -> IO[str]:
     except BlockingIOError:
         f.close()
         try:
-            running = json.loads(home.server_file.read_text())
-            where = f" (pid {running['pid']} at {running['url']})"
-        except (OSError, ValueError, KeyError):
-            where = ""
+            running = ServerInfo.read(home.server_file)
+        except RecordError:
+            running = None
+        where = "" if running is None else f" (pid {running.pid} at {running.url})"
         raise ConflictError(f"a server already runs for {home.root}{where}; "
                             "`ringtrain server stop` stops it") from None
     return f
@@ -130,21 +130,19 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
 
     app = create_app(service, token=token, home=str(home.root), lifespan=lifespan)
     bound_port = sock.getsockname()[1]
-    info = {"pid": os.getpid(), "url": f"http://{_url_host(host)}:{bound_port}", "host": host,
-            "port": bound_port, "token": token, "home": str(home.root), "started_at": time.time()}
-    tmp = home.server_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info))
-    os.chmod(tmp, 0o600)  # it may hold the token
-    os.replace(tmp, home.server_file)
-    log.info("ringtrain job service at %s (home %s)", info["url"], home.root)
+    info = ServerInfo(pid=os.getpid(), url=f"http://{_url_host(host)}:{bound_port}", host=host,
+                      port=bound_port, token=token, home=str(home.root), started_at=time.time())
+    info.write(home.server_file)
+    log.info("ringtrain job service at %s (home %s)", info.url, home.root)
     try:
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         try:
-            if json.loads(home.server_file.read_text()).get("pid") == os.getpid():
-                home.server_file.unlink()
-        except (OSError, ValueError):
-            pass
+            current = ServerInfo.read(home.server_file)
+        except RecordError:
+            current = None  # not ours to remove
+        if current is not None and current.pid == os.getpid():
+            home.server_file.unlink(missing_ok=True)
         store.close()
         lock.close()

@@ -19,6 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, NotFoundError
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 
@@ -76,13 +77,13 @@ class Share:
         """The variables every process of a job gets besides the spec's ``environment``."""
         job_dir = Path(job.job_dir)
         env = dict(job.spec.environment)
-        env["RINGTRAIN_JOB_ID"] = job.id
-        env["RINGTRAIN_SHARE_ROOT"] = str(self.root)
-        env["RINGTRAIN_JOB_DIR"] = str(job_dir)
+        env[envvars.JOB_ID] = job.id
+        env[envvars.SHARE_ROOT] = str(self.root)
+        env[envvars.JOB_DIR] = str(job_dir)
         for name, path in job.spec.inputs.items():
-            env[f"RINGTRAIN_INPUT_{name.upper()}"] = path
+            env[envvars.input_var(name)] = path
         for name in job.spec.outputs:
-            env[f"RINGTRAIN_OUTPUT_{name.upper()}"] = str(job_dir / "outputs" / name)
+            env[envvars.output_var(name)] = str(job_dir / "outputs" / name)
         return env
 
     def resolve(self, job_id: str, relpath: str) -> Path:

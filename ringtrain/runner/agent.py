@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
+from enum import Enum
 from functools import partial
 from typing import IO
 
@@ -25,13 +26,21 @@ from ringtrain.runner.result import (
     RankOutcome, RankState, RunResult, check_transition, signal_name,
 )
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
-from ringtrain.runner.task import Marker, split_marker
+from ringtrain.runner.task import Marker, MarkerEvent, split_marker
 
 log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
 _TAIL_LINES = 5  # stderr lines kept to explain a failure to start
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
+
+
+class _Event(Enum):
+    """What the rank threads and signal handlers tell the monitor, each with a number."""
+
+    EXIT = "exit"  # a rank's process ended (the rank's index)
+    MARKER = "marker"  # a rank's task wrapper reported in (the rank's index)
+    INTERRUPT = "interrupt"  # the launcher got a signal (its number)
 
 
 class _Rank:
@@ -87,7 +96,7 @@ class Agent:
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
         # SimpleQueue: `put` is reentrant, so `interrupt` may be called from a signal handler.
-        self._events: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[tuple[_Event, int]] = queue.SimpleQueue()
         self._root_causes: list[RankOutcome] = []
         self._interrupted_by: int | None = None
         self._kill_at: float | None = None
@@ -98,7 +107,7 @@ class Agent:
 
         Safe to call from a signal handler or another thread.
         """
-        self._events.put(("interrupt", signum))
+        self._events.put((_Event.INTERRUPT, signum))
 
     def run(self) -> RunResult:
         """Start every rank, supervise them until all have exited, and report.
@@ -153,7 +162,11 @@ class Agent:
         rank = self._ranks[index]
         with pipe:
             for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
-                text, marker = split_marker(self._options.token, line)
+                try:
+                    text, marker = split_marker(self._options.token, line)
+                except ValueError as e:  # a wrapper of another ringtrain version, say
+                    log.warning("rank %d: %s; passed on as output", rank.spec.rank, e)
+                    text, marker = line, None
                 if text:
                     # A marker after a partial line (the command died mid-line) ends that line.
                     self._sink.write(rank.spec.rank, "stderr",
@@ -163,21 +176,21 @@ class Agent:
                         rank.stderr_tail.append(stripped)
                 if marker is not None:
                     self._on_marker(rank, marker)
-                    self._events.put(("marker", index))
+                    self._events.put((_Event.MARKER, index))
 
     def _on_marker(self, rank: _Rank, marker: Marker) -> None:
-        if marker.event == "started":
+        if marker.event is MarkerEvent.STARTED:
             rank.started = True
             if rank.spec.local:
-                rank.proc.child_pid = int(marker.detail)
-        elif marker.event == "failed":
+                rank.proc.child_pid = marker.pid
+        elif marker.event is MarkerEvent.FAILED:
             rank.failed_reason = marker.detail
-        elif marker.event == "exit":
+        elif marker.event is MarkerEvent.EXIT:
             rank.exit_marker = marker
 
     def _wait(self, index: int) -> None:
         self._ranks[index].proc.popen.wait()
-        self._events.put(("exit", index))
+        self._events.put((_Event.EXIT, index))
 
     # -- monitor ----------------------------------------------------------------------------
 
@@ -186,14 +199,14 @@ class Agent:
             try:
                 kind, value = self._events.get(timeout=0.1)
             except queue.Empty:
-                kind, value = "tick", -1
-            if kind == "exit":
+                kind, value = None, -1  # time passed: deadlines are checked below
+            if kind is _Event.EXIT:
                 self._on_exit(self._ranks[value])
-            elif kind == "marker":
+            elif kind is _Event.MARKER:
                 rank = self._ranks[value]
                 if rank.started and rank.state is RankState.STARTING:
                     rank.state = check_transition(rank.state, RankState.RUNNING)
-            elif kind == "interrupt":
+            elif kind is _Event.INTERRUPT:
                 self._on_interrupt(value)
             now = time.monotonic()
             self._check_start_deadlines(now)

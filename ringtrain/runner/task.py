@@ -28,17 +28,44 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 _PREFIX = b"@ringtrain-task:"
 DEFAULT_GRACE_S = 3.0
 
 
+class MarkerEvent(Enum):
+    """What a marker line reports (its detail in parentheses)."""
+
+    STARTED = "started"  # COMMAND runs (its pid)
+    FAILED = "failed"  # COMMAND could not be started (why)
+    EXIT = "exit"  # COMMAND ended (code=<n> or signal=<n>)
+
+
 @dataclass(frozen=True)
 class Marker:
-    """One marker line: ``event`` is ``started``, ``failed`` or ``exit``."""
+    """One marker line, checked on construction.
 
-    event: str
+    Raises:
+        ValueError: the detail does not fit the event (a pid that is no number, say).
+    """
+
+    event: MarkerEvent
     detail: str
+
+    def __post_init__(self) -> None:
+        if self.event is MarkerEvent.STARTED and not self.detail.isdigit():
+            raise ValueError(f"a started marker carries a pid, not {self.detail!r}")
+        if self.event is MarkerEvent.EXIT:
+            kind, _, value = self.detail.partition("=")
+            if kind not in ("code", "signal") or not value.isdigit():
+                raise ValueError(f"an exit marker carries code=<n> or signal=<n>, not "
+                                 f"{self.detail!r}")
+
+    @property
+    def pid(self) -> int:
+        """For a ``started`` marker: the pid of COMMAND."""
+        return int(self.detail)
 
     def exit_status(self) -> tuple[int | None, int | None]:
         """For an ``exit`` marker: ``(exit code, None)`` or ``(None, signal number)``."""
@@ -47,9 +74,9 @@ class Marker:
         return (number, None) if kind == "code" else (None, number)
 
 
-def format_marker(token: str, event: str, detail: str) -> bytes:
+def format_marker(token: str, event: MarkerEvent, detail: str) -> bytes:
     """The marker line for ``event`` (newline-terminated)."""
-    return _PREFIX + f"{token}:{event} {detail}\n".encode()
+    return _PREFIX + f"{token}:{event.value} {detail}\n".encode()
 
 
 def split_marker(token: str, line: bytes) -> tuple[bytes, Marker | None]:
@@ -60,13 +87,20 @@ def split_marker(token: str, line: bytes) -> tuple[bytes, Marker | None]:
 
     Returns:
         The text before the marker (the whole line when there is none) and the marker.
+
+    Raises:
+        ValueError: the line carries this launch's token but no marker this wrapper writes.
     """
     head = _PREFIX + token.encode() + b":"
     at = line.find(head)
     if at < 0:
         return line, None
-    event, _, detail = line[at + len(head):].decode(errors="replace").strip().partition(" ")
-    return line[:at], Marker(event, detail)
+    body = line[at + len(head):].decode(errors="replace").strip()
+    event, _, detail = body.partition(" ")
+    try:
+        return line[:at], Marker(MarkerEvent(event), detail)
+    except ValueError as e:
+        raise ValueError(f"malformed task wrapper marker {body!r}: {e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,16 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A session of its own, so that stopping kills the whole tree the command starts.
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
-        _report(args.token, "failed", f"cannot run {command[0]!r}: {e.strerror or e}")
+        _report(args.token, MarkerEvent.FAILED, f"cannot run {command[0]!r}: {e.strerror or e}")
         return 127
-    _report(args.token, "started", str(child.pid))
+    _report(args.token, MarkerEvent.STARTED, str(child.pid))
     while child.poll() is None and not stop.wait(0.05):
         pass
     if child.returncode is None:
         _stop(child, args.grace)
     _signal_group(child.pid, signal.SIGKILL)  # anything the command left behind
     code = child.returncode
-    _report(args.token, "exit", f"signal={-code}" if code < 0 else f"code={code}")
+    _report(args.token, MarkerEvent.EXIT, f"signal={-code}" if code < 0 else f"code={code}")
     return 128 - code if code < 0 else code
 
 
@@ -129,7 +163,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _report(token: str, event: str, detail: str) -> None:
+def _report(token: str, event: MarkerEvent, detail: str) -> None:
     try:
         os.write(sys.stderr.fileno(), format_marker(token, event, detail))
     except OSError:  # the launcher is gone; nobody is left to tell

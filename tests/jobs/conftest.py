@@ -7,13 +7,16 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ringtrain.jobs.executors import procs
+from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
 from ringtrain.jobs.scheduler import Scheduler
@@ -34,6 +37,17 @@ class FakeClock:
         self.now += seconds
 
 
+@dataclass(frozen=True)
+class FakeHandle:
+    """The fake executor's launch handle: which attempt got which nodes."""
+
+    attempt: int
+    nodes: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "nodes": self.nodes}
+
+
 class FakeExecutor:
     """An executor whose attempts do whatever the test says (for scheduling logic only)."""
 
@@ -43,24 +57,29 @@ class FakeExecutor:
         self.stops: list[tuple[str, bool]] = []
         self.released: list[str] = []
 
-    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> dict[str, Any]:
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> FakeHandle:
         self.started.append(job.id)
-        self.phase[job.id] = Observation("preparing")
-        return {"attempt": job.attempt, "nodes": [n.index for n in nodes]}
+        self.phase[job.id] = Observation(Phase.PREPARING)
+        return FakeHandle(job.attempt, [n.index for n in nodes])
 
-    def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
+    def load_handle(self, data: dict[str, Any]) -> FakeHandle:
+        if set(data) != {"attempt", "nodes"}:
+            raise RecordError(f"not a fake handle: {data}")
+        return FakeHandle(data["attempt"], data["nodes"])
+
+    def poll(self, job: JobInfo, launch: FakeHandle | None) -> Observation:
         if launch is None:
-            return Observation("lost", message="never started")
+            return Observation(Phase.LOST, message="never started")
         return self.phase[job.id]
 
-    def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
+    def stop(self, job: JobInfo, launch: FakeHandle | None, force: bool) -> None:
         self.stops.append((job.id, force))
 
-    def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
+    def release(self, job: JobInfo, launch: FakeHandle | None) -> None:
         self.released.append(job.id)
 
     def exit(self, job_id: str, code: int, message: str = "") -> None:
-        self.phase[job_id] = Observation("exited", code, message)
+        self.phase[job_id] = Observation(Phase.EXITED, code, message)
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def started(home: Home, job_id: str) -> bool:
 
 
 def api(home: Home) -> httpx.Client:
-    return httpx.Client(base_url=read_server_file(home)["url"], timeout=10)
+    return httpx.Client(base_url=read_server_file(home).url, timeout=10)
 
 
 def test_two_rank_job_through_the_cli(home: Home, cli: CLI, tmp_path: Path) -> None:
@@ -197,8 +197,8 @@ def test_killed_server_loses_nothing(home: Home, cli: CLI, tmp_path: Path) -> No
 
     wait_for(lambda: all(started(home, job_id) for job_id in ids.values()), timeout_s=120)
     first = read_server_file(home)
-    os.kill(first["pid"], signal.SIGKILL)
-    wait_for(lambda: not procs.is_alive(first["pid"], None), timeout_s=10)
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: not procs.is_alive(first.pid, None), timeout_s=10)
     # While no server runs: the survivor goes on; the other two lose their processes.
     assert procs.job_pids(ids["survivor"])
     for name in ("doomed", "retried"):
@@ -209,7 +209,7 @@ def test_killed_server_loses_nothing(home: Home, cli: CLI, tmp_path: Path) -> No
     store.close()
 
     rc, out, _ = cli("job", "list", "-o", "json")  # starts a new server
-    assert rc == 0 and read_server_file(home)["pid"] != first["pid"]
+    assert rc == 0 and read_server_file(home).pid != first.pid
     assert {j["id"] for j in json.loads(out)} == set(ids.values())
     info = json.loads(cli("cluster", "show", "c", "-o", "json")[1])
     assert info["target_nodes"] == 3
@@ -244,7 +244,7 @@ def test_token_is_required_when_set(home: Home, cli: CLI) -> None:
                               env={**os.environ, "RINGTRAIN_HOME": str(home.root)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        url = wait_for(lambda: (read_server_file(home) or {}).get("url"), timeout_s=30)
+        url = wait_for(lambda: (info := read_server_file(home)) and info.url, timeout_s=30)
         with httpx.Client(base_url=url, timeout=10) as http:
             wait_for(lambda: _answers(http), timeout_s=30)
             assert http.get("/v1/clusters").status_code == 401

@@ -7,6 +7,7 @@ import pytest
 
 from ringtrain.jobs.errors import ConflictError
 from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobState, NodeState
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.store import SQLiteStore
@@ -25,7 +26,7 @@ def test_job_runs_to_success(scheduler: Scheduler, store, fake_executor: FakeExe
     scheduler.tick()
     assert state(store, job.id) == "preparing" and fake_executor.started == [job.id]
     assert store.get_launch(job.id) == {"attempt": 0, "nodes": [0, 1]}
-    fake_executor.phase[job.id] = Observation("running")
+    fake_executor.phase[job.id] = Observation(Phase.RUNNING)
     scheduler.tick()
     assert state(store, job.id) == "running"
     assert store.get_cluster("c").node_counts.running == 2
@@ -127,10 +128,27 @@ def test_lost_processes_fail_the_job(scheduler, store, fake_executor, cluster, a
     cluster("c", nodes=1)
     job = add_job("c")
     scheduler.tick()
-    fake_executor.phase[job.id] = Observation("lost", message="runner vanished")
+    fake_executor.phase[job.id] = Observation(Phase.LOST, message="runner vanished")
     scheduler.tick()
     got = store.get_job(job.id)
     assert (got.state, got.message) == (JobState.FAILED, "runner vanished")
+
+
+def test_unreadable_launch_handle_ends_the_attempt_with_the_reason(scheduler, store,
+                                                                   fake_executor, cluster,
+                                                                   add_job) -> None:
+    cluster("c", nodes=2)
+    job, stopped = add_job("c"), add_job("c")
+    scheduler.tick()
+    for j in (job, stopped):
+        store.set_launch(j.id, {"pid": 1})
+    scheduler.terminate(stopped.id)
+    assert fake_executor.stops == [(stopped.id, False)]
+    scheduler.tick()
+    got = store.get_job(job.id)
+    assert got.state == JobState.FAILED and got.message == "not a fake handle: {'pid': 1}"
+    assert state(store, stopped.id) == "terminated"
+    assert sorted(fake_executor.released) == sorted([job.id, stopped.id])
 
 
 def test_wall_clock_limit(scheduler, store, fake_executor, clock: FakeClock, cluster,
@@ -138,7 +156,7 @@ def test_wall_clock_limit(scheduler, store, fake_executor, clock: FakeClock, clu
     cluster("c", nodes=1)
     job = add_job("c", max_wall_clock_time=60, max_retries=3)
     scheduler.tick()
-    fake_executor.phase[job.id] = Observation("running")
+    fake_executor.phase[job.id] = Observation(Phase.RUNNING)
     clock.advance(59)
     scheduler.tick()
     assert state(store, job.id) == "running" and fake_executor.stops == []
@@ -201,7 +219,7 @@ def test_resize_while_busy(scheduler, store, fake_executor, cluster, add_job) ->
     scheduler.tick()
     info = store.resize_cluster("c", 1)
     assert info.allocation_state.value == "resizing" and info.node_counts.leaving == 1
-    fake_executor.phase[job.id] = Observation("running")
+    fake_executor.phase[job.id] = Observation(Phase.RUNNING)
     scheduler.tick()
     assert state(store, job.id) == "running"  # never killed by the shrink
     nxt = add_job("c")

@@ -15,23 +15,38 @@ from ringtrain.runner.rendezvous import NetworkPlan, plan_network
 from ringtrain.runner.result import (
     RankOutcome, RankState, RunResult, TransitionError, check_transition,
 )
-from ringtrain.runner.task import Marker, format_marker, split_marker
+from ringtrain.runner.task import Marker, MarkerEvent, format_marker, split_marker
+
+EXIT, STARTED = MarkerEvent.EXIT, MarkerEvent.STARTED
 
 
 def test_marker_round_trip():
-    line = format_marker("abc", "exit", "signal=9")
+    line = format_marker("abc", EXIT, "signal=9")
     assert line == b"@ringtrain-task:abc:exit signal=9\n"
-    assert split_marker("abc", line) == (b"", Marker("exit", "signal=9"))
-    assert Marker("exit", "signal=9").exit_status() == (None, 9)
-    assert Marker("exit", "code=3").exit_status() == (3, None)
+    assert split_marker("abc", line) == (b"", Marker(EXIT, "signal=9"))
+    assert Marker(EXIT, "signal=9").exit_status() == (None, 9)
+    assert Marker(EXIT, "code=3").exit_status() == (3, None)
+    assert Marker(STARTED, "4242").pid == 4242
 
 
 def test_marker_after_a_partial_line_and_foreign_tokens():
     assert split_marker("abc", b"50%@ringtrain-task:abc:started 12\n") == (
-        b"50%", Marker("started", "12"))
+        b"50%", Marker(STARTED, "12"))
     assert split_marker("abc", b"@ringtrain-task:xyz:exit code=0\n") == (
         b"@ringtrain-task:xyz:exit code=0\n", None)
     assert split_marker("abc", b"plain\n") == (b"plain\n", None)
+
+
+@pytest.mark.parametrize("line, why", [
+    (b"@ringtrain-task:abc:exited code=0\n", "'exited' is not a valid MarkerEvent"),
+    (b"@ringtrain-task:abc:exit 0\n", "code=<n> or signal=<n>, not '0'"),
+    (b"@ringtrain-task:abc:exit code=x\n", "code=<n> or signal=<n>, not 'code=x'"),
+    (b"@ringtrain-task:abc:started\n", "a started marker carries a pid, not ''"),
+])
+def test_malformed_marker_is_refused_with_what_was_wrong(line: bytes, why: str):
+    with pytest.raises(ValueError, match="malformed task wrapper marker") as raised:
+        split_marker("abc", line)
+    assert why in str(raised.value)
 
 
 @pytest.mark.parametrize("command, script", [

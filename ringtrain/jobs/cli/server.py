@@ -9,6 +9,7 @@ import sys
 from ringtrain.jobs.cli import output
 from ringtrain.jobs.connect import running_server, start_server, stop_server
 from ringtrain.jobs.home import Home, service_token
+from ringtrain.jobs.server_info import ServerInfo
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -37,13 +38,14 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace, info: dict | None, verb: str) -> int:
+def _report(args: argparse.Namespace, info: ServerInfo | None, verb: str) -> int:
     if args.output == "json":
-        output.emit_json({"running": verb != "stopped" and info is not None, "server": info})
+        output.emit_json({"running": verb != "stopped" and info is not None,
+                          "server": None if info is None else info.model_dump(mode="json")})
     elif info is None:
         print(f"no server runs for {Home.from_environ().root}")
     else:
-        print(f"server {verb}: pid {info['pid']} at {info['url']} (home {info['home']})")
+        print(f"server {verb}: pid {info.pid} at {info.url} (home {info.home})")
     return 0 if info is not None or verb == "stopped" else 1
 
 

@@ -1,19 +1,18 @@
 """The Executor protocol: how the scheduler starts, watches and stops one attempt of a job.
 
-An executor returns a JSON-able *launch handle* from :meth:`Executor.start`; the scheduler stores
-it with the job, so that a restarted server can hand it back to :meth:`Executor.poll` and find the
-attempt again. The local executor's handle holds pids; a Ray executor's would hold a placement
-group and job id.
+An executor returns a *launch handle* from :meth:`Executor.start`; the scheduler stores its JSON
+with the job, so that a restarted server can turn it back into a handle
+(:meth:`Executor.load_handle`) and find the attempt again. The local executor's handle holds
+pids; a Ray executor's would hold a placement group and job id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, TypeVar
 
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobInfo, NodeInfo
-
-Phase = Literal["preparing", "running", "exited", "lost"]
 
 
 @dataclass(frozen=True)
@@ -29,10 +28,21 @@ class Observation:
     message: str = ""
 
 
-class Executor(Protocol):
-    """Runs attempts of jobs on cluster nodes."""
+class LaunchHandle(Protocol):
+    """An executor's record of a started attempt, stored with the job as JSON."""
 
-    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object to store; :meth:`Executor.load_handle` reads it back."""
+        ...
+
+
+H = TypeVar("H", bound=LaunchHandle)
+
+
+class Executor(Protocol[H]):
+    """Runs attempts of jobs on cluster nodes; ``H`` is its launch handle."""
+
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> H:
         """Start the job's current attempt on ``nodes`` (preparation, then the workers).
 
         Returns:
@@ -43,14 +53,22 @@ class Executor(Protocol):
         """
         ...
 
-    def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
+    def load_handle(self, data: dict[str, Any]) -> H:
+        """The handle whose :meth:`LaunchHandle.to_json` gave ``data``.
+
+        Raises:
+            RecordError: ``data`` is not a handle of this executor.
+        """
+        ...
+
+    def poll(self, job: JobInfo, launch: H | None) -> Observation:
         """Observe an attempt; ``launch`` is ``None`` if the service stopped before storing it."""
         ...
 
-    def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
+    def stop(self, job: JobInfo, launch: H | None, force: bool) -> None:
         """Ask the attempt's processes to stop (``force``: kill them now)."""
         ...
 
-    def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
+    def release(self, job: JobInfo, launch: H | None) -> None:
         """After an attempt ended: kill whatever it left behind and forget it."""
         ...

@@ -4,12 +4,12 @@ The local executor starts ``python -m ringtrain.jobs.executors.jobrunner <launch
 session of its own, so the attempt outlives the server. The runner reports its phase in
 ``launcher/status.json`` (written atomically); after a server restart that file, together with
 whether this process still lives, tells the new server what became of the attempt.
-It imports nothing beyond the standard library, to start quickly.
+It imports nothing beyond the standard library and ringtrain's own stdlib-only modules (the
+records it exchanges with the executor), to start quickly.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,37 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-STATUS_FILE = "launcher/status.json"
-LAUNCH_FILE = "launcher/launch.json"
-
-
-def write_status(job_dir: Path, **status: Any) -> None:
-    """Replace the status file atomically (a reader never sees half of it)."""
-    path = job_dir / STATUS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
-
-
-def read_status(job_dir: Path) -> dict[str, Any] | None:
-    """The last status the runner wrote, or ``None`` if there is none yet."""
-    try:
-        return json.loads((job_dir / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+from ringtrain.jobs.envvars import NODE_INDEX
+from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.records import LaunchSpec, RunnerStatus
 
 
 class JobRunner:
     """Runs one attempt as described by its launch file.
 
     Args:
-        launch: the decoded launch file: job_dir, attempt, command, node_count,
-            process_count_per_node, job_preparation and the runner command prefix.
+        launch: the launch file's contents.
     """
 
-    def __init__(self, launch: dict[str, Any]):
+    def __init__(self, launch: LaunchSpec):
         self.launch = launch
-        self.job_dir = Path(launch["job_dir"])
+        self.job_dir = Path(launch.job_dir)
         self.stopping = False
         self._children: list[subprocess.Popen] = []
 
@@ -58,9 +43,10 @@ class JobRunner:
             if child.poll() is None:
                 child.send_signal(signum)
 
-    def status(self, phase: str, **extra: Any) -> None:
-        write_status(self.job_dir, phase=phase, attempt=self.launch["attempt"], pid=os.getpid(),
-                     **extra)
+    def status(self, phase: Phase, exit_code: int | None = None, message: str = "") -> None:
+        """Report ``phase`` (and, once exited, how) in the status file."""
+        RunnerStatus(phase, self.launch.attempt, os.getpid(), exit_code, message,
+                     self.stopping).write(self.job_dir)
 
     def prepare(self) -> tuple[int, str]:
         """Run the preparation command once per node, all nodes at once.
@@ -68,15 +54,15 @@ class JobRunner:
         Returns:
             ``(0, "")``, or the first failing node's exit code and a message naming its log.
         """
-        command = self.launch.get("job_preparation")
+        command = self.launch.job_preparation
         if not command:
             return 0, ""
         prep = self.job_dir / "prep"
         procs = []
-        for k in range(self.launch["node_count"]):
+        for k in range(self.launch.node_count):
             with open(prep / f"node.{k}.stdout", "wb") as out, \
                     open(prep / f"node.{k}.stderr", "wb") as err:
-                env = {**os.environ, "RINGTRAIN_NODE_INDEX": str(k)}
+                env = {**os.environ, NODE_INDEX: str(k)}
                 procs.append(subprocess.Popen(["sh", "-c", command], stdout=out, stderr=err,
                                               stdin=subprocess.DEVNULL, env=env))
         self._children = procs
@@ -89,10 +75,10 @@ class JobRunner:
 
     def run_workers(self) -> tuple[int, str]:
         """Run ``ringtrain run`` with node_count × process_count_per_node ranks."""
-        total = self.launch["node_count"] * self.launch["process_count_per_node"]
-        argv = [*self.launch["runner"], "-np", str(total), "-H", f"localhost:{total}",
+        total = self.launch.node_count * self.launch.process_count_per_node
+        argv = [*self.launch.runner, "-np", str(total), "-H", f"localhost:{total}",
                 "--output-filename", str(self.job_dir / "stdouterr"),
-                "sh", "-c", self.launch["command"]]
+                "sh", "-c", self.launch.command]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         self._children = [proc]
         code = proc.wait()
@@ -103,22 +89,26 @@ class JobRunner:
 
     def run(self) -> int:
         """Preparation, then the workers; the outcome goes to the status file."""
-        self.status("preparing")
+        self.status(Phase.PREPARING)
         code, message = self.prepare()
         if code == 0 and not self.stopping:
-            self.status("running")
+            self.status(Phase.RUNNING)
             code, message = self.run_workers()
         if self.stopping:
             message = "stopped by the service"
             code = code or 1  # a stop is never a success
-        self.status("exited", exit_code=code, message=message, stopped=self.stopping)
+        self.status(Phase.EXITED, code, message)
         return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m ringtrain.jobs.executors.jobrunner <launch.json>``."""
     argv = sys.argv[1:] if argv is None else argv
-    runner = JobRunner(json.loads(Path(argv[0]).read_text()))
+    try:
+        runner = JobRunner(LaunchSpec.read(Path(argv[0])))
+    except RecordError as e:  # the output goes to launcher/launcher.log
+        print(f"job runner: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, runner.on_signal)
     signal.signal(signal.SIGINT, runner.on_signal)
     return runner.run()

@@ -8,7 +8,6 @@ it ended.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -18,9 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.executors.base import Observation
-from ringtrain.jobs.executors.jobrunner import LAUNCH_FILE, read_status
+from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.records import LAUNCH_FILE, LaunchSpec, RunnerHandle, RunnerStatus
 from ringtrain.jobs.models import JobInfo, NodeInfo
 from ringtrain.jobs.share import Share, python_path_env
 
@@ -40,24 +41,21 @@ class LocalExecutor:
 
     def __init__(self, share: Share, runner: Sequence[str] = DEFAULT_RUNNER):
         self.share = share
-        self.runner = list(runner)
+        self.runner = tuple(runner)
         # Runners this process started: polling them reaps them (a dead child is a zombie that
         # /proc would still list). Runners adopted after a restart are watched through /proc.
         self._children: dict[str, subprocess.Popen] = {}
 
-    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> dict[str, Any]:
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RunnerHandle:
         job_dir = Path(job.job_dir)
         if job.attempt > 0:
             self.share.archive_attempt(job.id, job.attempt - 1)
-        launch = {
-            "job_dir": str(job_dir), "attempt": job.attempt, "command": job.spec.command,
-            "node_count": job.spec.node_count,
-            "process_count_per_node": job.spec.process_count_per_node,
-            "job_preparation": job.spec.job_preparation, "runner": self.runner,
-            "nodes": [n.index for n in nodes],
-        }
         launch_file = job_dir / LAUNCH_FILE
-        launch_file.write_text(json.dumps(launch, indent=1))
+        LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=job.spec.command,
+                   node_count=job.spec.node_count,
+                   process_count_per_node=job.spec.process_count_per_node,
+                   job_preparation=job.spec.job_preparation, runner=self.runner,
+                   nodes=tuple(n.index for n in nodes)).write(launch_file)
         env = python_path_env({**os.environ, **self.share.job_environ(job)})
         with open(job_dir / "launcher" / "launcher.log", "ab") as out:
             proc = subprocess.Popen(
@@ -66,25 +64,32 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._children[job.id] = proc
         log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
-        return {"pid": proc.pid, "start_ticks": procs.start_ticks(proc.pid),
-                "attempt": job.attempt}
+        return RunnerHandle(proc.pid, procs.start_ticks(proc.pid), job.attempt)
 
-    def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
+    def load_handle(self, data: dict[str, Any]) -> RunnerHandle:
+        return RunnerHandle.from_json(data)
+
+    def poll(self, job: JobInfo, launch: RunnerHandle | None) -> Observation:
         if launch is None:
-            return Observation("lost", message="the service stopped while starting the job")
-        seen = self._status(job, launch)
-        if seen is not None and seen.phase == "exited":
+            return Observation(Phase.LOST, message="the service stopped while starting the job")
+        try:
+            seen = self._status(job, launch)
+            if seen is not None and seen.phase is Phase.EXITED:
+                return seen
+            if self._alive(job.id, launch):
+                return seen or Observation(Phase.PREPARING)
+            # It ended; it may have written its status between the two reads above.
+            seen = self._status(job, launch)
+        except RecordError as e:
+            # The runner writes its status atomically, so this is damage from outside; nothing
+            # tells how the attempt goes, so it ends (and the job's message says why).
+            return Observation(Phase.LOST, message=str(e))
+        if seen is not None and seen.phase is Phase.EXITED:
             return seen
-        if self._alive(job.id, launch):
-            return seen or Observation("preparing")
-        # It ended; it may have written its status between the two reads above.
-        seen = self._status(job, launch)
-        if seen is not None and seen.phase == "exited":
-            return seen
-        return Observation("lost", message=f"the job runner (pid {launch['pid']}) ended without "
-                                           "reporting an exit status")
+        return Observation(Phase.LOST, message=f"the job runner (pid {launch.pid}) ended without "
+                                               "reporting an exit status")
 
-    def stop(self, job: JobInfo, launch: dict[str, Any] | None, force: bool) -> None:
+    def stop(self, job: JobInfo, launch: RunnerHandle | None, force: bool) -> None:
         group = self._group(job.id, launch)
         if not force and group is not None:
             # One SIGTERM, to the job runner only: it passes it to its child, and `ringtrain run`
@@ -94,7 +99,7 @@ class LocalExecutor:
             return
         procs.signal_job(job.id, group, signal.SIGKILL if force else signal.SIGTERM)
 
-    def release(self, job: JobInfo, launch: dict[str, Any] | None) -> None:
+    def release(self, job: JobInfo, launch: RunnerHandle | None) -> None:
         # Whatever the attempt left running (a daemon a rank forked, say) ends with it.
         left = procs.signal_job(job.id, self._group(job.id, launch), signal.SIGKILL)
         if left:
@@ -103,23 +108,26 @@ class LocalExecutor:
         if proc is not None:
             proc.wait()
 
-    def _status(self, job: JobInfo, launch: dict[str, Any]) -> Observation | None:
-        status = read_status(Path(job.job_dir))
-        if status is None or status.get("attempt") != launch["attempt"]:
-            return None
-        if status["phase"] == "exited":
-            return Observation("exited", status["exit_code"], status.get("message", ""))
-        return Observation(status["phase"])
+    def _status(self, job: JobInfo, launch: RunnerHandle) -> Observation | None:
+        """What the attempt's status file says, or ``None`` if it said nothing yet.
 
-    def _alive(self, job_id: str, launch: dict[str, Any]) -> bool:
+        Raises:
+            RecordError: the status file is malformed.
+        """
+        status = RunnerStatus.read(Path(job.job_dir))
+        if status is None or status.attempt != launch.attempt:
+            return None
+        return Observation(status.phase, status.exit_code, status.message)
+
+    def _alive(self, job_id: str, launch: RunnerHandle) -> bool:
         proc = self._children.get(job_id)
         if proc is not None:
             return proc.poll() is None
-        return procs.is_alive(launch["pid"], launch.get("start_ticks"))
+        return procs.is_alive(launch.pid, launch.start_ticks)
 
-    def _group(self, job_id: str, launch: dict[str, Any] | None) -> int | None:
+    def _group(self, job_id: str, launch: RunnerHandle | None) -> int | None:
         # Signal the runner's group only while the runner lives: a dead leader's pid may have
         # been reused. Its orphans still carry the job's marker and are found that way.
         if launch is not None and self._alive(job_id, launch):
-            return launch["pid"]
+            return launch.pid
         return None

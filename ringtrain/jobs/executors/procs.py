@@ -13,9 +13,10 @@ import os
 import signal
 from pathlib import Path
 
+from ringtrain.jobs.envvars import JOB_ID
+
 log = logging.getLogger(__name__)
 
-MARKER = "RINGTRAIN_JOB_ID"
 _PROC = Path("/proc")
 
 
@@ -44,7 +45,7 @@ def is_alive(pid: int, ticks: int | None) -> bool:
 
 def job_pids(job_id: str) -> list[int]:
     """The pids of live processes that carry ``RINGTRAIN_JOB_ID=<job_id>`` (never this one)."""
-    needle = f"{MARKER}={job_id}".encode()
+    needle = f"{JOB_ID}={job_id}".encode()
     me = os.getpid()
     found = []
     for entry in _PROC.iterdir():

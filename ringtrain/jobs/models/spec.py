@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models.states import Priority
 
@@ -22,7 +23,6 @@ from ringtrain.jobs.models.states import Priority
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 IO_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-RESERVED_ENV_PREFIX = "RINGTRAIN_"
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 IoName = Annotated[str, StringConstraints(pattern=IO_NAME_PATTERN)]

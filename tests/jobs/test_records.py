@@ -1,0 +1,192 @@
+"""The records that cross process boundaries on the job path: launch handle, launch file, status
+file and server.json. Each round-trips, reads the files of the version before it, and refuses a
+malformed one with a RecordError naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.executors import jobrunner, procs
+from ringtrain.jobs.executors.local import LocalExecutor
+from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.records import (
+    LAUNCH_FILE, STATUS_FILE, LaunchSpec, RunnerHandle, RunnerStatus,
+)
+from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
+from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.share import Share
+
+
+def job_dir(tmp_path: Path) -> Path:
+    (tmp_path / "job" / "launcher").mkdir(parents=True)
+    return tmp_path / "job"
+
+
+def test_launch_handle_round_trip_and_the_stored_form() -> None:
+    handle = RunnerHandle(pid=41, start_ticks=900, attempt=2)
+    assert handle.to_json() == {"pid": 41, "start_ticks": 900, "attempt": 2}
+    assert RunnerHandle.from_json(json.loads(json.dumps(handle.to_json()))) == handle
+    # start_ticks was read with a default before it was a record: a handle may lack it.
+    assert RunnerHandle.from_json({"pid": 41, "attempt": 0}).start_ticks is None
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"start_ticks": 1, "attempt": 0}, "lacks the field 'pid'"),
+    ({"pid": "41", "attempt": 0}, "field 'pid' must be int, not '41'"),
+    ({"pid": True, "attempt": 0}, "field 'pid' must be int, not True"),
+    ({"pid": 41, "start_ticks": 1.5, "attempt": 0}, "'start_ticks' must be int or null"),
+    ([41, 0], "must be a JSON object, not list"),
+])
+def test_malformed_launch_handle(data: object, why: str) -> None:
+    with pytest.raises(RecordError, match="the launch handle stored with the job") as raised:
+        RunnerHandle.from_json(data)
+    assert why in str(raised.value)
+
+
+def launch_spec(directory: Path) -> LaunchSpec:
+    return LaunchSpec(job_dir=str(directory), attempt=1, command="python t.py", node_count=2,
+                      process_count_per_node=3, job_preparation=None,
+                      runner=("python", "-m", "ringtrain.cli", "run"), nodes=(0, 2))
+
+
+def test_launch_file_round_trip(tmp_path: Path) -> None:
+    spec = launch_spec(job_dir(tmp_path))
+    path = tmp_path / "job" / LAUNCH_FILE
+    spec.write(path)
+    assert LaunchSpec.read(path) == spec
+    assert json.loads(path.read_text())["runner"] == ["python", "-m", "ringtrain.cli", "run"]
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "does not exist"),
+    ("{not json", "is not valid JSON"),
+    ('{"job_dir": "/j"}', "lacks the field 'attempt'"),
+    ("runner", "is not valid JSON"),
+])
+def test_malformed_launch_file(tmp_path: Path, content: str | None, why: str) -> None:
+    path = tmp_path / "launch.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(RecordError, match=f"the launch file {path}") as raised:
+        LaunchSpec.read(path)
+    assert why in str(raised.value)
+
+
+def test_launch_file_with_a_wrong_list(tmp_path: Path) -> None:
+    data = {**asdict(launch_spec(tmp_path)), "nodes": ["0"]}
+    (tmp_path / "launch.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"field 'nodes' must be a list of int, not \['0'\]"):
+        LaunchSpec.read(tmp_path / "launch.json")
+
+
+def test_job_runner_refuses_a_malformed_launch_file(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "launch.json"
+    path.write_text('{"job_dir": "/j", "attempt": "first"}')
+    assert jobrunner.main([str(path)]) == 2
+    assert "field 'attempt' must be int, not 'first'" in capsys.readouterr().err
+
+
+def test_job_runner_and_its_records_load_no_third_party_package() -> None:
+    # The job runner must start quickly, and the records it shares with the executor come along.
+    code = ("import sys, ringtrain.jobs.executors.jobrunner; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'pydantic', 'fastapi', 'httpx', 'yaml', 'torch', 'numpy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_status_round_trip_and_absence(tmp_path: Path) -> None:
+    directory = job_dir(tmp_path)
+    assert RunnerStatus.read(directory) is None
+    for status in (RunnerStatus(Phase.RUNNING, attempt=0, pid=7),
+                   RunnerStatus(Phase.EXITED, 1, 7, exit_code=3, message="see x", stopped=True)):
+        status.write(directory)
+        assert RunnerStatus.read(directory) == status
+    assert json.loads((directory / STATUS_FILE).read_text())["phase"] == "exited"
+
+
+def test_status_files_of_the_previous_version_read(tmp_path: Path) -> None:
+    # What the job runner wrote before the status became a record.
+    directory = job_dir(tmp_path)
+    (directory / STATUS_FILE).write_text('{"phase": "preparing", "attempt": 0, "pid": 12}')
+    assert RunnerStatus.read(directory) == RunnerStatus(Phase.PREPARING, 0, 12)
+    (directory / STATUS_FILE).write_text(json.dumps(
+        {"phase": "exited", "attempt": 0, "pid": 12, "exit_code": 1, "message": "m",
+         "stopped": False}))
+    assert RunnerStatus.read(directory) == RunnerStatus(Phase.EXITED, 0, 12, 1, "m")
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"phase": "done", "attempt": 0, "pid": 1}', "unknown phase 'done'"),
+    ('{"phase": "lost", "attempt": 0, "pid": 1}', "never reports itself lost"),
+    ('{"phase": "exited", "attempt": 0, "pid": 1}', "an exited status needs an exit code"),
+    ('{"attempt": 0, "pid": 1}', "lacks the field 'phase'"),
+    ('{"phase": "running", "pid": 1}', "lacks the field 'attempt'"),
+    ("", "is not valid JSON"),
+])
+def test_malformed_status_file(tmp_path: Path, content: str, why: str) -> None:
+    directory = job_dir(tmp_path)
+    (directory / STATUS_FILE).write_text(content)
+    with pytest.raises(RecordError, match="the job runner's status file") as raised:
+        RunnerStatus.read(directory)
+    assert why in str(raised.value)
+
+
+def test_malformed_status_file_ends_the_attempt_with_the_reason(tmp_path: Path) -> None:
+    share = Share(tmp_path / "share")
+    job = JobInfo(id="j1", cluster="c", spec=parse_job_spec({"node_count": 1, "command": "true"}),
+                  state=JobState.RUNNING, created_at=0.0, job_dir=str(job_dir(tmp_path)))
+    (Path(job.job_dir) / STATUS_FILE).write_text('{"phase": "running"}')
+    # This very process stands in for a live job runner.
+    live = RunnerHandle(os.getpid(), procs.start_ticks(os.getpid()), attempt=0)
+    seen = LocalExecutor(share).poll(job, live)
+    assert seen.phase is Phase.LOST
+    assert "status file" in seen.message and "lacks the field 'attempt'" in seen.message
+
+
+def test_server_info_round_trip_private_and_previous_version(tmp_path: Path) -> None:
+    path = tmp_path / "server.json"
+    assert ServerInfo.read(path) is None
+    info = ServerInfo(pid=5, url="http://127.0.0.1:8000", host="127.0.0.1", port=8000,
+                      token="s3", home="/h", started_at=1.5)
+    info.write(path)
+    assert ServerInfo.read(path) == info
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # `server status -o json` prints these keys, in this order, as it always did.
+    old = {"pid": 5, "url": "http://127.0.0.1:8000", "host": "127.0.0.1", "port": 8000,
+           "token": None, "home": "/h", "started_at": 1.5}
+    path.write_text(json.dumps(old))
+    assert ServerInfo.read(path).model_dump(mode="json") == old
+    assert list(ServerInfo.read(path).model_dump()) == list(old)
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"url": "http://x"}', "pid: Field required"),
+    ('{"pid": "me", "url": "u", "host": "h", "port": 1, "home": "/h", "started_at": 0}',
+     "pid: Input should be a valid integer"),
+    ("[]", "Input should be an object"),
+    ("{", "Invalid JSON"),
+])
+def test_malformed_server_file(tmp_path: Path, content: str, why: str) -> None:
+    path = tmp_path / "server.json"
+    path.write_text(content)
+    with pytest.raises(RecordError, match="is not a job server record") as raised:
+        ServerInfo.read(path)
+    assert why in str(raised.value) and "delete the file" in str(raised.value)
+
+
+def test_record_file_that_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "server.json").mkdir()
+    with pytest.raises(RecordError, match="cannot read .*server.json: Is a directory"):
+        ServerInfo.read(tmp_path / "server.json")
