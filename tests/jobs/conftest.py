@@ -150,6 +150,21 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
             os.kill(pid, signal.SIGKILL)
 
 
+CLI = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
+    """Run ``ringtrain ARGS...`` in this process: ``rc, stdout, stderr = cli("job", "list")``."""
+    from ringtrain import cli as ringtrain_cli
+
+    def run(*args: str) -> tuple[int, str, str]:
+        rc = ringtrain_cli.main(list(args))
+        out, err = capsys.readouterr()
+        return rc, out, err
+    return run
+
+
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.05) -> Any:
     """Poll until ``predicate()`` is truthy; return its value, or fail the test on timeout."""
     deadline = time.monotonic() + timeout_s

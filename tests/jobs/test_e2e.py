@@ -9,37 +9,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from ringtrain import cli as ringtrain_cli
 from ringtrain.jobs.connect import read_server_file
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.store import SQLiteStore
 
-from .conftest import wait_for
-
-CLI = Callable[..., tuple[int, str, str]]
+from .conftest import CLI, wait_for
 
 PRINT_RANK = ("python -c \"import os; r = os.environ['HOROVOD_RANK']; "
               "print('rank', r, 'of', os.environ['HOROVOD_SIZE'], os.environ['RINGTRAIN_JOB_ID'], "
               "os.environ['GREETING'], open('data.txt').read().strip()); "
               "open(os.path.join(os.environ['RINGTRAIN_OUTPUT_MODEL'], 'rank' + r + '.txt'), 'w')"
               ".write('weights ' + r)\"")
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
-    def run(*args: str) -> tuple[int, str, str]:
-        rc = ringtrain_cli.main(list(args))
-        out, err = capsys.readouterr()
-        return rc, out, err
-    return run
 
 
 def spec_file(tmp_path: Path, name: str, **spec: object) -> str:
@@ -61,7 +48,10 @@ def started(home: Home, job_id: str) -> bool:
 
 
 def api(home: Home) -> httpx.Client:
-    return httpx.Client(base_url=read_server_file(home).url, timeout=10)
+    """A raw HTTP client of the home's server, with its token."""
+    info = read_server_file(home)
+    return httpx.Client(base_url=info.url, timeout=10,
+                        headers={"Authorization": f"Bearer {info.token}"})
 
 
 def test_two_rank_job_through_the_cli(home: Home, cli: CLI, tmp_path: Path) -> None:

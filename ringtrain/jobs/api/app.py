@@ -2,21 +2,22 @@
 
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
 names (404 unknown id, 409 wrong state, 422 invalid spec, 400 bad path). With a token, every
-route requires ``Authorization: Bearer <token>``.
+request (``/openapi.json`` and ``/docs`` included) must name an allowed Host and carry
+``Authorization: Bearer <token>`` (:mod:`ringtrain.jobs.api.guard`).
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import AbstractAsyncContextManager
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from ringtrain import __version__
+from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.logs import follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
@@ -25,7 +26,7 @@ from ringtrain.jobs.api.schemas import (
     ResizeRequest,
     SubmitRequest,
 )
-from ringtrain.jobs.errors import AuthError, JobsError, NotFoundError
+from ringtrain.jobs.errors import JobsError, NotFoundError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
 from ringtrain.jobs.service import JobService
 
@@ -33,26 +34,23 @@ _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422)}
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
-               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
-               ) -> FastAPI:
+               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+               allowed_hosts: Collection[str] | None = None) -> FastAPI:
     """Build the app.
 
     Args:
         service: the operations behind the routes.
-        token: when set, the bearer token every request must carry.
+        token: the bearer token every request must carry. The server always passes one;
+            ``None`` is for an app called in-process only, which nothing else can reach.
         home: the service home, reported by ``/v1/health``.
         lifespan: runs around serving (the server starts its scheduler loop there).
+        allowed_hosts: the Host header values to answer (see :func:`ringtrain.jobs.auth.
+            allowed_hosts`); ``None`` answers any.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   description="Clusters, training jobs, their logs and output files.")
-
-    def check_token(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise AuthError("this server requires `Authorization: Bearer <token>` "
-                            "(set RINGTRAIN_TOKEN or pass --token)")
+    if token is not None:
+        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(JobsError)
     async def _jobs_error(_request: Request, e: JobsError) -> JSONResponse:
@@ -72,7 +70,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         body = ErrorResponse(detail=f"invalid request:\n{lines}", errors=errors)
         return JSONResponse(body.model_dump(), status_code=422)
 
-    r = APIRouter(prefix=API_PREFIX, dependencies=[Depends(check_token)], responses=_ERRORS)
+    r = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
 
     @r.get("/health")
     def health() -> Health:
