@@ -23,6 +23,9 @@ from ringtrain.jobs.store import Store
 log = logging.getLogger(__name__)
 
 LOG_STREAMS = ("stdout", "stderr")
+#: The most bytes one argument or environment entry of exec(2) may hold on Linux
+#: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
+MAX_ARG_BYTES = 131_071
 
 
 class JobService:
@@ -113,6 +116,7 @@ class JobService:
         for name, path in spec.inputs.items():
             if "://" not in path and not Path(path).expanduser().exists():
                 errors.append({"field": f"inputs.{name}", "message": f"{path} does not exist"})
+        errors += _exec_errors(spec)
         if errors:
             raise SpecError(errors)
         job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
@@ -205,3 +209,17 @@ class JobService:
                 log.exception("scheduler tick failed")
             self.wake.wait(interval_s)
             self.wake.clear()
+
+
+def _exec_errors(spec: JobSpec) -> list[dict[str, str]]:
+    """The strings of ``spec`` too large for the kernel to pass to a program."""
+    strings = [("command", spec.command), ("job_preparation", spec.job_preparation or "")]
+    strings += [(f"environment.{k}", f"{k}={v}") for k, v in spec.environment.items()]
+    errors = []
+    for field, value in strings:
+        size = len(value.encode())
+        if size > MAX_ARG_BYTES:
+            errors.append({"field": field, "message": (
+                f"{size} bytes, but the kernel passes at most {MAX_ARG_BYTES} bytes in one "
+                "argument or variable: put a long script in a file of working_dir and run that")})
+    return errors
