@@ -13,11 +13,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError, SpecError
+from ringtrain.jobs.errors import (
+    ConflictError,
+    InvalidRequestError,
+    InvalidTransitionError,
+    JobsError,
+    NotFoundError,
+    SpecError,
+)
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
+from ringtrain.jobs.stager import Stager
 from ringtrain.jobs.store import Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,7 @@ class JobService:
         self.clock = clock
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set after a change the scheduler should act on at once
+        self.stager = Stager(self._stage)
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -85,7 +94,8 @@ class JobService:
         """
         with self.lock:
             info = self.store.mark_cluster_deleting(name)
-            for job in self.store.list_jobs(cluster=name, states=[JobState.QUEUED]):
+            for job in self.store.list_jobs(cluster=name,
+                                            states=[JobState.STAGING, JobState.QUEUED]):
                 self.store.update_job(job.id, JobState.FAILED, self.clock(),
                                       message=f"cluster {name} was deleted before the job started")
             if info.current_nodes == 0:
@@ -94,18 +104,65 @@ class JobService:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def submit(self, cluster: str, spec: JobSpec) -> JobInfo:
-        """Queue a job on a cluster; its working dir is copied now.
+    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+        """Record a job on a cluster; it queues once its working dir is copied.
+
+        Without a working dir the job is queued before this returns; with one it is returned
+        ``staging``, and the copy runs in the background (a failed copy fails the job).
+
+        Args:
+            cluster: the cluster to run on.
+            spec: the job.
+            idempotency_key: the client's name for this submission: a repeated key returns the
+                job recorded under it, and never creates another.
 
         Raises:
             NotFoundError: no such cluster.
-            ConflictError: the cluster is being deleted.
+            ConflictError: the cluster is being deleted, or the key was used for another
+                spec or cluster.
             SpecError: the spec does not fit the cluster, or an input path is missing.
         """
+        if idempotency_key is not None and (known := self.store.find_job(idempotency_key)):
+            return _same_submission(known, cluster, spec, idempotency_key)
+        self._check(cluster, spec)
+        for _ in range(100):  # six hex digits can collide, rarely
+            job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
+            job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
+                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)))
+            if self.share.job_dir(job_id).exists():
+                continue
+            try:
+                with self.lock:
+                    recorded = self.store.add_job(job, idempotency_key)
+            except ConflictError:  # the id is taken
+                continue
+            break
+        else:
+            raise ConflictError(f"no free job id for the name {spec.name!r}; try another name")
+        if recorded.id != job.id:  # a concurrent request with the same key was first
+            return _same_submission(recorded, cluster, spec, idempotency_key or "")
+        if spec.working_dir:
+            self.stager.put(job)
+            return job
+        self._stage(job)
+        return self.store.get_job(job.id)
+
+    def resume_staging(self) -> None:
+        """Stage again the jobs a previous server left ``staging`` (stopped mid-copy)."""
+        for job in self.store.list_jobs(states=[JobState.STAGING]):
+            self.stager.put(job)
+
+    def _check(self, cluster: str, spec: JobSpec) -> None:
+        """Refuse a spec that does not fit the cluster or this host."""
         info = self.store.get_cluster(cluster)
         if info.allocation_state == AllocationState.DELETING:
             raise ConflictError(f"cluster {cluster} is being deleted; it takes no new jobs")
         errors = []
+        if info.max_nodes is not None and spec.node_count > info.max_nodes:
+            errors.append({"field": "node_count",
+                           "message": f"{spec.node_count} nodes, but cluster {cluster} can have "
+                                      f"at most {info.max_nodes} (max_nodes; it has "
+                                      f"{info.target_nodes} now)"})
         if spec.process_count_per_node > info.slots:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "
@@ -119,20 +176,31 @@ class JobService:
         errors += _exec_errors(spec)
         if errors:
             raise SpecError(errors)
-        job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
-        while self.share.job_dir(job_id).exists():  # six hex digits can collide, rarely
-            job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
-        job_dir = self.share.create_job_dir(job_id, spec)
-        job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.QUEUED,
-                      created_at=self.clock(), job_dir=str(job_dir))
+
+    def _stage(self, job: JobInfo) -> None:
+        """Make the job's folder (copying its working dir), then queue it.
+
+        A job terminated, failed or deleted meanwhile stays as it is.
+        """
+        self.share.remove_job_dir(job.id)  # what a server stopped mid-copy left
         try:
-            with self.lock:
-                job = self.store.add_job(job)
-        except BaseException:
-            self.share.remove_job_dir(job_id)
-            raise
-        self.wake.set()
-        return job
+            self.share.create_job_dir(job.id, job.spec)
+        except (OSError, JobsError) as e:
+            self._end_staging(job.id, JobState.FAILED, f"could not copy the working dir: {e}")
+            return
+        if self._end_staging(job.id, JobState.QUEUED, ""):
+            self.wake.set()
+
+    def _end_staging(self, job_id: str, target: JobState, message: str) -> bool:
+        with self.lock:
+            try:
+                self.store.update_job(job_id, target, self.clock(), message=message)
+                return True
+            except InvalidTransitionError:  # terminated, or its cluster deleted, meanwhile
+                return False
+            except NotFoundError:  # and deleted too: its folder goes with it
+                self.share.remove_job_dir(job_id)
+                return False
 
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:
@@ -201,7 +269,9 @@ class JobService:
             self.scheduler.tick()
 
     def run_loop(self, stop: threading.Event, interval_s: float = 0.1) -> None:
-        """Tick until ``stop`` is set; a change (submit, terminate) wakes it early."""
+        """Resume staging, then tick until ``stop`` is set; a change (submit, terminate) wakes
+        it early."""
+        self.resume_staging()
         while not stop.is_set():
             try:
                 self.tick()
@@ -223,3 +293,11 @@ def _exec_errors(spec: JobSpec) -> list[dict[str, str]]:
                 f"{size} bytes, but the kernel passes at most {MAX_ARG_BYTES} bytes in one "
                 "argument or variable: put a long script in a file of working_dir and run that")})
     return errors
+
+
+def _same_submission(known: JobInfo, cluster: str, spec: JobSpec, key: str) -> JobInfo:
+    """``known``, recorded under ``key``, if it asked for the same; else a ConflictError."""
+    if (known.cluster, known.spec) != (cluster, spec):
+        raise ConflictError(f"the idempotency key {key!r} was already used for job {known.id}, "
+                            "with another spec or cluster; a new job needs a new key")
+    return known

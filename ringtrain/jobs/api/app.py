@@ -12,7 +12,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import AbstractAsyncContextManager
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
@@ -21,6 +21,7 @@ from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.logs import follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
+    IDEMPOTENCY_KEY_PATTERN,
     ErrorResponse,
     Health,
     ResizeRequest,
@@ -61,7 +62,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     async def _invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
         errors = []
         for err in e.errors():
-            loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path")]
+            loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path", "header")]
             if loc[:1] == ["spec"]:
                 loc = loc[1:]
             errors.append({"field": ".".join(loc) or "(body)",
@@ -97,8 +98,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return service.delete_cluster(name)
 
     @r.post("/jobs", status_code=201)
-    def submit(body: SubmitRequest) -> JobInfo:
-        return service.submit(body.cluster, body.spec)
+    def submit(body: SubmitRequest, idempotency_key: str | None = Header(
+            None, pattern=IDEMPOTENCY_KEY_PATTERN,
+            description="The client's name for this submission: a retry with the same key "
+                        "returns the same job (409 if its spec differs).")) -> JobInfo:
+        return service.submit(body.cluster, body.spec, idempotency_key)
 
     @r.get("/jobs")
     def list_jobs(experiment: str | None = None, cluster: str | None = None,
@@ -128,7 +132,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     @r.get("/jobs/{job_id}/logs", response_class=StreamingResponse,
            responses={200: {"content": {"text/plain": {}}}})
     def logs(job_id: str, rank: int = 0, stream: str = "stdout",
-             follow: bool = Query(False, description="Stream until the job ends.")
+             follow: bool = Query(False, description="Stream until the job ends."),
+             offset: int = Query(0, ge=0, description="Start at this byte (to resume).")
              ) -> StreamingResponse:
         path = service.log_path(job_id, rank, stream)
 
@@ -138,7 +143,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             except NotFoundError:  # deleted while followed
                 return True
 
-        body: AsyncIterator[bytes] = follow_file(path, done)
+        body: AsyncIterator[bytes] = follow_file(path, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
 
     app.include_router(r)

@@ -11,7 +11,7 @@ from typing import BinaryIO
 CHUNK = 64 * 1024
 
 
-async def follow_file(path: Path, is_done: Callable[[], bool],
+async def follow_file(path: Path, is_done: Callable[[], bool], offset: int = 0,
                       poll_s: float = 0.1) -> AsyncIterator[bytes]:
     """Yield what is written to ``path`` until ``is_done()`` and nothing is left to read.
 
@@ -22,6 +22,8 @@ async def follow_file(path: Path, is_done: Callable[[], bool],
     Args:
         path: the log file.
         is_done: True once no process will write the file again (the job is in a final state).
+        offset: where to start in the file (a client resuming after a lost connection); a file
+            that replaced it is read from its start.
         poll_s: sleep between reads that found nothing new.
     """
     f: BinaryIO | None = None
@@ -31,10 +33,11 @@ async def follow_file(path: Path, is_done: Callable[[], bool],
             done = is_done()
             if f is not None and _replaced(f, path):
                 f.close()
-                f = None
+                f, offset = None, 0
             if f is None:
                 try:
                     f = open(path, "rb")
+                    f.seek(offset)
                 except FileNotFoundError:
                     pass
             while f is not None and (chunk := f.read(CHUNK)):

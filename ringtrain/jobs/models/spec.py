@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
 from ringtrain.jobs.errors import SpecError
@@ -106,6 +114,15 @@ class ClusterSpec(BaseModel):
     nodes: int = Field(ge=0, le=1024, strict=True)
     slots: int = Field(1, ge=1, le=1024, strict=True)
     backend: str = Field("local", pattern=r"^local$", description="Only `local` so far.")
+    max_nodes: int | None = Field(
+        None, ge=0, le=1024, strict=True,
+        description="The most nodes a resize may set; jobs needing more are refused at submit.")
+
+    @model_validator(mode="after")
+    def _nodes_within_max(self) -> ClusterSpec:
+        if self.max_nodes is not None and self.nodes > self.max_nodes:
+            raise ValueError(f"nodes ({self.nodes}) must not exceed max_nodes ({self.max_nodes})")
+        return self
 
 
 def _matches(pattern: str, value: str) -> bool:
