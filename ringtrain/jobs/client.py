@@ -70,8 +70,9 @@ class JobsClient:
         """Close the connection pool."""
         self._http.close()
 
-    def _relocate(self) -> None:
-        """After a lost connection: talk to wherever the server is now, if ``locate`` knows."""
+    def reconnect(self) -> None:
+        """After a lost connection: talk to wherever the server is now (a restarted one may
+        listen on another port), if ``locate`` can tell; else nothing changes."""
         if self._locate is None:
             return
         try:
@@ -90,7 +91,7 @@ class JobsClient:
                 return call()
             except ServiceUnavailableError as e:
                 backoff.wait(e)
-            self._relocate()
+            self.reconnect()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -223,7 +224,7 @@ class JobsClient:
                     return
             except (ServiceUnavailableError, httpx.TransportError) as e:
                 backoff.wait(e)
-            self._relocate()
+            self.reconnect()
 
     def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
         return _Stream(self._http, method, path, params, self.url)

@@ -268,16 +268,23 @@ class JobService:
         with self.lock:
             self.scheduler.tick()
 
-    def run_loop(self, stop: threading.Event, interval_s: float = 0.1) -> None:
-        """Resume staging, then tick until ``stop`` is set; a change (submit, terminate) wakes
-        it early."""
+    def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
+                 min_gap_s: float = 0.05) -> None:
+        """Resume staging, then tick until ``stop`` is set.
+
+        A change (submit, terminate) wakes the loop early, but ticks stay ``min_gap_s`` apart:
+        a tick reads every queued job, and a burst of submits must not keep it reading
+        without pause while requests wait for the interpreter.
+        """
         self.resume_staging()
         while not stop.is_set():
             try:
                 self.tick()
             except Exception:  # one bad tick must not stop the service
                 log.exception("scheduler tick failed")
-            self.wake.wait(interval_s)
+            if stop.wait(min_gap_s):
+                return
+            self.wake.wait(interval_s - min_gap_s)
             self.wake.clear()
 
 

@@ -74,7 +74,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     r = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
 
     @r.get("/health")
-    def health() -> Health:
+    async def health() -> Health:
+        # On the event loop, not the thread pool: it answers at once however busy that is.
         return Health(pid=os.getpid(), home=home, version=__version__)
 
     @r.post("/clusters", status_code=201)
