@@ -19,8 +19,8 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
@@ -118,11 +118,13 @@ class ClusterSpec(BaseModel):
         None, ge=0, le=1024, strict=True,
         description="The most nodes a resize may set; jobs needing more are refused at submit.")
 
-    @model_validator(mode="after")
-    def _nodes_within_max(self) -> ClusterSpec:
-        if self.max_nodes is not None and self.nodes > self.max_nodes:
-            raise ValueError(f"nodes ({self.nodes}) must not exceed max_nodes ({self.max_nodes})")
-        return self
+    @field_validator("max_nodes")
+    @classmethod
+    def _max_nodes_at_least_nodes(cls, v: int | None, info: ValidationInfo) -> int | None:
+        nodes = info.data.get("nodes")
+        if v is not None and nodes is not None and v < nodes:
+            raise ValueError(f"must be at least nodes ({nodes})")
+        return v
 
 
 def _matches(pattern: str, value: str) -> bool:
