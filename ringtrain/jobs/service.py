@@ -127,10 +127,10 @@ class JobService:
         self._check(cluster, spec)
         for _ in range(100):  # six hex digits can collide, rarely
             job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
-            job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
-                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)))
             if self.share.job_dir(job_id).exists():
                 continue
+            job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
+                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)))
             try:
                 with self.lock:
                     recorded = self.store.add_job(job, idempotency_key)

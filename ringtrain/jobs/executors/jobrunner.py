@@ -8,6 +8,7 @@ whether this process still lives, tells the new server what became of the attemp
 No process may outlive the attempt: the runner first moves itself into the attempt's cgroup when
 it has one, becomes a child subreaper (so orphans, even those that left its session, stay below
 it), and kills whatever is left below it before it reports the end.
+
 It imports nothing beyond the standard library and ringtrain's own stdlib-only modules (the
 records it exchanges with the executor), to start quickly.
 """
