@@ -40,7 +40,7 @@ from pathlib import Path
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, read_server_file, start_server, stop_server
 from ringtrain.jobs.errors import JobsError
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 
@@ -125,16 +125,28 @@ def run(submits: int, clients: int, followers: int, lines: int) -> dict:
         try:
             return _load(home, admin, submits, clients, followers, lines)
         finally:
-            for job in admin.list_jobs(cluster=CLUSTER):
-                if not job.state.is_terminal():
-                    try:
-                        admin.terminate(job.id)
-                    except JobsError:  # it ended meanwhile
-                        pass
+            _end_jobs(admin)
             admin.close()
             stop_server(home)
             for job_dir in (home.share_root / "jobs").iterdir():
                 procs.signal_job(job_dir.name, None, signal.SIGKILL)
+            if (groups := cgroups.JobCgroups.detect(home.share_root.resolve())) is not None:
+                groups.sweep()
+
+
+def _end_jobs(admin: JobsClient, timeout_s: float = 60.0) -> None:
+    """Terminate what still runs or waits, and wait (bounded) until the service has released it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [j for j in admin.list_jobs(cluster=CLUSTER) if not j.state.is_terminal()]
+        if not left:
+            return
+        for job in left:
+            try:
+                admin.terminate(job.id)
+            except JobsError:  # ended, or terminating, meanwhile
+                pass
+        time.sleep(0.2)
 
 
 def _load(home: Home, admin: JobsClient, submits: int, clients: int, followers: int,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
@@ -148,6 +148,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
     for job_dir in (jobs.iterdir() if jobs.exists() else []):
         for pid in procs.job_pids(job_dir.name):
             os.kill(pid, signal.SIGKILL)
+    if (groups := cgroups.JobCgroups.detect(h.share_root.resolve())) is not None:
+        groups.sweep()  # attempts no server will release
 
 
 CLI = Callable[..., tuple[int, str, str]]

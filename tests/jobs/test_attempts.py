@@ -28,7 +28,7 @@ from ringtrain.jobs.store import SQLiteStore
 
 from .conftest import CLI, wait_for
 
-HAS_CGROUPS = cgroups.JobCgroups.detect("probe") is not None
+HAS_CGROUPS = cgroups.JobCgroups.detect(Path("/probe")) is not None
 
 
 class Service:
@@ -127,6 +127,16 @@ def test_each_attempt_has_a_cgroup_removed_at_its_end(tmp_path: Path) -> None:
     log = (Path(job.job_dir) / "stdouterr/rank.0/stdout").read_text()
     assert log.strip().endswith(group.name)
     assert not group.exists()
+    # A runner killed with no server to release its attempt leaves its cgroup; a sweep ends it.
+    job = s.submit("sleep 60")
+    running = s.tick_until(job.id, lambda j: j.state.value == "running")
+    group = Path(s.store.get_launch(running.id)["cgroup"])
+    os.kill(s.store.get_launch(running.id)["pid"], signal.SIGKILL)
+    assert cgroups.pids(group)  # the rank lives on, in the cgroup
+    assert cgroups.JobCgroups.detect(s.executor.share.root).sweep() == 1
+    assert not group.exists()
+    s.service.tick()  # the service sees the attempt lost
+    assert s.store.get_job(job.id).state.value == "failed"
     s.store.close()
 
 

@@ -7,12 +7,13 @@ gets one, its job runner moves itself in before starting anything, every descend
 it, and the attempt's end kills the whole cgroup (``cgroup.kill``, or each member where the
 kernel lacks it) and removes it.
 
-Standard library only: the job runner uses :func:`join`.
+Standard library only: the job runner uses :func:`join` and :func:`leave_and_remove`.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import signal
@@ -25,11 +26,11 @@ _PREFIX = "ringtrain-"
 
 
 class JobCgroups:
-    """Creates attempt cgroups below one parent cgroup (the service's own).
+    """Creates the attempt cgroups of one share below one parent cgroup (the service's own).
 
     Args:
         parent: the folder of the cgroup they are created in.
-        tag: keeps the names of different services apart (they may share a parent).
+        tag: keeps the names of different shares apart (their services may share a parent).
     """
 
     def __init__(self, parent: Path, tag: str):
@@ -37,9 +38,11 @@ class JobCgroups:
         self.tag = tag
 
     @classmethod
-    def detect(cls, tag: str) -> JobCgroups | None:
-        """Cgroups below this process's own cgroup v2, or ``None`` where it may not create any
-        (no cgroup v2 mount, a read-only hierarchy, no delegation to this user)."""
+    def detect(cls, share_root: Path) -> JobCgroups | None:
+        """The attempt cgroups of the jobs of ``share_root``, below this process's own cgroup
+        v2; ``None`` where it may not create any (no cgroup v2 mount, a read-only hierarchy,
+        no delegation to this user)."""
+        tag = hashlib.sha1(str(share_root).encode()).hexdigest()[:8]
         parent = own_cgroup()
         if parent is None:
             return None
@@ -67,6 +70,19 @@ class JobCgroups:
         path.mkdir()
         return path
 
+    def sweep(self) -> int:
+        """Kill and remove every attempt cgroup of this share (what attempts whose job runner
+        was killed left behind, once no server will release them).
+
+        Returns:
+            How many there were.
+        """
+        found = list(self.parent.glob(f"{_PREFIX}{self.tag}-*"))
+        for path in found:
+            kill(path)
+            remove(path)
+        return len(found)
+
 
 def own_cgroup() -> Path | None:
     """The folder of this process's cgroup v2, or ``None`` without a cgroup v2 mount."""
@@ -91,6 +107,24 @@ def join(cgroup: Path) -> None:
         OSError: the move was refused.
     """
     (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def leave_and_remove(cgroup: Path) -> None:
+    """Kill every other process in ``cgroup``, move the calling process to the parent cgroup
+    and remove ``cgroup`` (the job runner's last act).
+
+    Raises:
+        OSError: the move was refused.
+    """
+    me = os.getpid()
+    for pid in pids(cgroup):
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    join(cgroup.parent)
+    remove(cgroup)
 
 
 def pids(cgroup: Path) -> list[int]:

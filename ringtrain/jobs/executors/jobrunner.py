@@ -118,10 +118,11 @@ class JobRunner:
         return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
 
     def kill_leftovers(self) -> int:
-        """SIGKILL every process still below this runner (daemons the command started).
+        """SIGKILL every process still below this runner (daemons the command started), then
+        leave the attempt's cgroup and remove it.
 
         Returns:
-            How many there were.
+            How many processes were below the runner.
         """
         left = procs.tree_pids(os.getpid())
         for pid in left:
@@ -129,6 +130,12 @@ class JobRunner:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self.launch.cgroup:
+            try:
+                cgroups.leave_and_remove(Path(self.launch.cgroup))
+            except OSError as e:  # the service removes it when it releases the attempt
+                print(f"job runner: cannot remove the cgroup {self.launch.cgroup} "
+                      f"({e.strerror})", file=sys.stderr)
         return len(left)
 
     def run(self) -> int:

@@ -11,7 +11,6 @@ mark are swept as well, and are all there is without cgroups.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
@@ -48,9 +47,7 @@ class LocalExecutor:
                  use_cgroups: bool = True):
         self.share = share
         self.runner = tuple(runner)
-        # Services of different homes may share a parent cgroup: the share root tells theirs.
-        tag = hashlib.sha1(str(share.root).encode()).hexdigest()[:8]
-        self._cgroups = cgroups.JobCgroups.detect(tag) if use_cgroups else None
+        self._cgroups = cgroups.JobCgroups.detect(share.root) if use_cgroups else None
         # Runners this process started: polling them reaps them (a dead child is a zombie that
         # /proc would still list). Runners adopted after a restart are watched through /proc.
         self._children: dict[str, subprocess.Popen] = {}
