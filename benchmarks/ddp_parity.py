@@ -51,7 +51,7 @@ def worker(args) -> None:
     import ringtrain.torch as hvd
 
     hvd.init()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     ddp_group = dist.new_group(list(range(hvd.size())), backend="gloo")
 
     model_ddp, shape, classes = _build(args.model)
@@ -93,6 +93,7 @@ def worker(args) -> None:
         print(json.dumps({
             "benchmark": "ddp_parity", "model": args.model, "world_size": hvd.size(),
             "batch_size_per_rank": args.batch_size, "blocks": args.blocks,
+            "threads_per_rank": torch.get_num_threads(),
             "steps_per_block": args.steps_per_block,
             "ddp_steps_per_s": ddp_rate, "ringtrain_steps_per_s": rt_rate,
             "throughput_ratio": statistics.median(ratios),
@@ -110,6 +111,8 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=150)
     parser.add_argument("--steps-per-block", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra-op threads per rank (default: cores / ranks on the host)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -118,7 +121,7 @@ def main() -> int:
     return run_under_launcher(__file__, args.np, ["--model", args.model, "--batch-size", str(args.batch_size),
                                "--blocks", str(args.blocks),
                                "--steps-per-block", str(args.steps_per_block),
-                               "--warmup", str(args.warmup)])
+                               "--warmup", str(args.warmup), "--threads", str(args.threads)])
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import negotiation
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
+from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import OpType, Request
@@ -184,6 +185,7 @@ class Engine:
     # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:
+        serialize_this_thread()  # see intraop: a team of this thread's own would fight training
         try:
             while True:
                 bell = self._doorbell.wait(self._round, _BELL_WAIT_S)
