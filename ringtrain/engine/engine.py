@@ -35,11 +35,12 @@ from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import CYCLE_ROW, Timeline
 from ringtrain.errors import HorovodInternalError
+from ringtrain.op_types import OpType
 from ringtrain.runner.env import EngineKnobs
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set

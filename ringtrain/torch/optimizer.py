@@ -20,7 +20,7 @@ import torch
 
 from ringtrain.engine import fusion
 from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
