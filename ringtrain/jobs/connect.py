@@ -17,8 +17,8 @@ from typing import Any
 
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
-from ringtrain.jobs.executors.procs import is_alive
 from ringtrain.jobs.home import HOME_VAR, Home, service_token, service_url
+from ringtrain.jobs.proc_stat import is_alive
 
 START_TIMEOUT_S = 30.0
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.jobrunner import LAUNCH_FILE, read_status
@@ -66,7 +67,7 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._children[job.id] = proc
         log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
-        return {"pid": proc.pid, "start_ticks": procs.start_ticks(proc.pid),
+        return {"pid": proc.pid, "start_ticks": proc_stat.start_ticks(proc.pid),
                 "attempt": job.attempt}
 
     def poll(self, job: JobInfo, launch: dict[str, Any] | None) -> Observation:
@@ -115,7 +116,7 @@ class LocalExecutor:
         proc = self._children.get(job_id)
         if proc is not None:
             return proc.poll() is None
-        return procs.is_alive(launch["pid"], launch.get("start_ticks"))
+        return proc_stat.is_alive(launch["pid"], launch.get("start_ticks"))
 
     def _group(self, job_id: str, launch: dict[str, Any] | None) -> int | None:
         # Signal the runner's group only while the runner lives: a dead leader's pid may have
