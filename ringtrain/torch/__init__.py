@@ -29,6 +29,7 @@ from ringtrain.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from ringtrain.torch.lifecycle import add_process_set, init, remove_process_set, shutdown
 from ringtrain.torch.ops import (
     Adasum,
     Average,
@@ -58,7 +59,6 @@ from ringtrain.torch.ops import (
     sparse_allreduce_async,
     synchronize,
 )
-from ringtrain.torch.lifecycle import add_process_set, init, remove_process_set, shutdown
 from ringtrain.torch.optimizer import DistributedOptimizer
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.runtime import (

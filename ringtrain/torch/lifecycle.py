@@ -31,7 +31,6 @@ from ringtrain.torch.topology import Topology, from_hostnames
 # detected by its closed connection, not by this timeout.
 _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
-
 _lock = threading.RLock()
 _generation = 0
 _stores: dict[tuple[str, int], dist.TCPStore] = {}
