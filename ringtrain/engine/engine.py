@@ -31,17 +31,18 @@ import torch
 
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import negotiation
+from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import CYCLE_ROW, Timeline
 from ringtrain.errors import HorovodInternalError
-from ringtrain.runner.env import EngineKnobs
+from ringtrain.op_types import OpType
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,18 @@ _PROBE_S = 1.0
 class Engine:
     """Queues named requests and runs them in agreement with every other rank."""
 
-    def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, doorbell: Doorbell,
+    def __init__(self, backend: CollectiveBackend, config: EngineConfig, doorbell: Doorbell,
                  backend_name: str = "GLOO"):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
         self._doorbell = doorbell
-        self._cycle_s = max(knobs.cycle_time_ms, 0.0) / 1000.0
+        self._cycle_s = max(config.cycle_time_ms, 0.0) / 1000.0
         self.timeline = Timeline(self.rank)
-        self._executor = Executor(backend, knobs.fusion_threshold_bytes, self.timeline,
+        self._executor = Executor(backend, config.fusion_threshold_bytes, self.timeline,
                                   backend_name)
-        self._cache = ResponseCache(knobs.cache_capacity)
-        self._stall = StallInspector(self.rank, knobs)
+        self._cache = ResponseCache(config.cache_capacity)
+        self._stall = StallInspector(self.rank, config)
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}

@@ -16,9 +16,10 @@ import torch
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import OpType, ReduceOp, Request, TensorMeta
+from ringtrain.engine.request import Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.errors import TensorMismatchError
+from ringtrain.op_types import OpType, ReduceOp
 
 
 @dataclass

@@ -19,8 +19,9 @@ import hashlib
 from collections.abc import Callable, Iterable
 
 from ringtrain.engine.doorbell import NEGOTIATE
-from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
+from ringtrain.op_types import OpType
 
 
 def tag(key: str, epoch: int) -> str:

@@ -16,7 +16,8 @@ fresh counter starts every rank even.
 from __future__ import annotations
 
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import OpType, RequestMeta
+from ringtrain.engine.request import RequestMeta
+from ringtrain.op_types import OpType
 
 _CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST,
                         OpType.REDUCESCATTER, OpType.ALLTOALL})

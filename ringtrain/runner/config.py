@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
-from ringtrain.runner.env import EngineKnobs
+from ringtrain.runner.env import read_engine_config
 from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 
 _MIB = 1024 * 1024
@@ -40,7 +41,7 @@ class LaunchConfig:
     output_filename: str | None = None
     prefix_output_with_timestamp: bool = False
     verbose: bool = False
-    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    knobs: EngineConfig = field(default_factory=EngineConfig)
     #: Put the ``horovod`` shim on the workers' PYTHONPATH (see ``plan.horovod_compat_environ``).
     horovod_compat: bool = False
 
@@ -148,8 +149,8 @@ def _interfaces(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
-    knobs = EngineKnobs.from_environ(environ)
+def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
+    knobs = read_engine_config(environ)
     changes: dict[str, Any] = {}
     if values["fusion_threshold_mb"] is not None:
         changes["fusion_threshold_bytes"] = int(values["fusion_threshold_mb"] * _MIB)
@@ -174,7 +175,7 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
     return replace(knobs, **changes)
 
 
-def _check_knobs(knobs: EngineKnobs) -> None:
+def _check_knobs(knobs: EngineConfig) -> None:
     checks = (
         (knobs.fusion_threshold_bytes >= 0, "fusion_threshold_mb", "must not be negative"),
         (knobs.cycle_time_ms > 0, "cycle_time_ms", "must be positive"),

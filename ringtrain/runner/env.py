@@ -14,13 +14,9 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
 
-#: Horovod's default fusion buffer, in bytes.
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-DEFAULT_CYCLE_TIME_MS = 1.0
-DEFAULT_CACHE_CAPACITY = 1024
-DEFAULT_STALL_WARNING_S = 60.0
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_MASTER_PORT = 29500
 
@@ -36,52 +32,43 @@ def store_prefix(run_id: str, generation: int) -> str:
     return f"ringtrain/{run_id}/init.{generation}/"
 
 
-@dataclass(frozen=True)
-class EngineKnobs:
-    """The engine settings a launcher passes to its workers (Horovod's variable names)."""
+def engine_environ(config: EngineConfig) -> dict[str, str]:
+    """The engine's settings as Horovod's environment variables."""
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": str(config.fusion_threshold_bytes),
+        "HOROVOD_CYCLE_TIME": _fmt_float(config.cycle_time_ms),
+        "HOROVOD_CACHE_CAPACITY": str(config.cache_capacity),
+        "HOROVOD_STALL_CHECK_DISABLE": "0" if config.stall_check_enabled else "1",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": _fmt_float(config.stall_warning_s),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": _fmt_float(config.stall_shutdown_s),
+    }
+    if config.timeline_filename:
+        env["HOROVOD_TIMELINE"] = config.timeline_filename
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if config.timeline_mark_cycles else "0"
+    if config.log_level:
+        env["HOROVOD_LOG_LEVEL"] = config.log_level
+    return env
 
-    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD
-    cycle_time_ms: float = DEFAULT_CYCLE_TIME_MS
-    cache_capacity: int = DEFAULT_CACHE_CAPACITY
-    timeline_filename: str | None = None
-    timeline_mark_cycles: bool = False
-    stall_check_enabled: bool = True
-    stall_warning_s: float = DEFAULT_STALL_WARNING_S
-    stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
-    log_level: str | None = None
 
-    def environ(self) -> dict[str, str]:
-        """These settings as Horovod's environment variables."""
-        env = {
-            "HOROVOD_FUSION_THRESHOLD": str(self.fusion_threshold_bytes),
-            "HOROVOD_CYCLE_TIME": _fmt_float(self.cycle_time_ms),
-            "HOROVOD_CACHE_CAPACITY": str(self.cache_capacity),
-            "HOROVOD_STALL_CHECK_DISABLE": "0" if self.stall_check_enabled else "1",
-            "HOROVOD_STALL_CHECK_TIME_SECONDS": _fmt_float(self.stall_warning_s),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": _fmt_float(self.stall_shutdown_s),
-        }
-        if self.timeline_filename:
-            env["HOROVOD_TIMELINE"] = self.timeline_filename
-            env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if self.timeline_mark_cycles else "0"
-        if self.log_level:
-            env["HOROVOD_LOG_LEVEL"] = self.log_level
-        return env
+def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
+    """Read the engine's settings from Horovod's variables, defaulting what is unset.
 
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> EngineKnobs:
-        """Read the knobs from Horovod's variables, defaulting what is unset."""
-        r = _Reader(environ)
-        return cls(
-            fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
-            cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS),
-            cache_capacity=r.int("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY),
-            timeline_filename=environ.get("HOROVOD_TIMELINE") or None,
-            timeline_mark_cycles=r.bool("HOROVOD_TIMELINE_MARK_CYCLES", False),
-            stall_check_enabled=not r.bool("HOROVOD_STALL_CHECK_DISABLE", False),
-            stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S),
-            stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
-            log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
-        )
+    Raises:
+        ConfigError: a variable is set to something that is not a number or a boolean.
+    """
+    r = _Reader(environ)
+    default = EngineConfig()
+    return EngineConfig(
+        fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", default.fusion_threshold_bytes),
+        cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", default.cycle_time_ms),
+        cache_capacity=r.int("HOROVOD_CACHE_CAPACITY", default.cache_capacity),
+        timeline_filename=environ.get("HOROVOD_TIMELINE") or None,
+        timeline_mark_cycles=r.bool("HOROVOD_TIMELINE_MARK_CYCLES", False),
+        stall_check_enabled=not r.bool("HOROVOD_STALL_CHECK_DISABLE", False),
+        stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", default.stall_warning_s),
+        stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", default.stall_shutdown_s),
+        log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,7 +92,7 @@ class WorkerEnv:
     launcher_store: bool = False
     run_id: str = "default"
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    knobs: EngineConfig = field(default_factory=EngineConfig)
 
 
 def worker_environ(
@@ -121,7 +108,7 @@ def worker_environ(
     master_port: int,
     run_id: str,
     start_timeout_s: float,
-    knobs: EngineKnobs,
+    knobs: EngineConfig,
 ) -> dict[str, str]:
     """The variables `ringtrain run` adds to one worker's environment.
 
@@ -146,7 +133,7 @@ def worker_environ(
         LAUNCHER_STORE: "1",
         RUN_ID: run_id,
     }
-    env.update(knobs.environ())
+    env.update(engine_environ(knobs))
     return env
 
 
@@ -199,7 +186,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     """
     environ = os.environ if environ is None else environ
     r = _Reader(environ)
-    knobs = EngineKnobs.from_environ(environ)
+    knobs = read_engine_config(environ)
     start_timeout = r.float("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT_S)
     hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     common = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)

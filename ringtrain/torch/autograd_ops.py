@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ringtrain.engine.request import ReduceOp
-from ringtrain.torch import ops
+from ringtrain.op_types import ReduceOp
+from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import resolve_op
@@ -77,8 +77,6 @@ class _Broadcast(torch.autograd.Function):
         reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None,
                                                       ReduceOp.AVERAGE, 1.0, 1.0,
                                                       ctx.process_set))
-        from ringtrain.torch import runtime
-
         if runtime.current().topology.rank != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None

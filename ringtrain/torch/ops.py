@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from ringtrain.engine.handle import DerivedHandle, Handle
-from ringtrain.engine.request import OpType, ReduceOp
+from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import check_reduction, contiguous_work, resolve_op, submit

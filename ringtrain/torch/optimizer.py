@@ -21,7 +21,7 @@ import torch
 
 from ringtrain.engine import fusion
 from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.grad_bucket import GradBucket

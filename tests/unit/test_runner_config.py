@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.runner.config import LaunchConfig, load_config
-from ringtrain.runner.env import EngineKnobs
 from ringtrain.runner.hosts import HostInfo
 
 MIB = 1024 * 1024
@@ -24,7 +24,7 @@ def test_minimal_run_defaults_to_localhost_with_np_slots():
     assert config.num_proc == 2
     assert config.hosts == (HostInfo("localhost", 2),)
     assert config.start_timeout_s == 30.0
-    assert config.knobs == EngineKnobs()
+    assert config.knobs == EngineConfig()
     assert config.knobs.fusion_threshold_bytes == 128 * MIB
     assert config.knobs.cycle_time_ms == 1.0
 
@@ -57,7 +57,7 @@ def test_every_flag_lands_in_the_config(tmp_path):
     assert config.network_interfaces == ("eth0", "eth1")
     assert config.output_filename == str(tmp_path / "logs")
     assert config.prefix_output_with_timestamp and config.verbose and config.horovod_compat
-    assert config.knobs == EngineKnobs(
+    assert config.knobs == EngineConfig(
         fusion_threshold_bytes=32 * MIB, cycle_time_ms=5.0, cache_capacity=64,
         timeline_filename="tl.json", timeline_mark_cycles=True,
         stall_check_enabled=False, stall_warning_s=20.0, stall_shutdown_s=90.0,
@@ -110,7 +110,7 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
         "logging:\n  level: warning\n")
     with caplog.at_level(logging.WARNING):
         config = load("-np", "1", "--config-file", str(cfg), "x")
-    assert config.knobs == EngineKnobs(
+    assert config.knobs == EngineConfig(
         fusion_threshold_bytes=8 * MIB, cycle_time_ms=2.0, cache_capacity=10,
         timeline_filename="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
         stall_warning_s=5.0, log_level="WARNING")

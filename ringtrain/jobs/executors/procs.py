@@ -2,8 +2,7 @@
 
 A job's processes are found two ways: its runner's process group (everything it started without a
 new session) and the ``RINGTRAIN_JOB_ID`` variable every one of them inherits, which also finds
-ranks that a launcher moved into sessions of their own. The start time read from /proc tells a
-live process from a reused pid after a server restart.
+ranks that a launcher moved into sessions of their own.
 """
 
 from __future__ import annotations
@@ -14,33 +13,11 @@ import signal
 from pathlib import Path
 
 from ringtrain.jobs.envvars import JOB_ID
+from ringtrain.jobs.proc_stat import is_alive
 
 log = logging.getLogger(__name__)
 
 _PROC = Path("/proc")
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or ``None`` if it is gone."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19])  # field 22 of stat(5), counted from field 3
-
-
-def is_alive(pid: int, ticks: int | None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, when ``ticks`` is given, started then."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    rest = stat[stat.rindex(")") + 2:].split()
-    if rest[0] in ("Z", "X"):
-        return False
-    return ticks is None or int(rest[19]) == ticks
 
 
 def job_pids(job_id: str) -> list[int]:

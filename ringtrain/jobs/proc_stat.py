@@ -1,0 +1,35 @@
+"""Whether a pid still names the process it named, from Linux's ``/proc/<pid>/stat``.
+
+A leaf that both sides of the job service use: the CLI's client to see whether a server still
+runs, the executor to see whether a job's runner does. The start time tells a live process from
+a reused pid after a restart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or ``None`` if it is gone."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19])  # field 22 of stat(5), counted from field 3
+
+
+def is_alive(pid: int, ticks: int | None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when ``ticks`` is given, started then."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    rest = stat[stat.rindex(")") + 2:].split()
+    if rest[0] in ("Z", "X"):
+        return False
+    return ticks is None or int(rest[19]) == ticks
