@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs import proc_stat
+from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
