@@ -103,14 +103,26 @@ def worker(args) -> None:
     hvd.shutdown()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=2)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of one comparison (also taken by benchmarks/scaling.py)."""
     parser.add_argument("--model", default="fashion_cnn")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=150)
     parser.add_argument("--steps-per-block", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
+
+
+def worker_args(args: argparse.Namespace, threads: int) -> list[str]:
+    """The worker's command line for the options of :func:`add_arguments`."""
+    return ["--model", args.model, "--batch-size", str(args.batch_size),
+            "--blocks", str(args.blocks), "--steps-per-block", str(args.steps_per_block),
+            "--warmup", str(args.warmup), "--threads", str(threads)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    add_arguments(parser)
     parser.add_argument("--threads", type=int, default=0,
                         help="intra-op threads per rank (default: cores / ranks on the host)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -118,10 +130,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    return run_under_launcher(__file__, args.np, ["--model", args.model, "--batch-size", str(args.batch_size),
-                               "--blocks", str(args.blocks),
-                               "--steps-per-block", str(args.steps_per_block),
-                               "--warmup", str(args.warmup), "--threads", str(args.threads)])
+    return run_under_launcher(__file__, args.np, worker_args(args, args.threads))
 
 
 if __name__ == "__main__":
