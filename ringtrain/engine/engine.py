@@ -86,6 +86,7 @@ class Engine:
         self._batch = threading.local()  # requests of this thread's one_round block
         self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count))
         self._stopped = threading.Event()
+        self._caller_blocked = threading.Event()  # a submitter waits for a result: stop gathering
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
@@ -108,6 +109,7 @@ class Engine:
                     f"an operation named {request.name!r} is already in flight on this rank; "
                     "synchronize() it before submitting that name again, or use another name")
             self._names.add(request.name)
+            request.handle.on_block(self._caller_blocked.set)
             batch = getattr(self._batch, "requests", None)
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
@@ -219,12 +221,14 @@ class Engine:
 
         Operations submitted one by one arrive moments apart, and what arrives meanwhile is
         negotiated (and fused) in this round instead of the next; a lone operation does not wait
-        the whole cycle once submissions have stopped.
+        the whole cycle once submissions have stopped, nor at all once its caller blocks on a
+        result (a synchronous collective: nothing more comes from that thread until it is done).
         """
         deadline = time.monotonic() + self._cycle_s
         seen = self._submitted
         while (remaining := deadline - time.monotonic()) > 0:
-            time.sleep(min(_QUIET_S, remaining))
+            if self._caller_blocked.wait(min(_QUIET_S, remaining)):
+                return
             if self._submitted == seen:
                 return
             seen = self._submitted
@@ -249,6 +253,8 @@ class Engine:
                 self._pending[request.name] = request
             shutting_down = self._shutdown_requested
             self._drained = True
+            # Callers blocked so far wait for requests this round takes; a later one is news.
+            self._caller_blocked.clear()
         if self.timeline.mark_cycles:
             self.timeline.instant(CYCLE_ROW, "CYCLE_START")
 

@@ -16,7 +16,8 @@ class Handle:
     error.
     """
 
-    __slots__ = ("name", "_event", "_result", "_error", "_then", "_finish", "_finished")
+    __slots__ = ("name", "_event", "_result", "_error", "_then", "_finish", "_finished",
+                 "_on_block")
 
     def __init__(self, name: str, finish: Callable[[Any], Any] | None = None):
         self.name = name
@@ -26,10 +27,15 @@ class Handle:
         self._then: Callable[[], None] | None = None
         self._finish = finish
         self._finished = False
+        self._on_block: Callable[[], None] | None = None
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
         return self._event.is_set()
+
+    def on_block(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when a thread is about to block waiting for this handle."""
+        self._on_block = callback
 
     def set_result(self, result: Any, then: Callable[[], None] | None = None) -> None:
         """Complete the operation; ``then`` is work on the result left to the waiting thread.
@@ -52,6 +58,8 @@ class Handle:
             TimeoutError: ``timeout`` seconds passed first.
             RuntimeError: the collective failed (mismatch, peer failure, stall shutdown).
         """
+        if not self._event.is_set() and self._on_block is not None:
+            self._on_block()
         if not self._event.wait(timeout):
             raise TimeoutError(f"operation {self.name!r} did not finish within {timeout} s")
         if self._error is not None:
