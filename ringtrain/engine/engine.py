@@ -24,7 +24,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -55,20 +55,30 @@ _PROBE_S = 1.0
 
 
 class Engine:
-    """Queues named requests and runs them in agreement with every other rank."""
+    """Queues named requests and runs them in agreement with every other rank.
+
+    Args:
+        backend: the collectives of this rank's world.
+        knobs: cycle time, fusion threshold, cache capacity, stall times.
+        doorbell: the bells shared with every other rank's engine.
+        backend_name: the library's name in timeline phases (``GLOO_ALLREDUCE``).
+        clock: the monotonic clock that requests are stamped and aged by (stall reports, the
+            pending watch, gathering); tests pass one they move by hand.
+    """
 
     def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, doorbell: Doorbell,
-                 backend_name: str = "GLOO"):
+                 backend_name: str = "GLOO", clock: Callable[[], float] = time.monotonic):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
         self._doorbell = doorbell
+        self._clock = clock
         self._cycle_s = max(knobs.cycle_time_ms, 0.0) / 1000.0
         self.timeline = Timeline(self.rank)
         self._executor = Executor(backend, knobs.fusion_threshold_bytes, self.timeline,
                                   backend_name)
         self._cache = ResponseCache(knobs.cache_capacity)
-        self._stall = StallInspector(self.rank, knobs)
+        self._stall = StallInspector(self.rank, knobs, clock)
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
@@ -105,6 +115,7 @@ class Engine:
                 raise ValueError(
                     f"an operation named {request.name!r} is already in flight on this rank; "
                     "synchronize() it before submitting that name again, or use another name")
+            request.submitted_at = self._clock()  # requests age on the engine's clock
             self._names.add(request.name)
             batch = getattr(self._batch, "requests", None)
             if batch is not None:
@@ -218,9 +229,9 @@ class Engine:
         negotiated (and fused) in this round instead of the next; a lone operation does not wait
         the whole cycle once submissions have stopped.
         """
-        deadline = time.monotonic() + self._cycle_s
+        deadline = self._clock() + self._cycle_s
         seen = self._submitted
-        while (remaining := deadline - time.monotonic()) > 0:
+        while (remaining := deadline - self._clock()) > 0:
             time.sleep(min(_QUIET_S, remaining))
             if self._submitted == seen:
                 return
@@ -232,7 +243,7 @@ class Engine:
         while not self._stopped.wait(_PROBE_S):
             with self._lock:
                 waiting = list(self._pending.values()) + list(self._queue)
-                if waiting and time.monotonic() - min(r.submitted_at for r in waiting) > _PROBE_S:
+                if waiting and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S:
                     try:
                         self._ring_locked(NEGOTIATE)
                     except HorovodInternalError:
@@ -315,7 +326,7 @@ class Engine:
         self._forgotten = self._round + 1
 
     def _full_exchange(self) -> Decision:
-        now = time.monotonic()
+        now = self._clock()
         metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
         decision = negotiation.decide(self._backend.control_allgather(metas))
         with self._lock:
@@ -332,7 +343,7 @@ class Engine:
 
     def _execute(self, decision: Decision) -> None:
         local: dict[str, Request] = {}
-        decided_at = time.monotonic()
+        decided_at = self._clock()
         with self._lock:
             for response in decision.responses:
                 request = self._pending.pop(response.name, None)
