@@ -57,6 +57,49 @@ _PROBE_S = 1.0
 class Engine:
     """Queues named requests and runs them in agreement with every other rank.
 
+    Three kinds of thread share an engine: *callers* (any thread that submits, closes a
+    :meth:`one_round` block or shuts down), the *engine* thread (``_run``: rounds, collectives,
+    handles) and the *watch* (``_watch_pending``: rings while requests wait on peers). Rounds are
+    numbered alike on every rank; a round is *drained* once it has taken this rank's requests.
+    ``_lock`` guards every field below that more than one thread writes.
+
+    =======================  =========================================  ==========================
+    field                    means                                      written by (lock)
+    =======================  =========================================  ==========================
+    ``_queue``               submitted requests no round has taken yet  callers append, engine
+                             (a unit's are counted before they enter)   takes (``_lock``)
+    ``_pending``             requests a round took, by name, until a    engine (``_lock``; it
+                             response runs or fails them                reads without, the watch
+                                                                        with it)
+    ``_names``               names in flight on this rank (in a block,  callers add; removed when
+                             queued or pending): a duplicate is         run or failed (``_lock``)
+                             refused
+    ``_round``               the round the engine waits for or runs     engine (``_lock``)
+    ``_drained``             ``_round`` has taken its requests, so a    engine (``_lock``)
+                             ring must target the round after it
+    ``_negotiation``         the latest round this rank found rung as   whoever rings (``_lock``)
+                             a negotiation: a negotiation ring for a
+                             round up to it is answered already
+    ``_forgotten``           the first round whose bell rank 0 has not  engine (its own)
+                             released yet
+    ``_submitted``           requests queued so far; ``_gather`` stops  callers (``_lock``); the
+                             gathering once it stops growing            engine reads without
+    ``_peers_joined``        the last negotiation saw a joined rank:    engine, without the lock;
+                             counters cannot complete, so units ring    callers read it under it,
+                             for a negotiation                          and the engine re-checks
+                                                                        its queue after a round
+    ``_shutdown_requested``  ``shutdown()`` was called on this rank     callers (``_lock``)
+    ``_failure``             why the engine stopped; later submissions  engine, once (``_lock``)
+                             raise it
+    ``_cache``               negotiated responses and counter keys,     engine in negotiation
+                             identical on every rank                    rounds (``_lock``);
+                                                                        callers read it under it
+    ``_batch``               this thread's open one-round block         each caller its own
+                                                                        (thread-local)
+    ``_stopped``             the engine thread has ended (ends the      engine (an Event)
+                             watch)
+    =======================  =========================================  ==========================
+
     Args:
         backend: the collectives of this rank's world.
         knobs: cycle time, fusion threshold, cache capacity, stall times.
