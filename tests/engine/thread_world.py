@@ -281,5 +281,14 @@ def _check_wire_op(op: ReduceOp) -> None:
 
 def _reduce(op: ReduceOp, values: list[torch.Tensor]) -> torch.Tensor:
     """Reduce in the tensors' own dtype; booleans come out as any (Sum, Max) or all (Min,
-    Product), as on Gloo and NCCL."""
+    Product), as on Gloo and NCCL.
+
+    Raises:
+        ValueError: the members' tensors differ in shape or dtype (their engines disagree on
+            what this collective is).
+    """
+    kinds = [(tuple(v.shape), v.dtype) for v in values]
+    if len(set(kinds)) > 1:
+        raise ValueError(f"members reduce different tensors (shape, dtype in member order): "
+                         f"{kinds}")
     return _REDUCTIONS[op](torch.stack(values)).to(values[0].dtype)
