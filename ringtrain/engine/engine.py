@@ -337,6 +337,10 @@ class Engine:
             decision = Decision(responses=[
                 self._cache.response(bit) for bit in range(len(self._cache))
                 if summed_list[_FLAGS + bit] == self._cache.members(bit)])
+            if decision.responses:
+                # Run by the counts, not by their readiness counters, which some members may
+                # not have added to (their units differ): those counters must start even again.
+                self._renew_counters(decision)
         self._execute(decision)
         # After the round's work, not before it: releasing bells is a store round trip per round
         # on rank 0, and no rank waits for it.
@@ -372,6 +376,17 @@ class Engine:
         now = self._clock()
         metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
         decision = negotiation.decide(self._backend.control_allgather(metas))
+        self._renew_counters(decision)
+        stall_error = self._stall.inspect(decision)
+        if stall_error is not None:
+            raise stall_error
+        return decision
+
+    def _renew_counters(self, decision: Decision) -> None:
+        """Record a negotiation round's responses in the cache, which gives their names fresh
+        readiness counters (on every rank alike: the decision is); waiting requests whose unit's
+        counter changed count again. Before the handles complete: a name submitted again must
+        count on its new counter."""
         with self._lock:
             for response in decision.responses:
                 self._cache.put(response)
@@ -379,10 +394,6 @@ class Engine:
             waiting = [r for r in (*self._pending.values(), *self._queue) if r.name not in decided]
             for ring in self._readiness.recount(waiting):
                 self._ring_locked(ring)
-        stall_error = self._stall.inspect(decision)
-        if stall_error is not None:
-            raise stall_error
-        return decision
 
     def _execute(self, decision: Decision) -> None:
         local: dict[str, Request] = {}

@@ -112,6 +112,24 @@ def test_a_cached_unit_runs_in_one_round_of_its_own_with_no_negotiation(start_en
     assert world.completed["allreduce"] == allreduces + 3  # the two tensors fused each time
 
 
+def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds(
+        start_engines, clock):
+    # rank 0 submits one unit of two names, rank 1 a unit per name: no readiness counter ever
+    # has all members, and the pending watch's negotiation rounds run them
+    world, engines = start_engines(2, probe_s=0.01)
+    step(engines, ("diff.a", "diff.b"), lambda r: 1.0)
+    for i in range(3):
+        handles = []
+        with engines[0].one_round():
+            handles += [submit(engines[0], n, torch.full((2,), 1.0)) for n in ("diff.a", "diff.b")]
+        for name in ("diff.a", "diff.b"):
+            with engines[1].one_round():
+                handles.append(submit(engines[1], name, torch.full((2,), float(i))))
+        clock.advance(1.0)
+        assert results(handles) == [[i + 1.0] * 2] * 4, f"step {i}"
+    assert world.completed["allreduce"] == 4  # each step: one round, both names fused
+
+
 def test_a_process_set_runs_among_its_members_and_its_units_leave_the_others_idle(
         start_engines):
     world, engines = start_engines(3)
@@ -308,3 +326,4 @@ def test_a_failed_peer_stops_every_engine_with_a_named_error(start_engines):
         submit(engines[2], "after.failure", torch.ones(1))
     with pytest.raises(HorovodInternalError, match="a collective failed on rank 1"):
         submit(engines[1], "after.failure", torch.ones(1))
+
