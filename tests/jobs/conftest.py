@@ -22,19 +22,7 @@ from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.clock import FakeClock
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobState, NodeState
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.store import SQLiteStore
+from tests.clock import FakeClock
 
-from .conftest import FakeClock, FakeExecutor
+from .conftest import FakeExecutor
 
 
 def state(store: SQLiteStore, job_id: str) -> str:

@@ -201,44 +201,6 @@ def test_topology_and_build_probes(world):
         assert t == (r, world.size, r, world.size, 0, 1, True, True, False)
 
 
-def _stall(rank_that_submits: int) -> str:
-    import logging
-
-    records = []
-
-    class Grab(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler = Grab()
-    logging.getLogger("ringtrain.engine.stall").addHandler(handler)
-    try:
-        if hvd.rank() == rank_that_submits:
-            try:
-                hvd.allreduce(torch.ones(1), name="stalled.tensor")
-                return "no error"
-            except RuntimeError as exc:
-                return f"error: {exc} | log: {records}"
-        import time
-
-        time.sleep(4)
-        return "log: " + " ".join(records)
-    finally:
-        logging.getLogger("ringtrain.engine.stall").removeHandler(handler)
-
-
-def test_stall_warns_then_shuts_down_instead_of_hanging():
-    world = World(2, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
-                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
-    try:
-        submitter, idle = world.run(_stall, 0)
-        assert "stalled.tensor" in submitter and "waiting for ranks [1]" in submitter
-        assert submitter.startswith("error: stalled for more than 3 s")
-        assert "stalled.tensor" in idle and "waiting for ranks [1]" in idle
-    finally:
-        world.close()
-
-
 def _after_peer_exit(rank_to_die: int) -> str:
     import os
 
