@@ -217,6 +217,7 @@ class Engine:
             self._shutdown_requested = True
             if self._failure is None:
                 self._ring_locked(NEGOTIATE)
+            self._caller_blocked.set()  # this thread now waits for the engine
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.timeline.stop()

@@ -8,18 +8,20 @@ block); every wait is bounded.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
 import torch
 
+from ringtrain.engine import engine as engine_module
 from ringtrain.engine.doorbell import NEGOTIATE
 from ringtrain.engine.engine import Engine
 from ringtrain.engine.handle import Handle
 from ringtrain.engine.request import Request, RequestMeta, TensorMeta
-from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
+from ringtrain.op_types import OpType, ReduceOp
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -328,3 +330,21 @@ def test_a_failed_peer_stops_every_engine_with_a_named_error(start_engines):
     with pytest.raises(HorovodInternalError, match="a collective failed on rank 1"):
         submit(engines[1], "after.failure", torch.ones(1))
 
+
+
+def test_a_round_stops_gathering_once_its_submitters_block_on_their_results(start_engines,
+                                                                             monkeypatch):
+    # A quiet period and a cycle far past the test's bound: only callers blocking on their
+    # handles can end the gathering (a synchronous collective submits nothing more).
+    monkeypatch.setattr(engine_module, "_QUIET_S", 60.0)
+    _, engines = start_engines(2, cycle_time_ms=600_000)
+    handles = [submit(e, "sync", torch.full((2,), e.rank + 1.0)) for e in engines]
+    out: dict[int, list] = {}
+    waiters = [threading.Thread(target=lambda i=i: out.setdefault(i, results([handles[i]])))
+               for i in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(WAIT_S + 1)
+    assert out == {0: [[3.0, 3.0]], 1: [[3.0, 3.0]]}
+    monkeypatch.setattr(engine_module, "_QUIET_S", 0.0002)  # shutdown rounds gather as usual
