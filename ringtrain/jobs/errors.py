@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 from ringtrain.errors import RingtrainError
 
 
@@ -60,3 +62,17 @@ class AuthError(JobsError, PermissionError):
     """A request lacked the bearer token the server was started with."""
 
     http_status = 401
+
+
+_BRIEF = reprlib.Repr()  # bounded while it is built: a million items cost no more than eight
+_BRIEF.maxstring = _BRIEF.maxother = 200
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 8
+_BRIEF.maxlevel = 3
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for echoing user input in messages."""
+    text = _BRIEF.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}..." + (f" ({len(value)} characters)" if isinstance(value, str) else "")
