@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,27 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: flo
             return value
         time.sleep(every_s)
     pytest.fail(f"condition not met within {timeout_s} s")
+
+
+@contextmanager
+def flipping(target: Path, secret: Path) -> Iterator[None]:
+    """While in the block, ``target`` flips between a plain file and a symlink to ``secret``
+    (each swap atomic), as a job racing the service's checks would."""
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for make in (lambda p: p.write_text("plain"), lambda p: p.symlink_to(secret)):
+                tmp = target.with_name("next")
+                tmp.unlink(missing_ok=True)
+                make(tmp)
+                os.replace(tmp, target)
+                time.sleep(0.0005)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        flipper.join(timeout=10)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from typing import BinaryIO
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ringtrain import __version__
-from ringtrain.jobs.api.logs import follow_file
+from ringtrain.jobs.api.logs import CHUNK, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     ErrorResponse,
@@ -123,9 +124,13 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     def list_files(job_id: str, path: str = "") -> list[FileInfo]:
         return service.list_files(job_id, path)
 
-    @r.get("/jobs/{job_id}/download", response_class=FileResponse)
-    def download(job_id: str, path: str) -> FileResponse:
-        return FileResponse(service.file_path(job_id, path))
+    @r.get("/jobs/{job_id}/download", response_class=StreamingResponse,
+           responses={200: {"content": {"application/octet-stream": {}}}})
+    def download(job_id: str, path: str) -> StreamingResponse:
+        # The descriptor opened (without following links) is the one served.
+        f = service.open_file(job_id, path)
+        return StreamingResponse(_read(f, os.fstat(f.fileno()).st_size),
+                                 media_type="application/octet-stream")
 
     @r.get("/jobs/{job_id}/logs", response_class=StreamingResponse,
            responses={200: {"content": {"text/plain": {}}}})
@@ -145,3 +150,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     app.include_router(r)
     return app
+
+
+def _read(f: BinaryIO, size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes of ``f`` (its size when opened), then close it."""
+    with f:
+        while size > 0 and (chunk := f.read(min(CHUNK, size))):
+            size -= len(chunk)
+            yield chunk
