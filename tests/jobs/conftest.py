@@ -1,5 +1,6 @@
 """Fixtures of the job service tests: a real SQLite store, a fake clock and executor for the
-scheduler's logic, and a per-test RINGTRAIN_HOME whose real server is stopped afterwards."""
+scheduler's logic, a per-test RINGTRAIN_HOME whose real server is stopped afterwards, a real server
+shared by one test module, and the CLI run in-process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ringtrain import cli as ringtrain_cli
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.home import Home
@@ -21,6 +23,8 @@ from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
+
+CLI = Callable[..., tuple[int, str, str]]
 
 
 class FakeClock:
@@ -131,6 +135,33 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
     for job_dir in (jobs.iterdir() if jobs.exists() else []):
         for pid in procs.job_pids(job_dir.name):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
+    """Run ``ringtrain ARGS...`` in-process: ``rc, stdout, stderr = cli("job", "list")``."""
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            rc = ringtrain_cli.main(list(args))
+        except SystemExit as e:  # argparse refusing an argument, as the console script exits
+            rc = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return rc, out, err
+    return run
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
+    """A real server on loopback for one test module: its home and its URL."""
+    from ringtrain.jobs.connect import connect, stop_server
+
+    h = Home(tmp_path_factory.mktemp("served") / "home")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("RINGTRAIN_URL", raising=False)
+        client = connect(home=h)
+        client.close()
+        yield h, client.url
+    stop_server(h)
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.05) -> Any:
