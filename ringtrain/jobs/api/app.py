@@ -1,8 +1,12 @@
 """The REST API: one FastAPI app over a :class:`~ringtrain.jobs.service.JobService`.
 
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
-names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path). With a
-token, every route requires ``Authorization: Bearer <token>``.
+names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 413 body
+too large). With a token, every route requires ``Authorization: Bearer <token>``.
+
+Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
+worker threads too. What does run on the event loop, decoding and validating a body, is bounded
+by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stalls the others.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ringtrain import __version__
+from ringtrain.jobs.api.limits import BodyLimit
 from ringtrain.jobs.api.logs import CHUNK, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
@@ -32,7 +37,7 @@ from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
 
 ClusterName = Annotated[str, Path(pattern=NAME_PATTERN, description="A cluster's name.")]
 JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.")]
@@ -54,6 +59,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   description="Clusters, training jobs, their logs and output files.")
+    app.add_middleware(BodyLimit)
 
     def check_token(request: Request) -> None:
         if token is None:
