@@ -9,38 +9,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
-from ringtrain import cli as ringtrain_cli
 from ringtrain.jobs import proc_stat
 from ringtrain.jobs.connect import read_server_file
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.store import SQLiteStore
 
-from .conftest import wait_for
-
-CLI = Callable[..., tuple[int, str, str]]
+from .conftest import CLI, wait_for
 
 PRINT_RANK = ("python -c \"import os; r = os.environ['HOROVOD_RANK']; "
               "print('rank', r, 'of', os.environ['HOROVOD_SIZE'], os.environ['RINGTRAIN_JOB_ID'], "
               "os.environ['GREETING'], open('data.txt').read().strip()); "
               "open(os.path.join(os.environ['RINGTRAIN_OUTPUT_MODEL'], 'rank' + r + '.txt'), 'w')"
               ".write('weights ' + r)\"")
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
-    def run(*args: str) -> tuple[int, str, str]:
-        rc = ringtrain_cli.main(list(args))
-        out, err = capsys.readouterr()
-        return rc, out, err
-    return run
 
 
 def spec_file(tmp_path: Path, name: str, **spec: object) -> str:
@@ -115,9 +101,9 @@ def test_two_rank_job_through_the_cli(home: Home, cli: CLI, tmp_path: Path) -> N
         assert "/v1/jobs/{job_id}/logs" in http.get("/openapi.json").json()["paths"]
 
     # Unknown ids and bad requests: clear messages, non-zero exits.
-    for args in (("job", "show", "nope"), ("job", "logs", "nope"), ("job", "terminate", "nope"),
-                 ("job", "files", "nope"), ("cluster", "show", "nope"),
-                 ("cluster", "resize", "nope", "--nodes", "1")):
+    for args in (("job", "show", "nope-000000"), ("job", "logs", "nope-000000"),
+                 ("job", "terminate", "nope-000000"), ("job", "files", "nope-000000"),
+                 ("cluster", "show", "nope"), ("cluster", "resize", "nope", "--nodes", "1")):
         rc, _, err = cli(*args)
         assert rc == 1 and "nope" in err, args
     rc, _, err = cli("job", "logs", job_id, "--rank", "5")

@@ -17,34 +17,50 @@ async def follow_file(path: Path, is_done: Callable[[], bool],
 
     The file may not exist yet (the job is queued) and may be replaced (a retry archives the
     previous attempt's logs): both are handled by reopening by name. Polling every ``poll_s``
-    keeps the lag well under a second without inotify.
+    keeps the lag well under a second without inotify. Reads and ``is_done`` (a database query)
+    run in worker threads, so a slow disk or a busy database never stalls the event loop.
 
     Args:
         path: the log file.
         is_done: True once no process will write the file again (the job is in a final state).
         poll_s: sleep between reads that found nothing new.
     """
-    f: BinaryIO | None = None
+    reader = _Reader(path)
     try:
         while True:
             # Ask first, read after: if the job was over before the read, the read gets all.
-            done = is_done()
-            if f is not None and _replaced(f, path):
-                f.close()
-                f = None
-            if f is None:
-                try:
-                    f = open(path, "rb")
-                except FileNotFoundError:
-                    pass
-            while f is not None and (chunk := f.read(CHUNK)):
+            done = await asyncio.to_thread(is_done)
+            while chunk := await asyncio.to_thread(reader.read):
                 yield chunk
             if done:
                 return
             await asyncio.sleep(poll_s)
     finally:
-        if f is not None:
-            f.close()
+        reader.close()
+
+
+class _Reader:
+    """Reads a log file by name, reopening it once it appears or after it was replaced."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f: BinaryIO | None = None
+
+    def read(self) -> bytes:
+        """The next chunk written, or ``b""`` when nothing new is there."""
+        if self._f is not None and _replaced(self._f, self.path):
+            self.close()
+        if self._f is None:
+            try:
+                self._f = open(self.path, "rb")
+            except FileNotFoundError:
+                return b""
+        return self._f.read(CHUNK)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 def _replaced(f: BinaryIO, path: Path) -> bool:
