@@ -2,7 +2,9 @@
 
 ``init()`` learns the process's place from its launcher's environment (``runner.env``), joins the
 rendezvous store, creates the torch.distributed communicators and starts the engine. A world of
-one uses no sockets at all.
+one uses no sockets at all. Under an elastic ``ringtrain run`` the place comes from the launcher
+instead, through the store (``runner.elastic_rendezvous``): the first ``init()`` joins the world
+the worker was started for, every later one (after ``shutdown()``) the next world.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,7 @@ from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.log_level import apply_log_level
+from ringtrain.runner import elastic_rendezvous
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.torch.topology import Topology, from_hostnames
 
@@ -45,6 +48,7 @@ class Runtime:
     backend: CollectiveBackend
     engine: Engine
     owns_default_group: bool
+    world_generation: int | None = None  # the elastic world this process is in
     process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     next_set_id: int = 1
     name_counters: dict[int, itertools.count] = field(default_factory=dict)
@@ -59,6 +63,7 @@ class Runtime:
 _lock = threading.RLock()
 _runtime: Runtime | None = None
 _generation = 0
+_elastic_generation: int | None = None  # the last elastic world this process joined
 _stores: dict[tuple[str, int], dist.TCPStore] = {}
 _atexit_registered = False
 
@@ -85,7 +90,9 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
 
     Raises:
         ConfigError: the launcher's environment is malformed or incomplete.
-        ValueError: this rank is not part of ``comm``.
+        ValueError: this rank is not part of ``comm``, or ``comm`` was given in an elastic launch.
+        elastic_rendezvous.RendezvousTimeout: (elastic) no world with a place for this worker
+            formed within the elastic timeout (a worker left out is stopped by the launcher).
     """
     global _runtime, _generation, _atexit_registered
     with _lock:
@@ -93,6 +100,11 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             return
         env = read_worker_env()
         apply_log_level(env.knobs.log_level)
+        if env.elastic is not None:
+            if comm is not None:
+                raise ValueError("init(comm=...) cannot be used in an elastic launch, whose "
+                                 "worlds the launcher forms")
+            env = _join_elastic_world(env)
         rank, size = env.rank, env.size
         if comm is not None:
             members = sorted(set(int(r) for r in comm))
@@ -114,7 +126,7 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
         topology = _topology(env, rank, hostnames)
         engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO")
         _runtime = Runtime(env=env, topology=topology, backend=backend, engine=engine,
-                           owns_default_group=owns)
+                           owns_default_group=owns, world_generation=_elastic_generation)
         if env.knobs.timeline_filename and rank == 0:
             engine.timeline.start(env.knobs.timeline_filename, env.knobs.timeline_mark_cycles)
         log.debug("rank %d of %d on %s (started by %s): engine running, %s", rank, size,
@@ -203,7 +215,9 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
         Whether ringtrain created it (False if the user already had one), and the store prefix
         of this initialisation.
     """
-    prefix = store_prefix(env.run_id, _generation)
+    # Every member of an elastic world agrees on its generation; a process's own count of its
+    # inits would differ between survivors and new workers.
+    prefix = store_prefix(env.run_id, _generation if env.elastic is None else _elastic_generation)
     if comm is not None:
         prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
     if dist.is_initialized():
@@ -219,6 +233,41 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
     dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=size, timeout=_COLLECTIVE_TIMEOUT)
     return True, prefix
+
+
+def _join_elastic_world(env: WorkerEnv) -> WorkerEnv:
+    """Join the next elastic world (the one this worker was started for, the first time) and
+    return the environment with this worker's place in it."""
+    global _elastic_generation
+    assert env.elastic is not None
+    leaving = _elastic_generation is not None
+    slot, _elastic_generation = elastic_rendezvous.join_world(
+        _store(env, env.rank, env.size), elastic_rendezvous.Keys(env.run_id),
+        env.elastic.worker_id,
+        _elastic_generation if leaving else env.elastic.generation, leaving,
+        env.elastic.timeout_s)
+    log.debug("worker %d joined world %d as rank %d of %d", env.elastic.worker_id,
+              _elastic_generation, slot.rank, slot.size)
+    return replace(env, rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
+                   local_size=slot.local_size, cross_rank=slot.cross_rank,
+                   cross_size=slot.cross_size)
+
+
+def is_elastic() -> bool:
+    """Whether this process runs under an elastic ``ringtrain run`` (``init()`` first)."""
+    return current().world_generation is not None
+
+
+def elastic_host_update() -> elastic_rendezvous.HostUpdate | None:
+    """Under an elastic launch, the launcher's notice that the hosts changed since this world
+    formed (``None``: no change, or not elastic)."""
+    rt = current()
+    if rt.world_generation is None:
+        return None
+    assert rt.env.master_addr is not None and rt.env.master_port is not None
+    return elastic_rendezvous.host_update(_stores[rt.env.master_addr, rt.env.master_port],
+                                          elastic_rendezvous.Keys(rt.env.run_id),
+                                          rt.world_generation)
 
 
 def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:
