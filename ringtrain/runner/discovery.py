@@ -8,6 +8,7 @@ hosts of ``-H``/``--hostfile`` are the fixed answer.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -44,16 +45,17 @@ def parse_discovered(text: str, source: str) -> dict[str, int]:
         raise DiscoveryError(str(e)) from None
 
 
-def run_script(script: str, timeout_s: float = SCRIPT_TIMEOUT_S) -> dict[str, int]:
-    """Run the discovery script once and parse what it printed.
+def run_script(script: str, cwd: str | None = None,
+               timeout_s: float = SCRIPT_TIMEOUT_S) -> dict[str, int]:
+    """Run the discovery script once, in ``cwd`` (the job's directory), and parse its output.
 
     Raises:
         DiscoveryError: it could not run, timed out, exited non-zero or printed garbage.
     """
     where = f"--host-discovery-script {script}"
     try:
-        done = subprocess.run([script], capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run([os.path.abspath(script)], capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, cwd=cwd)
     except subprocess.TimeoutExpired:
         raise DiscoveryError(f"{where} did not finish within {timeout_s:g} s") from None
     except OSError as e:

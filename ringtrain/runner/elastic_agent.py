@@ -41,9 +41,9 @@ from ringtrain.runner.spawn import SpawnOptions
 
 log = logging.getLogger(__name__)
 
-#: Horovod's message when the reset limit ends a job.
-RESET_LIMIT_MESSAGE = ("the world was re-formed {limit} times, the --reset-limit; stopping the "
-                       "job (Horovod: number of resets during elastic job exceeded limit)")
+#: Why the reset limit ends a job (Horovod: "number of resets during elastic job exceeded limit").
+RESET_LIMIT_MESSAGE = ("the world must be re-formed again, but --reset-limit allows {limit} "
+                       "re-forms; stopping the job")
 
 
 class ElasticAgent(Agent):

@@ -62,7 +62,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
     if config.elastic is None:
         hostnames = used_hostnames(config)
     else:
-        poller = _host_poller(config)
+        poller = _host_poller(config, cwd)
         hostnames = list(poller.latest()) or [h.hostname for h in config.hosts]
     try:
         return _launch(config, environ, cwd, hostnames, poller)
@@ -110,10 +110,10 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
             return agent.run()
 
 
-def _host_poller(config: LaunchConfig) -> HostPoller:
+def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
     script = config.elastic.discovery_script
     poller = HostPoller(fixed_hosts(config.hosts) if script is None
-                        else functools.partial(run_script, script))
+                        else functools.partial(run_script, script, cwd))
     try:
         poller.start()
     except DiscoveryError as e:

@@ -94,7 +94,7 @@ class State:
         Raises:
             HostsUpdatedInterrupt: the hosts changed.
         """
-        if not runtime.is_elastic():
+        if not runtime.is_initialized() or not runtime.is_elastic():
             return
         update = self._bcast_object(runtime.elastic_host_update() if runtime.rank() == 0
                                     else None)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from launcher_workers import CONTROLLED, cli, read_pids, run_job, wait_dead, write_script
 
 SCRIPT = str(Path(__file__).resolve().parent / "elastic_train.py")
 SAMPLES = 144
@@ -170,3 +171,43 @@ def test_killed_worker_is_survived_from_the_last_commit_and_slots_come_and_go(tm
     for got, want in zip(done[0]["weight"] + [done[0]["bias"]],
                          expected["weight"] + [expected["bias"]]):
         assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_reset_limit_ends_the_job_when_a_worker_fails_once_too_often(tmp_path):
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    proc = cli(["-np", "2", "--min-np", "1", "--reset-limit", "0", sys.executable, script,
+                "sleep"], tmp_path)
+    try:
+        pids = read_pids(tmp_path, 2)
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert err.splitlines()[-1] == (
+        "ringtrain run: the world must be re-formed again, but --reset-limit allows 0 re-forms; "
+        "stopping the job; stopped 1 rank")
+    assert wait_dead(pids, timeout_s=5) == []
+
+
+def test_too_few_slots_for_the_elastic_timeout_end_the_job(tmp_path):
+    _discovery(tmp_path, "localhost:1")
+    started = time.monotonic()
+    result = run_job(["-np", "2", "--host-discovery-script", str(tmp_path / "discover.sh"),
+                      "--elastic-timeout", "1", sys.executable, "-c", "pass"], tmp_path)
+    assert result.exit_code == 1 and result.outcomes == ()
+    assert result.message == ("fewer than 2 slots were available for 1 s (--elastic-timeout); "
+                              "the hosts offer 1")
+    assert time.monotonic() - started < 30
+
+
+def test_a_discovery_script_that_fails_at_the_start_is_a_bad_launch(tmp_path):
+    (tmp_path / "discover.sh").write_text("#!/bin/sh\necho 'no cluster' >&2\nexit 3\n")
+    (tmp_path / "discover.sh").chmod(0o755)
+    proc = cli(["-np", "1", "--host-discovery-script", "./discover.sh", sys.executable, "-c",
+                "pass"], tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == ("ringtrain run: --host-discovery-script ./discover.sh exited with "
+                           "code 3: no cluster")
