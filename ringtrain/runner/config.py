@@ -37,6 +37,7 @@ class ElasticSpec:
     discovery_script: str | None = None  # None: the fixed hosts of -H/--hostfile
     reset_limit: int | None = None  # None: re-form as often as needed
     timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
+    slots_per_host: int = 1  # for hosts the discovery script prints without a slot count
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -47,6 +48,8 @@ class ElasticSpec:
             raise ConfigError(f"--reset-limit: must not be negative, not {self.reset_limit}")
         if self.timeout_s <= 0:
             raise ConfigError(f"--elastic-timeout: must be positive, not {self.timeout_s}")
+        if self.slots_per_host < 1:
+            raise ConfigError(f"--slots-per-host: must be at least 1, not {self.slots_per_host}")
         if self.discovery_script is not None and not Path(self.discovery_script).is_file():
             raise ConfigError(f"--host-discovery-script: {self.discovery_script} does not exist")
 
@@ -255,7 +258,8 @@ def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec 
     """
     min_np, script = values["min_np"], values["host_discovery_script"]
     if min_np is None and script is None:
-        given = [BY_DEST[dest].name for dest in ("max_np", "reset_limit", "elastic_timeout")
+        given = [BY_DEST[dest].name for dest in ("max_np", "reset_limit", "elastic_timeout",
+                                                 "slots_per_host")
                  if values[dest] is not None]
         if given:
             raise ConfigError(f"{', '.join(given)}: only for elastic launches; add --min-np N "
@@ -269,5 +273,6 @@ def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec 
     if timeout is None:
         timeout = elastic_timeout_from_environ(environ)
     return ElasticSpec(min_np=min_np, max_np=values["max_np"], discovery_script=script,
-                       reset_limit=values["reset_limit"], timeout_s=timeout)
+                       reset_limit=values["reset_limit"], timeout_s=timeout,
+                       slots_per_host=values["slots_per_host"] or 1)
 

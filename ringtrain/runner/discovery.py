@@ -1,7 +1,7 @@
 """Host discovery for elastic launches: which hosts, with how many slots, are available now.
 
 ``--host-discovery-script`` names an executable that prints one ``HOST:SLOTS`` per line (a host
-alone has one slot); the driver runs it every second, as horovodrun does. Without a script, the
+alone has ``--slots-per-host`` slots); the driver runs it every second, as horovodrun does. Without a script, the
 hosts of ``-H``/``--hostfile`` are the fixed answer.
 """
 
@@ -27,8 +27,9 @@ class DiscoveryError(RuntimeError):
     """The discovery script failed or printed something that is not a host list."""
 
 
-def parse_discovered(text: str, source: str) -> dict[str, int]:
-    """Parse the script's output: one ``HOST[:SLOTS]`` per line; blank lines are ignored.
+def parse_discovered(text: str, source: str, default_slots: int = 1) -> dict[str, int]:
+    """Parse the script's output: one ``HOST[:SLOTS]`` per line (``default_slots`` when no slot
+    count is given); blank lines are ignored.
 
     Returns:
         Slots by host, in the order printed (an empty output means no host is available).
@@ -39,13 +40,14 @@ def parse_discovered(text: str, source: str) -> dict[str, int]:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return {}
+    entries = [line if ":" in line else f"{line}:{default_slots}" for line in lines]
     try:
-        return {h.hostname: h.slots for h in hostlib.parse_hosts(",".join(lines), source)}
+        return {h.hostname: h.slots for h in hostlib.parse_hosts(",".join(entries), source)}
     except ValueError as e:
         raise DiscoveryError(str(e)) from None
 
 
-def run_script(script: str, cwd: str | None = None,
+def run_script(script: str, cwd: str | None = None, default_slots: int = 1,
                timeout_s: float = SCRIPT_TIMEOUT_S) -> dict[str, int]:
     """Run the discovery script once, in ``cwd`` (the job's directory), and parse its output.
 
@@ -64,7 +66,7 @@ def run_script(script: str, cwd: str | None = None,
     if done.returncode != 0:
         raise DiscoveryError(f"{where} exited with code {done.returncode}: "
                              f"{done.stderr.strip()[-500:]}")
-    return parse_discovered(done.stdout, f"{where} output")
+    return parse_discovered(done.stdout, f"{where} output", default_slots)
 
 
 class HostPoller:

@@ -113,7 +113,8 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
 def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
     script = config.elastic.discovery_script
     poller = HostPoller(fixed_hosts(config.hosts) if script is None
-                        else functools.partial(run_script, script, cwd))
+                        else functools.partial(run_script, script, cwd,
+                                               config.elastic.slots_per_host))
     try:
         poller.start()
     except DiscoveryError as e:

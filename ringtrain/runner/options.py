@@ -109,6 +109,8 @@ OPTIONS: tuple[Option, ...] = (
          help="elastic: most ranks to run (default: every discovered slot)"),
     _opt("--host-discovery-script", dest="host_discovery_script", type=str, metavar="FILE",
          group=_ELASTIC, help="elastic: executable that prints the current `host:slots`"),
+    _opt("--slots-per-host", dest="slots_per_host", type=int, metavar="N", group=_ELASTIC,
+         help="elastic: slots of a host the discovery script prints without :SLOTS (default 1)"),
     _opt("--reset-limit", dest="reset_limit", type=int, metavar="N", group=_ELASTIC,
          help="elastic: most times the world may be re-formed (default: no limit)"),
     _opt("--elastic-timeout", dest="elastic_timeout", type=float, metavar="SECONDS",

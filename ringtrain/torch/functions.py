@@ -42,8 +42,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
     As in Horovod, an optimizer without any state yet (freshly created, no step taken) first
     creates it: each parameter that requires a gradient gets a zero gradient, and the optimizer
-    takes one step on this rank alone (a ``DistributedOptimizer`` steps without reducing).
-    Parameters that do not require a gradient (frozen layers) get neither. Then the root's whole
+    takes one step on this rank alone (a ``DistributedOptimizer`` steps without reducing; the
+    parameters keep their values). Parameters that do not require a gradient (frozen layers)
+    get neither. Then the root's whole
     ``state_dict()`` is sent, so that parameters without state on the root (unused so far) end
     up without state everywhere, whatever each rank had.
 
@@ -77,21 +78,29 @@ def _sparse_parameters(model: torch.nn.Module | None) -> set[int]:
 
 
 def _create_state(optimizer: torch.optim.Optimizer, sparse: set[int]) -> None:
-    """Horovod's state initialisation: zero gradients for trainable parameters, one local step."""
+    """Horovod's state initialisation: zero gradients for trainable parameters, one local step.
+
+    The parameters are put back afterwards: with weight decay (AdamW, ASGD, ...) even a zero
+    gradient moves them, which Horovod lets happen; here the step only creates the state.
+    """
+    trainable = [p for group in optimizer.param_groups for p in group["params"]
+                 if p.requires_grad]
     sparse_always = isinstance(optimizer, torch.optim.SparseAdam)
     sparse_for_sgd = isinstance(optimizer, torch.optim.SGD)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-                if sparse_always or (sparse_for_sgd and id(p) in sparse):
-                    p.grad = p.grad.to_sparse()
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+        if sparse_always or (sparse_for_sgd and id(p) in sparse):
+            p.grad = p.grad.to_sparse()
+    values = [p.detach().clone() for p in trainable]
     # A DistributedOptimizer is a subclass of the user's optimizer class defined in the
     # optimizer module: its own step() would reduce the gradients, so step the user's class.
     if type(optimizer).__module__ == distributed_optimizer.__name__:
         super(type(optimizer), optimizer).step()
     else:
         optimizer.step()
+    with torch.no_grad():
+        for p, value in zip(trainable, values):
+            p.copy_(value)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

@@ -13,6 +13,7 @@ def test_output_is_one_host_per_line_with_optional_slots():
     assert parse_discovered("node1:4\n\n  node2  \n127.0.0.1:2\n", "x") == {
         "node1": 4, "node2": 1, "127.0.0.1": 2}
     assert parse_discovered("\n", "x") == {}  # no host available right now
+    assert parse_discovered("a\nb:1\n", "x", default_slots=4) == {"a": 4, "b": 1}
 
 
 @pytest.mark.parametrize("text, words", [

@@ -45,10 +45,11 @@ def test_elastic_options_as_horovodrun_reads_them(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
     config = load("-np", "3", "--min-np", "2", "--max-np", "4", "--reset-limit", "1",
-                  "--host-discovery-script", str(script), "python", "x.py")
+                  "--host-discovery-script", str(script), "--slots-per-host", "2", "python",
+                  "x.py")
     assert config.num_proc == 3 and config.hosts == ()  # the script names the hosts
     assert config.elastic == ElasticSpec(min_np=2, max_np=4, discovery_script=str(script),
-                                         reset_limit=1, timeout_s=600.0)
+                                         reset_limit=1, timeout_s=600.0, slots_per_host=2)
     # --min-np alone makes a launch elastic on -H's fixed hosts; -np defaults to it, and
     # --min-np to -np; the timeout comes from Horovod's variable when not given.
     fixed = load("--min-np", "2", "-H", "a:2,b:2", "x", environ={"HOROVOD_ELASTIC_TIMEOUT": "5"})
