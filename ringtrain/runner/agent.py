@@ -47,7 +47,7 @@ class _Event(Enum):
     INTERRUPT = "interrupt"  # the launcher got a signal (its number)
 
 
-class _Rank:
+class SupervisedRank:
     """The agent's book-keeping for one rank."""
 
     def __init__(self, spec: RankSpec):
@@ -99,7 +99,7 @@ class Agent:
         self._options = options
         self._sink = sink
         self._launcher_environ = launcher_environ
-        self._ranks: list[_Rank] = []  # every rank started so far, in start order
+        self._ranks: list[SupervisedRank] = []  # every rank started so far, in start order
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
         # SimpleQueue: `put` is reentrant, so `interrupt` may be called from a signal handler.
@@ -142,7 +142,7 @@ class Agent:
         for index, spec in enumerate(self._plan.ranks):
             if not self._start_rank(spec):
                 for later in self._plan.ranks[index + 1:]:
-                    rank = _Rank(later)
+                    rank = SupervisedRank(later)
                     rank.exited = True
                     rank.finish(RankState.STOPPED, reason="not started")
                     self._ranks.append(rank)
@@ -152,7 +152,7 @@ class Agent:
         """Start one more rank; returns whether its process was created (if not, the rank has
         failed to start and ``_on_rank_failed`` was called)."""
         index = len(self._ranks)
-        rank = _Rank(spec)
+        rank = SupervisedRank(spec)
         self._ranks.append(rank)
         try:
             rank.proc = RankProcess(spec, self._plan.command, self._options,
@@ -174,7 +174,7 @@ class Agent:
         ]
         return True
 
-    def _pump_stdout(self, rank: _Rank, pipe: IO[bytes]) -> None:
+    def _pump_stdout(self, rank: SupervisedRank, pipe: IO[bytes]) -> None:
         with pipe:
             for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
                 self._sink.write(rank.spec.number, "stdout", line)
@@ -199,7 +199,7 @@ class Agent:
                     self._on_marker(rank, marker)
                     self._events.put((_Event.MARKER, index))
 
-    def _on_marker(self, rank: _Rank, marker: Marker) -> None:
+    def _on_marker(self, rank: SupervisedRank, marker: Marker) -> None:
         if marker.event is MarkerEvent.STARTED:
             rank.started = True
             if rank.spec.local:
@@ -234,7 +234,7 @@ class Agent:
             self._kill_or_abandon_overdue(now)
             self._on_tick(now)
 
-    def _on_exit(self, rank: _Rank) -> None:
+    def _on_exit(self, rank: SupervisedRank) -> None:
         # Let the stderr reader finish first: the wrapper's last markers may still be in the pipe.
         rank.stderr_thread.join(timeout=2.0)
         rank.exited = True
@@ -274,17 +274,18 @@ class Agent:
                 and not r.stop_requested and now >= r.deadline]
         why = f"did not report in within {self._start_timeout_s:g} s (--start-timeout)"
         for rank in late:
+            outcome = rank.finish(RankState.START_FAILED,
+                                  reason=f"{why}: {rank.tail()}" if rank.tail() else why)
             self._stop_rank(rank)
-            self._on_rank_failed(rank, rank.finish(
-                RankState.START_FAILED, reason=f"{why}: {rank.tail()}" if rank.tail() else why))
+            self._on_rank_failed(rank, outcome)
 
     # -- policy: what a subclass may change ---------------------------------------------------
 
-    def _on_rank_failed(self, rank: _Rank, outcome: RankOutcome) -> None:
+    def _on_rank_failed(self, rank: SupervisedRank, outcome: RankOutcome) -> None:
         """A rank failed (exited badly, or did not start): by default the job stops."""
         self._fail(outcome)
 
-    def _on_rank_succeeded(self, rank: _Rank) -> None:
+    def _on_rank_succeeded(self, rank: SupervisedRank) -> None:
         """A rank exited with code 0."""
 
     def _on_tick(self, now: float) -> None:
@@ -321,7 +322,7 @@ class Agent:
         for rank in self._ranks:
             self._stop_rank(rank)
 
-    def _stop_rank(self, rank: _Rank) -> None:
+    def _stop_rank(self, rank: SupervisedRank) -> None:
         """Ask one rank to stop (its exit is then no failure); SIGKILL follows after the grace."""
         if not rank.state.is_terminal:
             rank.stop_requested = True

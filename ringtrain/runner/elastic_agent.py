@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 
 from ringtrain.runner import elastic_rendezvous as rdzv
-from ringtrain.runner.agent import Agent, _Rank
+from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.discovery import HostPoller
 from ringtrain.runner.elastic_plan import FailedHosts, WorldPlan, Worker, plan_world
@@ -72,7 +72,7 @@ class ElasticAgent(Agent):
         self._failed_hosts = FailedHosts()
         self._generation = 0
         self._slots: Mapping[int, SlotInfo] = {}  # the current world: worker -> slot
-        self._workers: dict[int, _Rank] = {}  # every worker started, by id
+        self._workers: dict[int, SupervisedRank] = {}  # every worker started, by id
         self._next_id = 0
         self._resets = 0
         self._since = time.monotonic()  # since when the first or next world is due
@@ -90,7 +90,7 @@ class ElasticAgent(Agent):
     def _waiting(self) -> bool:
         return self._generation == 0 and not self._stopping
 
-    def _on_rank_failed(self, rank: _Rank, outcome: RankOutcome) -> None:
+    def _on_rank_failed(self, rank: SupervisedRank, outcome: RankOutcome) -> None:
         if self._stopping or self._finishing or rank.spec.worker not in self._slots:
             self._fail(outcome)
             return
@@ -104,7 +104,7 @@ class ElasticAgent(Agent):
         log.warning("%s; re-forming the world without it", outcome.describe())
         self._begin_reform()
 
-    def _on_rank_succeeded(self, rank: _Rank) -> None:
+    def _on_rank_succeeded(self, rank: SupervisedRank) -> None:
         if rank.spec.worker in self._slots:
             self._finishing = True
 
@@ -153,7 +153,7 @@ class ElasticAgent(Agent):
 
     # -- worlds --------------------------------------------------------------------------------
 
-    def _live(self) -> list[_Rank]:
+    def _live(self) -> list[SupervisedRank]:
         """The current world's workers that have not ended, in rank order."""
         live = [self._workers[w] for w in self._slots if w in self._workers]
         return sorted((r for r in live if not r.state.is_terminal),
