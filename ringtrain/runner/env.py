@@ -19,12 +19,19 @@ from ringtrain.errors import ConfigError
 
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_MASTER_PORT = 29500
+#: Horovod's default elastic timeout (HOROVOD_ELASTIC_TIMEOUT).
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 
 # Set by `ringtrain run` only: the rendezvous store is served by the launcher, so every rank is a
 # client of it (otherwise rank 0 serves it).
 LAUNCHER_STORE = "RINGTRAIN_LAUNCHER_STORE"
 # Set by `ringtrain run` only: the prefix under which this launch's keys live in the store.
 RUN_ID = "RINGTRAIN_RUN_ID"
+# Set by an elastic `ringtrain run` only (Horovod's flag, then this worker's place in the launch).
+ELASTIC = "HOROVOD_ELASTIC"
+ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
+ELASTIC_WORKER = "RINGTRAIN_ELASTIC_WORKER"
+ELASTIC_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
 
 
 def store_prefix(run_id: str, generation: int) -> str:
@@ -72,6 +79,31 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
 
 
 @dataclass(frozen=True)
+class ElasticWorker:
+    """A worker of an elastic launch: its id (fixed for its life) and the world it was started
+    for; ``init()`` asks the launcher's store for its rank in that world and the later ones."""
+
+    worker_id: int
+    generation: int
+    timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
+
+    def environ(self) -> dict[str, str]:
+        """This worker's elastic variables."""
+        return {ELASTIC: "1", ELASTIC_WORKER: str(self.worker_id),
+                ELASTIC_GENERATION: str(self.generation),
+                ELASTIC_TIMEOUT: _fmt_float(self.timeout_s)}
+
+
+def elastic_timeout_from_environ(environ: Mapping[str, str]) -> float:
+    """``HOROVOD_ELASTIC_TIMEOUT``, or Horovod's default of 600 s.
+
+    Raises:
+        ConfigError: the variable is not a number.
+    """
+    return _Reader(environ).float(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
 class WorkerEnv:
     """What a worker learns about its place in the job from its environment.
 
@@ -93,6 +125,7 @@ class WorkerEnv:
     run_id: str = "default"
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     knobs: EngineConfig = field(default_factory=EngineConfig)
+    elastic: ElasticWorker | None = None  # set under an elastic `ringtrain run` only
 
 
 def worker_environ(
@@ -109,10 +142,12 @@ def worker_environ(
     run_id: str,
     start_timeout_s: float,
     knobs: EngineConfig,
+    elastic: ElasticWorker | None = None,
 ) -> dict[str, str]:
     """The variables `ringtrain run` adds to one worker's environment.
 
     Both Horovod's and torchrun's names are set, so that code written for either finds its place.
+    In an elastic launch the ranks are those of the world the worker is started for.
     """
     env = {
         "HOROVOD_RANK": str(rank),
@@ -134,6 +169,8 @@ def worker_environ(
         RUN_ID: run_id,
     }
     env.update(engine_environ(knobs))
+    if elastic is not None:
+        env.update(elastic.environ())
     return env
 
 
@@ -240,8 +277,16 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         launcher_store=r.bool(LAUNCHER_STORE, False)
         or r.bool("TORCHELASTIC_USE_AGENT_STORE", False),
         run_id=environ.get(RUN_ID) or environ.get("TORCHELASTIC_RUN_ID") or "default",
+        elastic=_elastic_worker(r) if launcher == "ringtrain" else None,
         **common,
     )
+
+
+def _elastic_worker(r: _Reader) -> ElasticWorker | None:
+    if not r.bool(ELASTIC, False):
+        return None
+    return ElasticWorker(worker_id=r.int(ELASTIC_WORKER), generation=r.int(ELASTIC_GENERATION),
+                         timeout_s=r.float(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT_S))
 
 
 def first_slurm_host(nodelist: str) -> str | None:

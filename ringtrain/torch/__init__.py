@@ -7,7 +7,9 @@ from ringtrain.torch.autograd_ops import (
     allreduce,
     alltoall,
     broadcast,
+    grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     reducescatter,
 )
 from ringtrain.torch.build import (
@@ -46,12 +48,10 @@ from ringtrain.torch.ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     join,
     poll,

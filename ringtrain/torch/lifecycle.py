@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.log_level import apply_log_level
+from ringtrain.runner import elastic_rendezvous
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet
@@ -37,6 +39,7 @@ _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 _lock = threading.RLock()
 _generation = 0
+_elastic_generation: int | None = None  # the last elastic world this process joined
 _stores: dict[tuple[str, int], dist.TCPStore] = {}
 _atexit_registered = False
 
@@ -59,6 +62,11 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             return
         env = read_worker_env()
         apply_log_level(env.knobs.log_level)
+        if env.elastic is not None:
+            if comm is not None:
+                raise ValueError("init(comm=...) cannot be used in an elastic launch, whose "
+                                 "worlds the launcher forms")
+            env = _join_elastic_world(env)
         rank, size = env.rank, env.size
         if comm is not None:
             members = sorted(set(int(r) for r in comm))
@@ -80,7 +88,8 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
         topology = _topology(env, rank, hostnames)
         engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO")
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,
-                                         engine=engine, owns_default_group=owns))
+                                         engine=engine, owns_default_group=owns,
+                                         world_generation=_elastic_generation))
         if env.knobs.timeline_filename and rank == 0:
             engine.timeline.start(env.knobs.timeline_filename, env.knobs.timeline_mark_cycles)
         log.debug("rank %d of %d on %s (started by %s): engine running, %s", rank, size,
@@ -160,7 +169,9 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
         Whether ringtrain created it (False if the user already had one), and the store prefix
         of this initialisation.
     """
-    prefix = store_prefix(env.run_id, _generation)
+    # Every member of an elastic world agrees on its generation; a process's own count of its
+    # inits would differ between survivors and new workers.
+    prefix = store_prefix(env.run_id, _generation if env.elastic is None else _elastic_generation)
     if comm is not None:
         prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
     if dist.is_initialized():
@@ -234,3 +245,31 @@ def _is_loopback(addr: str | None) -> bool:
         return False
 
 
+def _join_elastic_world(env: WorkerEnv) -> WorkerEnv:
+    """Join the next elastic world (the one this worker was started for, the first time) and
+    return the environment with this worker's place in it."""
+    global _elastic_generation
+    assert env.elastic is not None
+    leaving = _elastic_generation is not None
+    slot, _elastic_generation = elastic_rendezvous.join_world(
+        _store(env, env.rank, env.size), elastic_rendezvous.Keys(env.run_id),
+        env.elastic.worker_id,
+        _elastic_generation if leaving else env.elastic.generation, leaving,
+        env.elastic.timeout_s)
+    log.debug("worker %d joined world %d as rank %d of %d", env.elastic.worker_id,
+              _elastic_generation, slot.rank, slot.size)
+    return replace(env, rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
+                   local_size=slot.local_size, cross_rank=slot.cross_rank,
+                   cross_size=slot.cross_size)
+
+
+def elastic_host_update() -> elastic_rendezvous.HostUpdate | None:
+    """Under an elastic launch, the launcher's notice that the hosts changed since this world
+    formed (``None``: no change, or not elastic)."""
+    rt = runtime.current()
+    if rt.world_generation is None:
+        return None
+    assert rt.env.master_addr is not None and rt.env.master_port is not None
+    return elastic_rendezvous.host_update(_stores[rt.env.master_addr, rt.env.master_port],
+                                          elastic_rendezvous.Keys(rt.env.run_id),
+                                          rt.world_generation)

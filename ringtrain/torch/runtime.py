@@ -25,6 +25,7 @@ class Runtime:
     backend: CollectiveBackend
     engine: Engine
     owns_default_group: bool
+    world_generation: int | None = None  # the elastic world this process is in
     process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     next_set_id: int = 1
     name_counters: dict[int, itertools.count] = field(default_factory=dict)
@@ -111,3 +112,8 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Finish and close the timeline file."""
     current().engine.timeline.stop()
+
+
+def is_elastic() -> bool:
+    """Whether this process runs under an elastic ``ringtrain run`` (``init()`` first)."""
+    return current().world_generation is not None
