@@ -50,6 +50,7 @@ class _DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = _horovod_parameter_names(self.param_groups, named_parameters)
         # Units of gradients submitted together: the user's groups (each one grouped
         # allreduce), then DDP-style buckets of the other gradients. A unit is one bucket per
         # dtype and device among its parameters.
@@ -176,6 +177,24 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
+    def load_state_dict(self, state_dict):
+        """Load the state and forget the gradients of a step that did not finish (an elastic
+        restore after a failure mid-step), as Horovod's optimizer does."""
+        for submitted in self._inflight.values():
+            for _, handle, _ in submitted:
+                try:
+                    ops.synchronize(handle)
+                except RuntimeError:
+                    pass  # the failure that brought us here; nothing of this step is used
+        self._inflight.clear()
+        self._unit_counts.clear()
+        self._put.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        return super(self.__class__, self).load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none: bool = True):
         if self._inflight:
             raise AssertionError(
@@ -193,6 +212,7 @@ class _DistributedAdasumOptimizer:
         self._compression = compression
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = _horovod_parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
 
     def synchronize(self) -> None:
@@ -262,6 +282,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         params = [p for g in optimizer.param_groups for p in g["params"]]
         size = -(-len(params) // num_groups)
         groups = [params[i:i + size] for i in range(0, len(params), size)]
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)  # read by two tables; may be a generator
     mixin = _DistributedAdasumOptimizer if op is ReduceOp.ADASUM else _DistributedOptimizer
     base = optimizer.__class__
     cls = type(base.__name__, (base,), {k: v for k, v in mixin.__dict__.items()
@@ -312,6 +334,15 @@ def _buckets(params: list) -> list[list]:
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
+
+
+def _horovod_parameter_names(param_groups, named_parameters) -> dict:
+    """Horovod's ``_parameter_names``: {parameter: name}, generated as
+    ``allreduce.noname.<group>.<index>`` without ``named_parameters`` (scripts read it)."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    return {p: name for name, p in named_parameters}
 
 
 def _by_kind(params: list) -> list[list]:

@@ -108,7 +108,6 @@ def _parameter_names(named: bool) -> list[str]:
     return [optimizer._parameter_names[p] for p in params]
 
 
-@pytest.mark.xfail(reason="needs optimizer change from lead", strict=True)
 def test_distributed_optimizer_exposes_horovods_parameter_names(world2):
     # Horovod 0.28.1: {parameter: name}, with generated names "allreduce.noname.<group>.<index>"
     # when named_parameters is not given.
@@ -133,7 +132,6 @@ def _restore_mid_step() -> list[float]:
     return [float(p.detach().sum()) for p in model.parameters()]
 
 
-@pytest.mark.xfail(reason="needs optimizer change from lead", strict=True)
 def test_load_state_dict_forgets_the_gradients_of_an_unfinished_step(world2):
     # Horovod's DistributedOptimizer.load_state_dict clears its handles, so hvd.elastic can
     # restore it after a peer failed in the middle of a step.
