@@ -268,7 +268,11 @@ def _scaling(tensors: list[torch.Tensor], factor: float,
     the data, which that thread's intra-op team does fastest (see Handle.set_result)."""
     if factor == 1 and divisor == 1:
         return None
-    return lambda: [_scale_(t, factor, divisor) for t in tensors] and None
+
+    def scale() -> None:
+        for t in tensors:
+            _scale_(t, factor, divisor)
+    return scale
 
 
 def _scale_(tensor: torch.Tensor, factor: float, divisor: int) -> None:

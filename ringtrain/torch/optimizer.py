@@ -142,12 +142,16 @@ class _DistributedOptimizer:
                     bucket.take(self._compression.decompress(ops.synchronize(handle), ctx),
                                 timeline)
         finally:
-            self._inflight.clear()
-            self._unit_counts.clear()
-            self._put.clear()
-            for p in self._delay:
-                self._delay[p] = self.backward_passes_per_step
+            self._forget_step()
         self._synchronized = True
+
+    def _forget_step(self) -> None:
+        """Drop this step's bucket state: nothing submitted, nothing put, full delays."""
+        self._inflight.clear()
+        self._unit_counts.clear()
+        self._put.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
 
     @contextmanager
     def skip_synchronize(self):
@@ -186,13 +190,9 @@ class _DistributedOptimizer:
                     ops.synchronize(handle)
                 except RuntimeError:
                     pass  # the failure that brought us here; nothing of this step is used
-        self._inflight.clear()
-        self._unit_counts.clear()
-        self._put.clear()
+        self._forget_step()
         self._synchronized = False
         self._should_synchronize = True
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
         return super(self.__class__, self).load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True):
