@@ -71,7 +71,7 @@ def worker() -> None:
 
     import ringtrain.torch as hvd
     from ringtrain.models.resnet import resnet50
-    from ringtrain.runner.env import EngineKnobs
+    from ringtrain.runner.env import read_engine_config
 
     torch.set_num_threads(1)
     hvd.init()
@@ -102,7 +102,7 @@ def worker() -> None:
     grads = [torch.ones(p.shape) for p in resnet50().parameters()]
     flat = torch.ones(sum(g.numel() for g in grads))
     many_t, flat_raw_t, flat_ours_t, plan_t = [], [], [], []
-    threshold = EngineKnobs.from_environ(os.environ).fusion_threshold_bytes
+    threshold = read_engine_config(os.environ).fusion_threshold_bytes
     raw_plan, collectives = _raw_plan(grads, raw_group, threshold)
 
     def many():

@@ -51,7 +51,7 @@ def worker(args) -> None:
     import ringtrain.torch as hvd
 
     hvd.init()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     ddp_group = dist.new_group(list(range(hvd.size())), backend="gloo")
 
     model_ddp, shape, classes = _build(args.model)
@@ -93,6 +93,7 @@ def worker(args) -> None:
         print(json.dumps({
             "benchmark": "ddp_parity", "model": args.model, "world_size": hvd.size(),
             "batch_size_per_rank": args.batch_size, "blocks": args.blocks,
+            "threads_per_rank": torch.get_num_threads(),
             "steps_per_block": args.steps_per_block,
             "ddp_steps_per_s": ddp_rate, "ringtrain_steps_per_s": rt_rate,
             "throughput_ratio": statistics.median(ratios),
@@ -102,23 +103,34 @@ def worker(args) -> None:
     hvd.shutdown()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=2)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of one comparison (also taken by benchmarks/scaling.py)."""
     parser.add_argument("--model", default="fashion_cnn")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=150)
     parser.add_argument("--steps-per-block", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
+
+
+def worker_args(args: argparse.Namespace, threads: int) -> list[str]:
+    """The worker's command line for the options of :func:`add_arguments`."""
+    return ["--model", args.model, "--batch-size", str(args.batch_size),
+            "--blocks", str(args.blocks), "--steps-per-block", str(args.steps_per_block),
+            "--warmup", str(args.warmup), "--threads", str(threads)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    add_arguments(parser)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra-op threads per rank (default: cores / ranks on the host)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
-    return run_under_launcher(__file__, args.np, ["--model", args.model, "--batch-size", str(args.batch_size),
-                               "--blocks", str(args.blocks),
-                               "--steps-per-block", str(args.steps_per_block),
-                               "--warmup", str(args.warmup)])
+    return run_under_launcher(__file__, args.np, worker_args(args, args.threads))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from pathlib import Path
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, read_server_file, start_server, stop_server
 from ringtrain.jobs.errors import JobsError
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
@@ -183,7 +184,7 @@ def _load(home: Home, admin: JobsClient, submits: int, clients: int, followers: 
     killed = read_server_file(home)
     os.kill(killed.pid, signal.SIGKILL)
     t_kill = time.monotonic()
-    while procs.is_alive(killed.pid, None):
+    while proc_stat.is_alive(killed.pid, None):
         time.sleep(0.01)
     start_server(home)
     admin.reconnect()

@@ -19,6 +19,14 @@ class HorovodInternalError(RingtrainError, RuntimeError):
     """
 
 
+class UnsupportedOperationError(HorovodInternalError, ValueError):
+    """A collective was asked for something it cannot do, e.g. a reducescatter with Adasum.
+
+    Horovod's core refuses these with ``HorovodInternalError``; it is also a ``ValueError``,
+    since the input is what is wrong, and elastic training does not retry it.
+    """
+
+
 class TensorMismatchError(RingtrainError, RuntimeError):
     """Ranks submitted the same tensor name with disagreeing shape, dtype, device or root."""
 

@@ -27,3 +27,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[test]"
+# Real annotated aerial photographs (PNG + Pascal VOC boxes) for the detection example; its
+# dependencies are a whole training stack that ringtrain does not use, so only the files.
+.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepforest') is None)" \
+  || .venv/bin/pip install -q --no-deps deepforest==2.1.0

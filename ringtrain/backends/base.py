@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 
 
 class CollectiveBackend(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 
 
 class LocalBackend:

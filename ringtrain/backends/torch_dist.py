@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 
 _DIST_OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,

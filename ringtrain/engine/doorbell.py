@@ -76,7 +76,8 @@ class StoreDoorbell:
 
 
 class LocalDoorbell:
-    """Bells for a world of one process."""
+    """Bells in this process's memory, for every engine that shares the object: the engine of a
+    world of one, or the engines of N ranks run as threads (tests/engine)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

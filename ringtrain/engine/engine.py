@@ -24,23 +24,25 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
 
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import negotiation
+from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
+from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import CYCLE_ROW, Timeline
 from ringtrain.errors import HorovodInternalError
-from ringtrain.runner.env import EngineKnobs
+from ringtrain.op_types import OpType
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +57,73 @@ _PROBE_S = 1.0
 
 
 class Engine:
-    """Queues named requests and runs them in agreement with every other rank."""
+    """Queues named requests and runs them in agreement with every other rank.
 
-    def __init__(self, backend: CollectiveBackend, knobs: EngineKnobs, doorbell: Doorbell,
-                 backend_name: str = "GLOO"):
+    Three kinds of thread share an engine: *callers* (any thread that submits, closes a
+    :meth:`one_round` block or shuts down), the *engine* thread (``_run``: rounds, collectives,
+    handles) and the *watch* (``_watch_pending``: rings while requests wait on peers). Rounds are
+    numbered alike on every rank; a round is *drained* once it has taken this rank's requests.
+    ``_lock`` guards every field below that more than one thread writes.
+
+    =======================  =========================================  ==========================
+    field                    means                                      written by (lock)
+    =======================  =========================================  ==========================
+    ``_queue``               submitted requests no round has taken yet  callers append, engine
+                             (a unit's are counted before they enter)   takes (``_lock``)
+    ``_pending``             requests a round took, by name, until a    engine (``_lock``; it
+                             response runs or fails them                reads without, the watch
+                                                                        with it)
+    ``_names``               names in flight on this rank (in a block,  callers add; removed when
+                             queued or pending): a duplicate is         run or failed (``_lock``)
+                             refused
+    ``_round``               the round the engine waits for or runs     engine (``_lock``)
+    ``_drained``             ``_round`` has taken its requests, so a    engine (``_lock``)
+                             ring must target the round after it
+    ``_negotiation``         the latest round this rank found rung as   whoever rings (``_lock``)
+                             a negotiation: a negotiation ring for a
+                             round up to it is answered already
+    ``_forgotten``           the first round whose bell rank 0 has not  engine (its own)
+                             released yet
+    ``_submitted``           requests queued so far; ``_gather`` stops  callers (``_lock``); the
+                             gathering once it stops growing            engine reads without
+    ``_peers_joined``        the last negotiation saw a joined rank:    engine, without the lock;
+                             counters cannot complete, so units ring    callers read it under it,
+                             for a negotiation                          and the engine re-checks
+                                                                        its queue after a round
+    ``_shutdown_requested``  ``shutdown()`` was called on this rank     callers (``_lock``)
+    ``_failure``             why the engine stopped; later submissions  engine, once (``_lock``)
+                             raise it
+    ``_cache``               negotiated responses and counter keys,     engine in negotiation
+                             identical on every rank                    rounds (``_lock``);
+                                                                        callers read it under it
+    ``_batch``               this thread's open one-round block         each caller its own
+                                                                        (thread-local)
+    ``_stopped``             the engine thread has ended (ends the      engine (an Event)
+                             watch)
+    =======================  =========================================  ==========================
+
+    Args:
+        backend: the collectives of this rank's world.
+        knobs: cycle time, fusion threshold, cache capacity, stall times.
+        doorbell: the bells shared with every other rank's engine.
+        backend_name: the library's name in timeline phases (``GLOO_ALLREDUCE``).
+        clock: the monotonic clock that requests are stamped and aged by (stall reports, the
+            pending watch, gathering); tests pass one they move by hand.
+    """
+
+    def __init__(self, backend: CollectiveBackend, config: EngineConfig, doorbell: Doorbell,
+                 backend_name: str = "GLOO", clock: Callable[[], float] = time.monotonic):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
         self._doorbell = doorbell
-        self._cycle_s = max(knobs.cycle_time_ms, 0.0) / 1000.0
+        self._clock = clock
+        self._cycle_s = max(config.cycle_time_ms, 0.0) / 1000.0
         self.timeline = Timeline(self.rank)
-        self._executor = Executor(backend, knobs.fusion_threshold_bytes, self.timeline,
+        self._executor = Executor(backend, config.fusion_threshold_bytes, self.timeline,
                                   backend_name)
-        self._cache = ResponseCache(knobs.cache_capacity)
-        self._stall = StallInspector(self.rank, knobs)
+        self._cache = ResponseCache(config.cache_capacity)
+        self._stall = StallInspector(self.rank, config, clock)
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
@@ -84,6 +139,7 @@ class Engine:
         self._batch = threading.local()  # requests of this thread's one_round block
         self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count))
         self._stopped = threading.Event()
+        self._caller_blocked = threading.Event()  # a submitter waits for a result: stop gathering
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
         threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
@@ -105,7 +161,9 @@ class Engine:
                 raise ValueError(
                     f"an operation named {request.name!r} is already in flight on this rank; "
                     "synchronize() it before submitting that name again, or use another name")
+            request.submitted_at = self._clock()  # requests age on the engine's clock
             self._names.add(request.name)
+            request.handle.on_block(self._caller_blocked.set)
             batch = getattr(self._batch, "requests", None)
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
@@ -159,6 +217,7 @@ class Engine:
             self._shutdown_requested = True
             if self._failure is None:
                 self._ring_locked(NEGOTIATE)
+            self._caller_blocked.set()  # this thread now waits for the engine
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.timeline.stop()
@@ -184,6 +243,7 @@ class Engine:
     # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:
+        serialize_this_thread()  # see intraop: a team of this thread's own would fight training
         try:
             while True:
                 bell = self._doorbell.wait(self._round, _BELL_WAIT_S)
@@ -216,12 +276,14 @@ class Engine:
 
         Operations submitted one by one arrive moments apart, and what arrives meanwhile is
         negotiated (and fused) in this round instead of the next; a lone operation does not wait
-        the whole cycle once submissions have stopped.
+        the whole cycle once submissions have stopped, nor at all once its caller blocks on a
+        result (a synchronous collective: nothing more comes from that thread until it is done).
         """
-        deadline = time.monotonic() + self._cycle_s
+        deadline = self._clock() + self._cycle_s
         seen = self._submitted
-        while (remaining := deadline - time.monotonic()) > 0:
-            time.sleep(min(_QUIET_S, remaining))
+        while (remaining := deadline - self._clock()) > 0:
+            if self._caller_blocked.wait(min(_QUIET_S, remaining)):
+                return
             if self._submitted == seen:
                 return
             seen = self._submitted
@@ -232,7 +294,7 @@ class Engine:
         while not self._stopped.wait(_PROBE_S):
             with self._lock:
                 waiting = list(self._pending.values()) + list(self._queue)
-                if waiting and time.monotonic() - min(r.submitted_at for r in waiting) > _PROBE_S:
+                if waiting and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S:
                     try:
                         self._ring_locked(NEGOTIATE)
                     except HorovodInternalError:
@@ -246,6 +308,8 @@ class Engine:
                 self._pending[request.name] = request
             shutting_down = self._shutdown_requested
             self._drained = True
+            # Callers blocked so far wait for requests this round takes; a later one is news.
+            self._caller_blocked.clear()
         if self.timeline.mark_cycles:
             self.timeline.instant(CYCLE_ROW, "CYCLE_START")
 
@@ -283,6 +347,10 @@ class Engine:
             decision = Decision(responses=[
                 self._cache.response(bit) for bit in range(len(self._cache))
                 if summed_list[_FLAGS + bit] == self._cache.members(bit)])
+            if decision.responses:
+                # Run by the counts, not by their readiness counters, which some members may
+                # not have added to (their units differ): those counters must start even again.
+                self._renew_counters(decision)
         self._execute(decision)
         # After the round's work, not before it: releasing bells is a store round trip per round
         # on rank 0, and no rank waits for it.
@@ -315,9 +383,20 @@ class Engine:
         self._forgotten = self._round + 1
 
     def _full_exchange(self) -> Decision:
-        now = time.monotonic()
+        now = self._clock()
         metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
         decision = negotiation.decide(self._backend.control_allgather(metas))
+        self._renew_counters(decision)
+        stall_error = self._stall.inspect(decision)
+        if stall_error is not None:
+            raise stall_error
+        return decision
+
+    def _renew_counters(self, decision: Decision) -> None:
+        """Record a negotiation round's responses in the cache, which gives their names fresh
+        readiness counters (on every rank alike: the decision is); waiting requests whose unit's
+        counter changed count again. Before the handles complete: a name submitted again must
+        count on its new counter."""
         with self._lock:
             for response in decision.responses:
                 self._cache.put(response)
@@ -325,14 +404,10 @@ class Engine:
             waiting = [r for r in (*self._pending.values(), *self._queue) if r.name not in decided]
             for ring in self._readiness.recount(waiting):
                 self._ring_locked(ring)
-        stall_error = self._stall.inspect(decision)
-        if stall_error is not None:
-            raise stall_error
-        return decision
 
     def _execute(self, decision: Decision) -> None:
         local: dict[str, Request] = {}
-        decided_at = time.monotonic()
+        decided_at = self._clock()
         with self._lock:
             for response in decision.responses:
                 request = self._pending.pop(response.name, None)

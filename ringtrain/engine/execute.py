@@ -16,9 +16,10 @@ import torch
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import OpType, ReduceOp, Request, TensorMeta
+from ringtrain.engine.request import Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.errors import TensorMismatchError
+from ringtrain.op_types import OpType, ReduceOp
 
 
 @dataclass
@@ -108,7 +109,6 @@ class Executor:
         reduced = time.monotonic()
         divisor = (len(first.set_ranks) - len(batch[0].joined)
                    if first.reduce_op is ReduceOp.AVERAGE else 1)
-        _scale_(buf, first.postscale, divisor)
         if inflight.fused:
             torch.split_with_sizes_copy(buf, [t.numel() for t in tensors],
                                         out=[t.view(-1) for t in tensors])
@@ -128,7 +128,8 @@ class Executor:
                 self._timeline.span(row, f"{self._backend_name}_ALLREDUCE", inflight.copied_in,
                                     reduced)
             outs = request.outputs
-            request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0])
+            request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0],
+                                      then=_scaling(outs, first.postscale, divisor))
 
     def _adasum(self, response: Response, request: Request | None) -> torch.Tensor:
         assert request is not None  # Adasum does not run with joined ranks
@@ -259,6 +260,19 @@ def _zeros(meta: TensorMeta, rows: int | None = None) -> torch.Tensor:
 def _wait_ready(request: Request) -> None:
     if request.ready_event is not None:
         request.ready_event.synchronize()
+
+
+def _scaling(tensors: list[torch.Tensor], factor: float,
+             divisor: int) -> Callable[[], None] | None:
+    """The scaling of a reduced result, run by the thread that synchronizes it: a full pass over
+    the data, which that thread's intra-op team does fastest (see Handle.set_result)."""
+    if factor == 1 and divisor == 1:
+        return None
+
+    def scale() -> None:
+        for t in tensors:
+            _scale_(t, factor, divisor)
+    return scale
 
 
 def _scale_(tensor: torch.Tensor, factor: float, divisor: int) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ringtrain.engine.request import OpType, RequestMeta
+from ringtrain.engine.request import RequestMeta
+from ringtrain.op_types import OpType
 
 #: Operations that proceed with joined ranks contributing nothing.
 JOINABLE_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER})

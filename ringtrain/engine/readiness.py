@@ -10,7 +10,9 @@ The counter also numbers the unit's submissions: the ``e``-th submission of a un
 member takes the counter from ``(e-1)·m`` to ``e·m`` (a member cannot submit a unit again before
 its previous submission completed, which needs every member's). The last member therefore rings
 the unit's *tag*, ``key@e``, and every rank runs exactly its ``e``-th submission of that unit,
-deciding nothing else (see :mod:`ringtrain.engine.doorbell`).
+deciding nothing else (see :mod:`ringtrain.engine.doorbell`). A unit that some member did not
+count (its units differ, it submitted the names one by one) runs in a negotiation round instead,
+which replaces the counter before anyone can count on it again.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import hashlib
 from collections.abc import Callable, Iterable
 
 from ringtrain.engine.doorbell import NEGOTIATE
-from ringtrain.engine.request import OpType, Request
+from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
+from ringtrain.op_types import OpType
 
 
 def tag(key: str, epoch: int) -> str:

@@ -1,4 +1,4 @@
-"""What a rank asks the engine to do: operation kinds, reduction ops and the request records.
+"""What a rank asks the engine to do: the request records.
 
 A :class:`Request` lives on the submitting rank and holds the tensors. Its :class:`RequestMeta`
 is the picklable description that ranks exchange during negotiation; all agreement checks and
@@ -7,41 +7,16 @@ scheduling decisions are made from metas alone, so every rank reaches the same d
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from ringtrain.op_types import OpType, ReduceOp
 
 if TYPE_CHECKING:
     import torch
 
     from ringtrain.engine.handle import Handle
-
-
-class OpType(enum.Enum):
-    """The collective an operation performs."""
-
-    ALLREDUCE = "allreduce"
-    ALLGATHER = "allgather"
-    BROADCAST = "broadcast"
-    ALLTOALL = "alltoall"
-    REDUCESCATTER = "reducescatter"
-    BARRIER = "barrier"
-    JOIN = "join"
-
-
-class ReduceOp(enum.Enum):
-    """Reductions, with Horovod's names."""
-
-    AVERAGE = "Average"
-    SUM = "Sum"
-    MIN = "Min"
-    MAX = "Max"
-    PRODUCT = "Product"
-    ADASUM = "Adasum"
-
-    def __repr__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

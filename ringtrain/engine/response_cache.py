@@ -8,15 +8,17 @@ Any rank with a request that misses the cache makes the round a full exchange.
 
 Each bit also names a counter in the rendezvous store (see :meth:`counter_key`) that every member
 increments once per submission, so that the last member to submit knows the operation is ready
-everywhere and rings for a round. A bit's counter is replaced whenever a full exchange decides its
-name again: submissions may then have been counted unevenly (a mismatch, a joined rank), and a
-fresh counter starts every rank even.
+everywhere and rings for a round. A bit's counter is replaced whenever a negotiation round runs
+its name (a full exchange, or the counts alone): submissions may then have been counted unevenly
+(a mismatch, a joined rank, units that differ between ranks), and a fresh counter starts every
+rank even.
 """
 
 from __future__ import annotations
 
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import OpType, RequestMeta
+from ringtrain.engine.request import RequestMeta
+from ringtrain.op_types import OpType
 
 _CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST,
                         OpType.REDUCESCATTER, OpType.ALLTOALL})
@@ -55,7 +57,7 @@ class ResponseCache:
         return f"{bit}.{self._generations[bit]}"
 
     def put(self, response: Response) -> None:
-        """Record a response decided by a full exchange.
+        """Record a response decided by a negotiation round.
 
         A successful, join-free response is remembered (replacing an older one of that name);
         either way a cached name gets a fresh counter.

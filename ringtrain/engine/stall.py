@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.request import Request
 from ringtrain.errors import StallError
-from ringtrain.runner.env import EngineKnobs
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,11 @@ _REPORT_INTERVAL_S = 1.0
 class StallInspector:
     """Decides when to look for stalls and what to do about them."""
 
-    def __init__(self, rank: int, knobs: EngineKnobs, clock=time.monotonic):
+    def __init__(self, rank: int, config: EngineConfig, clock=time.monotonic):
         self._rank = rank
-        self._enabled = knobs.stall_check_enabled
-        self._warning_s = knobs.stall_warning_s
-        self._shutdown_s = knobs.stall_shutdown_s
+        self._enabled = config.stall_check_enabled
+        self._warning_s = config.stall_warning_s
+        self._shutdown_s = config.stall_shutdown_s
         self._clock = clock
         self._last_request = float("-inf")
         self._last_warning = float("-inf")

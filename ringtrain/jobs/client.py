@@ -2,7 +2,9 @@
 
 HTTP errors come back as the service's own exceptions (``NotFoundError`` for 404, ``SpecError``
 with the bad fields for 422, ...), so callers handle one error family whether they call the
-service in-process or over the network.
+service in-process or over the network. Ids and names are checked against their patterns before
+a URL is built, and URL paths are built with escaping, so ``../clusters/victim`` never becomes
+another route.
 
 Two calls outlive a lost connection (a restarted server, a slow one): a submit is retried with
 the same idempotency key, so it never creates two jobs, and a followed log resumes from the last
@@ -12,11 +14,13 @@ byte received. Between tries the client backs off (0.1 s doubling to 2 s) and, g
 
 from __future__ import annotations
 
+import posixpath
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -29,8 +33,10 @@ from ringtrain.jobs.errors import (
     NotFoundError,
     ServiceUnavailableError,
     SpecError,
+    brief,
 )
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models.ids import check_job_id, check_name
 
 _BY_STATUS: dict[int, type[JobsError]] = {
     400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
@@ -117,16 +123,16 @@ class JobsClient:
 
     def get_cluster(self, name: str) -> ClusterInfo:
         """One cluster."""
-        return ClusterInfo.model_validate(self._call("GET", f"/clusters/{name}"))
+        return ClusterInfo.model_validate(self._call("GET", _cluster_path(name)))
 
     def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
         """Change a cluster's size."""
         return ClusterInfo.model_validate(
-            self._call("PATCH", f"/clusters/{name}", json={"nodes": nodes}))
+            self._call("PATCH", _cluster_path(name), json={"nodes": nodes}))
 
     def delete_cluster(self, name: str) -> ClusterInfo:
         """Delete a cluster (once its running jobs end)."""
-        return ClusterInfo.model_validate(self._call("DELETE", f"/clusters/{name}"))
+        return ClusterInfo.model_validate(self._call("DELETE", _cluster_path(name)))
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -143,7 +149,8 @@ class JobsClient:
             ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
             ConflictError: the key was used before for another spec or cluster.
         """
-        body = {"cluster": cluster, "spec": spec.model_dump(mode="json", exclude_unset=True)}
+        body = {"cluster": check_name(cluster),
+                "spec": spec.model_dump(mode="json", exclude_unset=True)}
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
         return JobInfo.model_validate(self._retrying(
             lambda: self._call("POST", "/jobs", json=body, headers=headers)))
@@ -151,43 +158,57 @@ class JobsClient:
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:
         """Jobs in submission order."""
+        if experiment is not None:
+            check_name(experiment, "experiment")
+        if cluster is not None:
+            check_name(cluster)
         params = {k: v for k, v in (("experiment", experiment), ("cluster", cluster),
                                     ("state", state.value if state else None)) if v is not None}
         return [JobInfo.model_validate(j) for j in self._call("GET", "/jobs", params=params)]
 
     def get_job(self, job_id: str) -> JobInfo:
         """One job."""
-        return JobInfo.model_validate(self._call("GET", f"/jobs/{job_id}"))
+        return JobInfo.model_validate(self._call("GET", _job_path(job_id)))
 
     def terminate(self, job_id: str) -> JobInfo:
         """Stop a job."""
-        return JobInfo.model_validate(self._call("POST", f"/jobs/{job_id}/terminate"))
+        return JobInfo.model_validate(self._call("POST", _job_path(job_id, "terminate")))
 
     def delete_job(self, job_id: str) -> None:
         """Forget a finished job and delete its folder."""
-        self._call("DELETE", f"/jobs/{job_id}")
+        self._call("DELETE", _job_path(job_id))
 
     def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
         """Files under a path of the job's folder."""
         return [FileInfo.model_validate(f) for f in
-                self._call("GET", f"/jobs/{job_id}/files", params={"path": path})]
+                self._call("GET", _job_path(job_id, "files"), params={"path": path})]
 
     def download(self, job_id: str, path: str, dest: str | Path) -> list[Path]:
         """Copy a file or folder of a job into the folder ``dest``, like ``cp -r PATH DEST/``.
 
         Returns:
             The local paths written (``outputs/model`` lands in ``DEST/model/``).
+
+        Raises:
+            InvalidRequestError: ``path`` ends in ``..`` (which folder it names, and so where it
+                would land, is not what it says), or the server listed a path outside ``path``.
         """
+        if path.rstrip("/").split("/")[-1] == "..":
+            raise InvalidRequestError(f"path {brief(path)} ends in '..': name the folder itself "
+                                      "(e.g. outputs, or . for the whole job folder)")
         dest = Path(dest)
         files = self.list_files(job_id, path)
-        base = path.strip("/")
+        # Like `cp -r PATH DEST/`: the last component of PATH is kept.
+        base = posixpath.dirname(posixpath.normpath(path)) or "."
         written = []
         for f in files:
-            # Like `cp -r PATH DEST/`: the last component of PATH is kept.
-            rel = Path(f.path).relative_to(Path(base).parent) if base else Path(f.path)
+            rel = posixpath.relpath(posixpath.normpath(f.path), base)
+            if rel == ".." or rel.startswith("../") or posixpath.isabs(f.path):
+                raise InvalidRequestError(f"the server listed {brief(f.path)}, outside "
+                                          f"{brief(path)}")
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            with self._stream("GET", f"/jobs/{job_id}/download", {"path": f.path}) as r, \
+            with self._stream("GET", _job_path(job_id, "download"), {"path": f.path}) as r, \
                     open(target, "wb") as out:
                 for chunk in r.iter_bytes():
                     out.write(chunk)
@@ -204,7 +225,7 @@ class JobsClient:
         Raises:
             ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
         """
-        path = f"/jobs/{job_id}/logs"
+        path = _job_path(job_id, "logs")
         params: dict[str, Any] = {"rank": rank, "stream": stream, "follow": follow}
         if not follow:
             with self._stream("GET", path, params) as r:
@@ -253,6 +274,12 @@ class _Stream:
         self._ctx.__exit__(*exc)
 
 
+def _cluster_path(name: str) -> str:
+    return f"/clusters/{quote(check_name(name), safe='')}"
+
+
+def _job_path(job_id: str, *rest: str) -> str:
+    return "/".join([f"/jobs/{quote(check_job_id(job_id), safe='')}", *rest])
 class _Backoff:
     """Waits between tries: 0.1 s doubling to 2 s, for at most ``limit_s`` without progress."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 from ringtrain.errors import RingtrainError
 
 
@@ -65,3 +67,17 @@ class AuthError(JobsError, PermissionError):
 class RecordError(JobsError, ValueError):
     """A record that one ringtrain process left for another (a launch or status file,
     ``server.json``, a stored launch handle) is missing, unreadable or lacks a field it needs."""
+
+
+_BRIEF = reprlib.Repr()  # bounded while it is built: a million items cost no more than eight
+_BRIEF.maxstring = _BRIEF.maxother = 200
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 8
+_BRIEF.maxlevel = 3
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for echoing user input in messages."""
+    text = _BRIEF.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}..." + (f" ({len(value)} characters)" if isinstance(value, str) else "")

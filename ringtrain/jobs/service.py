@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from ringtrain.jobs.errors import (
     ConflictError,
@@ -20,9 +21,11 @@ from ringtrain.jobs.errors import (
     JobsError,
     NotFoundError,
     SpecError,
+    brief,
 )
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager
@@ -167,12 +170,14 @@ class JobService:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "
                                       f"{cluster} (got {spec.process_count_per_node})"})
-        if spec.working_dir and not Path(spec.working_dir).expanduser().is_dir():
-            errors.append({"field": "working_dir",
-                           "message": f"{spec.working_dir} is not a folder on the server's host"})
+        if spec.working_dir:
+            problem = _local_problem(spec.working_dir, folder=True)
+            if problem:
+                errors.append({"field": "working_dir", "message": problem})
         for name, path in spec.inputs.items():
-            if "://" not in path and not Path(path).expanduser().exists():
-                errors.append({"field": f"inputs.{name}", "message": f"{path} does not exist"})
+            problem = None if "://" in path else _local_problem(path, folder=False)
+            if problem:
+                errors.append({"field": f"inputs.{name}", "message": problem})
         errors += _exec_errors(spec)
         if errors:
             raise SpecError(errors)
@@ -230,20 +235,16 @@ class JobService:
         self.store.get_job(job_id)
         return self.share.list_files(job_id, path)
 
-    def file_path(self, job_id: str, path: str) -> Path:
-        """The local path of one file of a job, for download.
+    def open_file(self, job_id: str, path: str) -> BinaryIO:
+        """Open one file of a job for download (see :meth:`Share.open_file`).
 
         Raises:
             NotFoundError: no such job or file.
-            InvalidRequestError: the path leads outside the job's folder or is a folder.
+            InvalidRequestError: the path is malformed, leads outside the job's folder, goes
+                through a symbolic link or names a folder.
         """
         self.store.get_job(job_id)
-        target = self.share.resolve(job_id, path)
-        if target.is_dir():
-            raise InvalidRequestError(f"{path!r} is a folder; list it with `job files`")
-        if not target.is_file():
-            raise NotFoundError(f"job {job_id} has no file {path!r}")
-        return target
+        return self.share.open_file(job_id, path)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> Path:
         """Where one rank's stdout or stderr is (it may not exist yet).
@@ -308,3 +309,16 @@ def _same_submission(known: JobInfo, cluster: str, spec: JobSpec, key: str) -> J
         raise ConflictError(f"the idempotency key {key!r} was already used for job {known.id}, "
                             "with another spec or cluster; a new job needs a new key")
     return known
+def _local_problem(value: str, folder: bool) -> str | None:
+    """Why a spec's path is no folder (or no file or folder) on this host, or ``None``."""
+    try:
+        path = expand_path(value)
+        if folder and not path.is_dir():
+            return f"{brief(value)} is not a folder on the server's host"
+        if not folder and not path.exists():
+            return f"{brief(value)} does not exist"
+    except ValueError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot use {brief(value)}: {e.strerror}"
+    return None

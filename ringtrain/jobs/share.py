@@ -9,19 +9,32 @@ Layout under the share root::
     jobs/<id>/launcher/                 the job runner's launch file, status file and log
     jobs/<id>/attempts/<n>/             logs of earlier attempts of a retried job
 
-Every path a client names is resolved by :meth:`Share.resolve`, which refuses anything outside the
-job's folder (``..``, absolute paths, symlinks pointing out).
+A path a client names is opened once, one component at a time from the job folder's descriptor,
+never following a symbolic link (``O_NOFOLLOW`` on every component), and what is served is that
+descriptor: a job cannot swap a checked file for a link between the check and the read.
+
+Hard links are served like any file. Making one needs read access to its target
+(``fs.protected_hardlinks``), and every job runs as the service's user, so a hard link exposes
+nothing the job could not copy into its folder; refusing files with several links would refuse
+legitimate outputs (hard-linked checkpoints) and protect nothing.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
+import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from ringtrain.jobs import envvars
-from ringtrain.jobs.errors import InvalidRequestError, NotFoundError
+from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, brief
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
+from ringtrain.jobs.models.spec import MAX_NAME_BYTES, MAX_PATH_BYTES, expand_path
 
 # Never worth copying into a job: version control, environments, caches, ringtrain's own state.
 COPY_IGNORE = (".git", ".hg", ".venv", "venv", "__pycache__", ".pytest_cache", "*.pyc",
@@ -46,7 +59,8 @@ class Share:
         """Create a job's folder: copy its working dir and make its output folders.
 
         Raises:
-            InvalidRequestError: the working dir does not exist or is not a folder.
+            InvalidRequestError: the working dir is not a folder, holds a named pipe, socket or
+                device, or cannot be copied; the message names the file.
         """
         job_dir = self.job_dir(job_id)
         wd = job_dir / "wd"
@@ -54,14 +68,7 @@ class Share:
         job_dir.mkdir()
         try:
             if spec.working_dir:
-                src = Path(spec.working_dir).expanduser().resolve()
-                if not src.is_dir():
-                    raise InvalidRequestError(f"working_dir: {src} is not a folder")
-                ignore = shutil.ignore_patterns(*COPY_IGNORE)
-                # The share may live inside the working dir (RINGTRAIN_HOME=./.ringtrain): skip it.
-                shutil.copytree(src, wd, symlinks=True,
-                                ignore=lambda d, names: set(ignore(d, names)) | {
-                                    n for n in names if (Path(d) / n).resolve() == self.root})
+                self._copy_working_dir(spec.working_dir, wd)
             else:
                 wd.mkdir()
             for name in spec.outputs:
@@ -72,6 +79,44 @@ class Share:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise
         return job_dir
+
+    def _copy_working_dir(self, working_dir: str, wd: Path) -> None:
+        try:
+            src = expand_path(working_dir)
+        except ValueError as e:
+            raise InvalidRequestError(f"working_dir: {e}") from None
+        if not src.is_dir():
+            raise InvalidRequestError(f"working_dir: {brief(str(src))} is not a folder")
+        root = os.stat(self.root)
+        patterns = shutil.ignore_patterns(*COPY_IGNORE)
+
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            skipped = set(patterns(folder, names))
+            for name in names:
+                if name in skipped:
+                    continue
+                st = os.lstat(os.path.join(folder, name))
+                # The share may live inside the working dir (RINGTRAIN_HOME=./.ringtrain).
+                if (st.st_dev, st.st_ino) == (root.st_dev, root.st_ino):
+                    skipped.add(name)
+                elif special := _SPECIAL.get(stat.S_IFMT(st.st_mode)):
+                    # Copying a named pipe would block on it; a device would read the device.
+                    raise InvalidRequestError(
+                        f"working_dir: {brief(os.path.join(folder, name), 200)} is a {special}; "
+                        "only files, folders and symbolic links are copied: move it out of the "
+                        "working dir")
+            return skipped
+
+        try:
+            shutil.copytree(src, wd, symlinks=True, ignore=ignore)
+        except shutil.Error as e:
+            failed = e.args[0]
+            first_src, _, why = failed[0]
+            raise InvalidRequestError(f"working_dir: cannot copy {len(failed)} entries, e.g. "
+                                      f"{brief(first_src, 200)}: {why}") from None
+        except OSError as e:
+            raise InvalidRequestError(f"working_dir: cannot copy {brief(e.filename or str(src))}: "
+                                      f"{e.strerror}") from None
 
     def job_environ(self, job: JobInfo) -> dict[str, str]:
         """The variables every process of a job gets besides the spec's ``environment``."""
@@ -86,43 +131,72 @@ class Share:
             env[envvars.output_var(name)] = str(job_dir / "outputs" / name)
         return env
 
-    def resolve(self, job_id: str, relpath: str) -> Path:
-        """A path inside a job's folder, refusing anything that leads outside it.
+    def open_file(self, job_id: str, relpath: str) -> BinaryIO:
+        """Open a regular file of a job's folder for reading, following no symbolic link.
 
         Raises:
-            InvalidRequestError: the path is absolute or escapes the folder.
-        """
-        job_dir = self.job_dir(job_id).resolve()
-        rel = Path(relpath or ".")
-        if rel.is_absolute():
-            raise InvalidRequestError(f"path {relpath!r} must be relative to the job's folder")
-        target = (job_dir / rel).resolve()
-        if target != job_dir and not target.is_relative_to(job_dir):
-            raise InvalidRequestError(f"path {relpath!r} leads outside the job's folder; "
-                                      "paths are relative to it (e.g. outputs/model)")
-        return target
-
-    def list_files(self, job_id: str, relpath: str = "") -> list[FileInfo]:
-        """Files under a path of a job's folder (recursively), sorted by path.
-
-        Raises:
-            InvalidRequestError: the path escapes the folder.
+            InvalidRequestError: the path is malformed, leads outside the folder, goes through a
+                symbolic link, or names a folder or something that is not a regular file.
             NotFoundError: nothing exists at the path.
         """
-        job_dir = self.job_dir(job_id).resolve()
-        target = self.resolve(job_id, relpath)
-        if not target.exists():
-            raise NotFoundError(f"job {job_id} has no file or folder {relpath!r}")
-        candidates = [target] if target.is_file() else sorted(target.rglob("*"))
-        out = []
-        for p in candidates:
-            # rglob follows no symlinked folders, but a symlinked file may point outside.
-            if not p.is_file() or not p.resolve().is_relative_to(job_dir):
-                continue
-            st = p.stat()
-            out.append(FileInfo(path=p.relative_to(job_dir).as_posix(), size=st.st_size,
-                                modified_at=st.st_mtime))
-        return out
+        with self._opened(job_id, relpath) as fd:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise InvalidRequestError(f"{brief(relpath)} is a folder; list it with `job files`")
+            f = os.fdopen(os.dup(fd), "rb")
+        return f
+
+    def list_files(self, job_id: str, relpath: str = "") -> list[FileInfo]:
+        """Regular files under a path of a job's folder (recursively), sorted by path.
+
+        Symbolic links are neither followed nor listed, and neither are named pipes, sockets or
+        devices: only what :meth:`open_file` would serve.
+
+        Raises:
+            InvalidRequestError: the path is malformed, leads outside the folder or goes through
+                a symbolic link.
+            NotFoundError: nothing exists at the path.
+        """
+        parts = _parts(relpath)
+        prefix = "/".join(parts)
+        with self._opened(job_id, relpath) as fd:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return [FileInfo(path=prefix, size=st.st_size, modified_at=st.st_mtime)]
+            out = []
+            # fwalk works from descriptors and never enters a symlinked folder, even one swapped
+            # in while it walks.
+            for folder, _dirs, names, dir_fd in os.fwalk(".", dir_fd=fd):
+                for name in names:
+                    try:
+                        entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    except FileNotFoundError:  # removed while listed
+                        continue
+                    if stat.S_ISREG(entry.st_mode):
+                        path = os.path.normpath(os.path.join(prefix, folder, name))
+                        out.append(FileInfo(path=path, size=entry.st_size,
+                                            modified_at=entry.st_mtime))
+        return sorted(out, key=lambda f: f.path.split("/"))
+
+    @contextmanager
+    def _opened(self, job_id: str, relpath: str) -> Iterator[int]:
+        """A descriptor of a folder or regular file of a job's folder, reached one component at a
+        time without following links; closed on exit."""
+        parts = _parts(relpath)
+        if "/" in job_id or job_id in ("", ".", ".."):
+            raise NotFoundError(f"no job with id {brief(job_id)}")
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFoundError(f"no folder for job {brief(job_id)}") from None
+        try:
+            for name in ["jobs", job_id, *parts]:
+                child = _open_below(fd, name, relpath)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> Path:
         """Where ``ringtrain run`` writes one rank's stdout or stderr."""
@@ -150,3 +224,73 @@ def python_path_env(environ: dict[str, str]) -> dict[str, str]:
     if path.split(":")[:1] != [bin_dir]:
         environ = {**environ, "PATH": f"{bin_dir}:{path}" if path else bin_dir}
     return environ
+
+
+_SPECIAL = {stat.S_IFIFO: "named pipe", stat.S_IFSOCK: "socket", stat.S_IFCHR: "device",
+            stat.S_IFBLK: "device"}
+
+
+def _parts(relpath: str) -> list[str]:
+    """The components of a path relative to a job's folder, ``.`` and ``..`` applied.
+
+    Raises:
+        InvalidRequestError: the path has a NUL byte, is not UTF-8, is too long, is absolute or
+            leads outside.
+    """
+    if "\0" in relpath:
+        raise InvalidRequestError(f"path {brief(relpath)} contains a NUL byte; paths are relative "
+                                  "to the job's folder (e.g. outputs/model)")
+    try:
+        size = len(os.fsencode(relpath))
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"path {brief(relpath)} is not valid UTF-8") from None
+    if size > MAX_PATH_BYTES:
+        raise InvalidRequestError(f"path {brief(relpath)} is longer than {MAX_PATH_BYTES} bytes")
+    if relpath.startswith("/"):
+        raise InvalidRequestError(f"path {brief(relpath)} must be relative to the job's folder")
+    parts: list[str] = []
+    for name in relpath.split("/"):
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if not parts:
+                raise InvalidRequestError(f"path {brief(relpath)} leads outside the job's folder; "
+                                          "paths are relative to it (e.g. outputs/model)")
+            parts.pop()
+        elif len(os.fsencode(name)) > MAX_NAME_BYTES:
+            raise InvalidRequestError(f"path {brief(relpath)} has a component longer than "
+                                      f"{MAX_NAME_BYTES} bytes; no file has such a name")
+        else:
+            parts.append(name)
+    return parts
+
+
+def _open_below(dir_fd: int, name: str, relpath: str) -> int:
+    """Open ``name`` in the folder ``dir_fd`` without following a link.
+
+    Only folders and regular files are opened: the entry is checked first, so that a named pipe
+    or a device is never opened, and checked again through the descriptor, so that an entry
+    swapped in between is refused.
+    """
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFoundError(f"no file or folder {brief(relpath)} in the job's folder") from None
+    if stat.S_ISLNK(before.st_mode):
+        raise InvalidRequestError(f"path {brief(relpath)} goes through the symbolic link "
+                                  f"{brief(name)}; links in a job's folder are not followed")
+    if not (stat.S_ISDIR(before.st_mode) or stat.S_ISREG(before.st_mode)):
+        raise InvalidRequestError(f"path {brief(relpath)} is not a regular file or folder")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP):  # removed, or made a link, since the stat
+            raise InvalidRequestError(f"{brief(relpath)} changed while it was opened; "
+                                      "try again") from None
+        raise InvalidRequestError(f"cannot open {brief(relpath)}: {e.strerror}") from None
+    after = os.fstat(fd)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+        os.close(fd)
+        raise InvalidRequestError(f"{brief(relpath)} changed while it was opened; try again")
+    return fd

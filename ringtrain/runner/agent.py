@@ -5,6 +5,10 @@ exited, stopping the rest on the first failure (or on an interrupt); return a
 :class:`~ringtrain.runner.result.RunResult`. Three threads per rank feed it: one per output
 stream (which also parse the task wrapper's markers) and one waiting for the process to exit;
 they talk to the monitor through one queue.
+
+What a failure means is the one policy a subclass changes (the elastic agent re-forms the world
+instead of stopping it): ``_on_rank_failed``, ``_on_rank_succeeded`` and ``_on_tick`` are its
+hooks, and ``_start_rank``/``_stop_rank``/``_stop_all`` what it may do.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class _Event(Enum):
     INTERRUPT = "interrupt"  # the launcher got a signal (its number)
 
 
-class _Rank:
+class SupervisedRank:
     """The agent's book-keeping for one rank."""
 
     def __init__(self, spec: RankSpec):
@@ -54,6 +58,8 @@ class _Rank:
         self.deadline = float("inf")  # set when the process is created
         self.exited = False  # its process is gone (or was never created)
         self.stop_requested = False
+        self.kill_at: float | None = None  # when a stop request turns into SIGKILL
+        self.abandon_at: float | None = None  # when a killed process is given up on
         self.started = False  # the task wrapper reported in
         self.failed_reason: str | None = None
         self.exit_marker: Marker | None = None
@@ -68,7 +74,8 @@ class _Rank:
         if self.state is RankState.STARTING and state in (RankState.SUCCEEDED, RankState.FAILED):
             self.state = check_transition(self.state, RankState.RUNNING)
         self.state = check_transition(self.state, state)
-        self.outcome = RankOutcome(self.spec.rank, self.spec.hostname, state, **details)
+        self.outcome = RankOutcome(self.spec.number, self.spec.hostname, state,
+                                   worker=self.spec.worker is not None, **details)
         return self.outcome
 
 
@@ -92,15 +99,14 @@ class Agent:
         self._options = options
         self._sink = sink
         self._launcher_environ = launcher_environ
-        self._ranks = [_Rank(spec) for spec in plan.ranks]
+        self._ranks: list[SupervisedRank] = []  # every rank started so far, in start order
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
         # SimpleQueue: `put` is reentrant, so `interrupt` may be called from a signal handler.
         self._events: queue.SimpleQueue[tuple[_Event, int]] = queue.SimpleQueue()
         self._root_causes: list[RankOutcome] = []
         self._interrupted_by: int | None = None
-        self._kill_at: float | None = None
-        self._abandon_at: float | None = None
+        self._stopping = False  # the whole job is being stopped
 
     def interrupt(self, signum: int) -> None:
         """Stop the job because the launcher got ``signum``; a second call kills at once.
@@ -120,6 +126,9 @@ class Agent:
             self._monitor()
         finally:
             self._cleanup()
+        return self._result()
+
+    def _result(self) -> RunResult:
         return RunResult(
             outcomes=tuple(r.outcome for r in self._ranks),
             root_causes=tuple(self._root_causes),
@@ -130,33 +139,45 @@ class Agent:
     # -- start ------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        for index, rank in enumerate(self._ranks):
-            try:
-                rank.proc = RankProcess(rank.spec, self._plan.command, self._options,
-                                        self._launcher_environ)
-            except OSError as e:
-                for later in self._ranks[index:]:
-                    later.exited = True
-                for later in self._ranks[index + 1:]:
-                    later.finish(RankState.STOPPED, reason="not started")
-                self._fail(rank.finish(RankState.START_FAILED, reason=str(e)))
+        for index, spec in enumerate(self._plan.ranks):
+            if not self._start_rank(spec):
+                for later in self._plan.ranks[index + 1:]:
+                    rank = SupervisedRank(later)
+                    rank.exited = True
+                    rank.finish(RankState.STOPPED, reason="not started")
+                    self._ranks.append(rank)
                 return
-            rank.deadline = time.monotonic() + self._start_timeout_s
-            log.debug("rank %d on %s: started %s (pid %d)", rank.spec.rank, rank.spec.hostname,
-                      "locally" if rank.spec.local else "over ssh", rank.proc.popen.pid)
-            popen = rank.proc.popen
-            rank.stderr_thread = _thread(f"rank{rank.spec.rank}-stderr", self._pump_stderr,
-                                         index, popen.stderr)
-            rank.threads = [
-                _thread(f"rank{rank.spec.rank}-stdout", self._pump_stdout, rank, popen.stdout),
-                rank.stderr_thread,
-                _thread(f"rank{rank.spec.rank}-wait", self._wait, index),
-            ]
 
-    def _pump_stdout(self, rank: _Rank, pipe: IO[bytes]) -> None:
+    def _start_rank(self, spec: RankSpec) -> bool:
+        """Start one more rank; returns whether its process was created (if not, the rank has
+        failed to start and ``_on_rank_failed`` was called)."""
+        index = len(self._ranks)
+        rank = SupervisedRank(spec)
+        self._ranks.append(rank)
+        try:
+            rank.proc = RankProcess(spec, self._plan.command, self._options,
+                                    self._launcher_environ)
+        except OSError as e:
+            rank.exited = True
+            self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, reason=str(e)))
+            return False
+        rank.deadline = time.monotonic() + self._start_timeout_s
+        log.debug("rank %d on %s: started %s (pid %d)", spec.number, spec.hostname,
+                  "locally" if spec.local else "over ssh", rank.proc.popen.pid)
+        popen = rank.proc.popen
+        rank.stderr_thread = _thread(f"rank{spec.number}-stderr", self._pump_stderr,
+                                     index, popen.stderr)
+        rank.threads = [
+            _thread(f"rank{spec.number}-stdout", self._pump_stdout, rank, popen.stdout),
+            rank.stderr_thread,
+            _thread(f"rank{spec.number}-wait", self._wait, index),
+        ]
+        return True
+
+    def _pump_stdout(self, rank: SupervisedRank, pipe: IO[bytes]) -> None:
         with pipe:
             for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
-                self._sink.write(rank.spec.rank, "stdout", line)
+                self._sink.write(rank.spec.number, "stdout", line)
 
     def _pump_stderr(self, index: int, pipe: IO[bytes]) -> None:
         rank = self._ranks[index]
@@ -165,11 +186,11 @@ class Agent:
                 try:
                     text, marker = split_marker(self._options.token, line)
                 except ValueError as e:  # a wrapper of another ringtrain version, say
-                    log.warning("rank %d: %s; passed on as output", rank.spec.rank, e)
+                    log.warning("rank %d: %s; passed on as output", rank.spec.number, e)
                     text, marker = line, None
                 if text:
                     # A marker after a partial line (the command died mid-line) ends that line.
-                    self._sink.write(rank.spec.rank, "stderr",
+                    self._sink.write(rank.spec.number, "stderr",
                                      text if marker is None else text + b"\n")
                     stripped = text.decode(errors="replace").strip()
                     if stripped:
@@ -178,7 +199,7 @@ class Agent:
                     self._on_marker(rank, marker)
                     self._events.put((_Event.MARKER, index))
 
-    def _on_marker(self, rank: _Rank, marker: Marker) -> None:
+    def _on_marker(self, rank: SupervisedRank, marker: Marker) -> None:
         if marker.event is MarkerEvent.STARTED:
             rank.started = True
             if rank.spec.local:
@@ -195,7 +216,7 @@ class Agent:
     # -- monitor ----------------------------------------------------------------------------
 
     def _monitor(self) -> None:
-        while any(not r.exited for r in self._ranks):
+        while self._waiting() or any(not r.exited for r in self._ranks):
             try:
                 kind, value = self._events.get(timeout=0.1)
             except queue.Empty:
@@ -210,12 +231,10 @@ class Agent:
                 self._on_interrupt(value)
             now = time.monotonic()
             self._check_start_deadlines(now)
-            if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
-                self._kill_all(now)
-            if self._abandon_at is not None and now >= self._abandon_at:
-                self._abandon()
+            self._kill_or_abandon_overdue(now)
+            self._on_tick(now)
 
-    def _on_exit(self, rank: _Rank) -> None:
+    def _on_exit(self, rank: SupervisedRank) -> None:
         # Let the stderr reader finish first: the wrapper's last markers may still be in the pipe.
         rank.stderr_thread.join(timeout=2.0)
         rank.exited = True
@@ -228,35 +247,53 @@ class Agent:
             code, sig = (returncode, None) if returncode >= 0 else (None, -returncode)
         if not rank.started:
             reason = rank.failed_reason or rank.tail()
-            killed = self._abandon_at is not None and returncode == -signal.SIGKILL
+            killed = rank.abandon_at is not None and returncode == -signal.SIGKILL
             if rank.stop_requested and (killed or not reason):
                 rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
             else:
                 reason = reason or (f"exited with code {returncode}" if returncode >= 0 else
                                     f"was killed by signal {signal_name(-returncode)}"
                                     ) + " before it started"
-                self._fail(rank.finish(RankState.START_FAILED, exit_code=code, signal=sig,
-                                       reason=reason))
+                self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, exit_code=code,
+                                                       signal=sig, reason=reason))
         elif code == 0:
             rank.finish(RankState.SUCCEEDED, exit_code=0)
+            self._on_rank_succeeded(rank)
         elif rank.stop_requested:
             rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
         elif rank.exit_marker is None and not rank.spec.local:
             reason = f"the ssh connection ended (ssh exit code {returncode})"
             tail = rank.tail()
-            self._fail(rank.finish(RankState.FAILED, exit_code=code, signal=sig,
-                                   reason=f"{reason}: {tail}" if tail else reason))
+            self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
+                                                   reason=f"{reason}: {tail}" if tail else reason))
         else:
-            self._fail(rank.finish(RankState.FAILED, exit_code=code, signal=sig))
+            self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig))
 
     def _check_start_deadlines(self, now: float) -> None:
         late = [r for r in self._ranks if r.state is RankState.STARTING and not r.exited
                 and not r.stop_requested and now >= r.deadline]
         why = f"did not report in within {self._start_timeout_s:g} s (--start-timeout)"
-        if late:
-            self._fail(*(rank.finish(RankState.START_FAILED,
-                                     reason=f"{why}: {rank.tail()}" if rank.tail() else why)
-                         for rank in late))
+        for rank in late:
+            outcome = rank.finish(RankState.START_FAILED,
+                                  reason=f"{why}: {rank.tail()}" if rank.tail() else why)
+            self._stop_rank(rank)
+            self._on_rank_failed(rank, outcome)
+
+    # -- policy: what a subclass may change ---------------------------------------------------
+
+    def _on_rank_failed(self, rank: SupervisedRank, outcome: RankOutcome) -> None:
+        """A rank failed (exited badly, or did not start): by default the job stops."""
+        self._fail(outcome)
+
+    def _on_rank_succeeded(self, rank: SupervisedRank) -> None:
+        """A rank exited with code 0."""
+
+    def _on_tick(self, now: float) -> None:
+        """Called by the monitor after each event, and at least every 0.1 s."""
+
+    def _waiting(self) -> bool:
+        """Whether to keep monitoring although no rank is running (ranks are yet to start)."""
+        return False
 
     def _fail(self, *outcomes: RankOutcome) -> None:
         for outcome in outcomes:
@@ -264,40 +301,47 @@ class Agent:
         # Failures after the stop are usually the survivors noticing that a peer is gone, so
         # only those before it are root causes; but every rank that could not start is named,
         # since connection failures to one host all arrive at about the same time.
-        if self._kill_at is None:
+        if not self._stopping:
             self._root_causes.extend(outcomes)
             self._stop_all()
         else:
             self._root_causes.extend(o for o in outcomes if o.state is RankState.START_FAILED)
 
     def _on_interrupt(self, signum: int) -> None:
-        if self._kill_at is None:
+        if not self._stopping:
             self._interrupted_by = signum
             self._stop_all()
-        elif self._abandon_at is None:
-            self._kill_all(time.monotonic())  # a second Ctrl-C: no more grace
+        else:  # a second Ctrl-C: no more grace
+            now = time.monotonic()
+            for rank in self._ranks:
+                if rank.abandon_at is None:
+                    rank.kill_at = now
 
     def _stop_all(self) -> None:
+        self._stopping = True
         for rank in self._ranks:
-            if not rank.state.is_terminal:
-                rank.stop_requested = True
-            if rank.proc is not None and not rank.exited:
-                rank.proc.request_stop()
-        self._kill_at = time.monotonic() + self._stop_grace_s
+            self._stop_rank(rank)
 
-    def _kill_all(self, now: float) -> None:
+    def _stop_rank(self, rank: SupervisedRank) -> None:
+        """Ask one rank to stop (its exit is then no failure); SIGKILL follows after the grace."""
+        if not rank.state.is_terminal:
+            rank.stop_requested = True
+        if rank.proc is not None and not rank.exited and rank.kill_at is None:
+            rank.proc.request_stop()
+            rank.kill_at = time.monotonic() + self._stop_grace_s
+
+    def _kill_or_abandon_overdue(self, now: float) -> None:
         for rank in self._ranks:
-            if rank.proc is not None and not rank.exited:
-                log.debug("rank %d did not stop within %g s; killing it", rank.spec.rank,
+            if rank.exited:
+                continue
+            if rank.abandon_at is None and rank.kill_at is not None and now >= rank.kill_at:
+                log.debug("rank %d did not stop within %g s; killing it", rank.spec.number,
                           self._stop_grace_s)
                 rank.proc.kill()
-        self._abandon_at = now + _REAP_TIMEOUT_S
-
-    def _abandon(self) -> None:
-        for rank in self._ranks:
-            if not rank.exited:
+                rank.abandon_at = now + _REAP_TIMEOUT_S
+            elif rank.abandon_at is not None and now >= rank.abandon_at:
                 log.warning("rank %d on %s did not exit after SIGKILL; leaving it",
-                            rank.spec.rank, rank.spec.hostname)
+                            rank.spec.number, rank.spec.hostname)
                 rank.exited = True
                 if not rank.state.is_terminal:
                     rank.finish(RankState.STOPPED, reason="did not exit after SIGKILL")

@@ -12,14 +12,47 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
-from ringtrain.runner.env import EngineKnobs
+from ringtrain.runner.env import (
+    DEFAULT_ELASTIC_TIMEOUT_S, elastic_timeout_from_environ, read_engine_config,
+)
 from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 
 _MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """How an elastic launch may grow, shrink and re-form (horovodrun's elastic options).
+
+    Raises:
+        ConfigError: on construction, when a field is out of range; the message names the flag.
+    """
+
+    min_np: int
+    max_np: int | None = None  # None: every slot discovery reports
+    discovery_script: str | None = None  # None: the fixed hosts of -H/--hostfile
+    reset_limit: int | None = None  # None: re-form as often as needed
+    timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
+    slots_per_host: int = 1  # for hosts the discovery script prints without a slot count
+
+    def __post_init__(self) -> None:
+        if self.min_np < 1:
+            raise ConfigError(f"--min-np: must be at least 1, not {self.min_np}")
+        if self.max_np is not None and self.max_np < self.min_np:
+            raise ConfigError(f"--max-np: {self.max_np} is below --min-np {self.min_np}")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise ConfigError(f"--reset-limit: must not be negative, not {self.reset_limit}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--elastic-timeout: must be positive, not {self.timeout_s}")
+        if self.slots_per_host < 1:
+            raise ConfigError(f"--slots-per-host: must be at least 1, not {self.slots_per_host}")
+        if self.discovery_script is not None and not Path(self.discovery_script).is_file():
+            raise ConfigError(f"--host-discovery-script: {self.discovery_script} does not exist")
 
 
 @dataclass(frozen=True)
@@ -41,20 +74,26 @@ class LaunchConfig:
     result_file: str | None = None
     prefix_output_with_timestamp: bool = False
     verbose: bool = False
-    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    knobs: EngineConfig = field(default_factory=EngineConfig)
     #: Put the ``horovod`` shim on the workers' PYTHONPATH (see ``plan.horovod_compat_environ``).
     horovod_compat: bool = False
+    #: Elastic training; ``num_proc`` is then the size of the first world.
+    elastic: ElasticSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ConfigError("no command given: put the program after the options, e.g. "
                               "`ringtrain run -np 2 python train.py`")
-        if not self.hosts:
+        discovered = self.elastic is not None and self.elastic.discovery_script is not None
+        if not self.hosts and not discovered:
             raise ConfigError("-H/--hosts: no host given")
         if self.num_proc < 1:
             raise ConfigError(f"-np/--num-proc: {self.num_proc} ranks requested; give at least 1")
+        if self.elastic is not None and not (
+                self.elastic.min_np <= self.num_proc <= (self.elastic.max_np or self.num_proc)):
+            raise ConfigError(f"-np/--num-proc: {self.num_proc} lies outside --min-np/--max-np")
         slots = hostlib.total_slots(self.hosts)
-        if self.num_proc > slots:
+        if self.num_proc > slots and not discovered:
             listed = ",".join(f"{h.hostname}:{h.slots}" for h in self.hosts)
             raise ConfigError(
                 f"-np/--num-proc: {self.num_proc} ranks requested but the hosts ({listed}) have "
@@ -93,15 +132,20 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         raise ConfigError("--mpi: ringtrain has no MPI; it always uses Gloo (and NCCL for CUDA "
                           "tensors). Drop --mpi, or pass --gloo")
     _reject_autotune(values)
-    _reject_elastic(values)
+    elastic = _elastic(values, environ)
     host_list = _hosts(values)
+    if elastic is not None and elastic.discovery_script is not None and host_list:
+        raise ConfigError("--host-discovery-script and -H/--hosts or --hostfile both given; "
+                          "the script says which hosts to use")
     num_proc = values["num_proc"]
+    if num_proc is None and elastic is not None:
+        num_proc = elastic.min_np
     if num_proc is None and not host_list:
         raise ConfigError("-np/--num-proc is required when no -H/--hosts or --hostfile is "
                           "given, e.g. `ringtrain run -np 2 python train.py`")
     if num_proc is None:
         num_proc = hostlib.total_slots(host_list)
-    if not host_list:
+    if not host_list and (elastic is None or elastic.discovery_script is None):
         host_list = [hostlib.HostInfo("localhost", max(num_proc, 1))]
     identity = values["ssh_identity_file"]
     if identity is not None and not Path(identity).is_file():
@@ -120,6 +164,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         verbose=values["verbose"],
         knobs=_knobs(values, environ),
         horovod_compat=values["horovod_compat"],
+        elastic=elastic,
     )
 
 
@@ -150,8 +195,8 @@ def _interfaces(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
-    knobs = EngineKnobs.from_environ(environ)
+def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
+    knobs = read_engine_config(environ)
     changes: dict[str, Any] = {}
     if values["fusion_threshold_mb"] is not None:
         changes["fusion_threshold_bytes"] = int(values["fusion_threshold_mb"] * _MIB)
@@ -176,7 +221,7 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineKnobs:
     return replace(knobs, **changes)
 
 
-def _check_knobs(knobs: EngineKnobs) -> None:
+def _check_knobs(knobs: EngineConfig) -> None:
     checks = (
         (knobs.fusion_threshold_bytes >= 0, "fusion_threshold_mb", "must not be negative"),
         (knobs.cycle_time_ms > 0, "cycle_time_ms", "must be positive"),
@@ -208,22 +253,29 @@ def _reject_autotune(values: dict[str, Any]) -> None:
             "HOROVOD_FUSION_THRESHOLD=BYTES, and --cycle-time-ms MS or HOROVOD_CYCLE_TIME=MS")
 
 
-def _reject_elastic(values: dict[str, Any]) -> None:
-    """Validate the elastic options, then refuse them: re-forming the world is not built yet."""
-    min_np, max_np, np = values["min_np"], values["max_np"], values["num_proc"]
-    script, reset_limit = values["host_discovery_script"], values["reset_limit"]
-    if (min_np, max_np, script, reset_limit) == (None, None, None, None):
-        return
-    if min_np is not None and min_np < 1:
-        raise ConfigError(f"--min-np: must be at least 1, not {min_np}")
-    if max_np is not None and max_np < (min_np or 1):
-        raise ConfigError(f"--max-np: {max_np} is below --min-np {min_np or 1}")
-    if np is not None and not (min_np or 1) <= np <= (max_np or np):
-        raise ConfigError(f"-np/--num-proc: {np} lies outside --min-np/--max-np")
-    if reset_limit is not None and reset_limit < 0:
-        raise ConfigError(f"--reset-limit: must not be negative, not {reset_limit}")
-    if script is not None and not Path(script).is_file():
-        raise ConfigError(f"--host-discovery-script: {script} does not exist")
-    raise ConfigError(
-        "elastic training (--min-np, --max-np, --host-discovery-script, --reset-limit) is not "
-        "supported by `ringtrain run` yet; launch a fixed world with -np and -H/--hostfile")
+def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec | None:
+    """The elastic options, or ``None`` for a fixed world.
+
+    As horovodrun, a launch is elastic when it has a discovery script or ``--min-np``; the other
+    elastic options alone are refused, since they would do nothing.
+    """
+    min_np, script = values["min_np"], values["host_discovery_script"]
+    if min_np is None and script is None:
+        given = [BY_DEST[dest].name for dest in ("max_np", "reset_limit", "elastic_timeout",
+                                                 "slots_per_host")
+                 if values[dest] is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only for elastic launches; add --min-np N "
+                              "or --host-discovery-script FILE")
+        return None
+    min_np = min_np if min_np is not None else values["num_proc"]
+    if min_np is None:
+        raise ConfigError("an elastic launch needs -np/--num-proc or --min-np: how many ranks "
+                          "to start with")
+    timeout = values["elastic_timeout"]
+    if timeout is None:
+        timeout = elastic_timeout_from_environ(environ)
+    return ElasticSpec(min_np=min_np, max_np=values["max_np"], discovery_script=script,
+                       reset_limit=values["reset_limit"], timeout_s=timeout,
+                       slots_per_host=values["slots_per_host"] or 1)
+

@@ -14,21 +14,24 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
 
-#: Horovod's default fusion buffer, in bytes.
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-DEFAULT_CYCLE_TIME_MS = 1.0
-DEFAULT_CACHE_CAPACITY = 1024
-DEFAULT_STALL_WARNING_S = 60.0
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_MASTER_PORT = 29500
+#: Horovod's default elastic timeout (HOROVOD_ELASTIC_TIMEOUT).
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 
 # Set by `ringtrain run` only: the rendezvous store is served by the launcher, so every rank is a
 # client of it (otherwise rank 0 serves it).
 LAUNCHER_STORE = "RINGTRAIN_LAUNCHER_STORE"
 # Set by `ringtrain run` only: the prefix under which this launch's keys live in the store.
 RUN_ID = "RINGTRAIN_RUN_ID"
+# Set by an elastic `ringtrain run` only (Horovod's flag, then this worker's place in the launch).
+ELASTIC = "HOROVOD_ELASTIC"
+ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
+ELASTIC_WORKER = "RINGTRAIN_ELASTIC_WORKER"
+ELASTIC_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
 
 
 def store_prefix(run_id: str, generation: int) -> str:
@@ -36,52 +39,68 @@ def store_prefix(run_id: str, generation: int) -> str:
     return f"ringtrain/{run_id}/init.{generation}/"
 
 
-@dataclass(frozen=True)
-class EngineKnobs:
-    """The engine settings a launcher passes to its workers (Horovod's variable names)."""
+def engine_environ(config: EngineConfig) -> dict[str, str]:
+    """The engine's settings as Horovod's environment variables."""
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": str(config.fusion_threshold_bytes),
+        "HOROVOD_CYCLE_TIME": _fmt_float(config.cycle_time_ms),
+        "HOROVOD_CACHE_CAPACITY": str(config.cache_capacity),
+        "HOROVOD_STALL_CHECK_DISABLE": "0" if config.stall_check_enabled else "1",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": _fmt_float(config.stall_warning_s),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": _fmt_float(config.stall_shutdown_s),
+    }
+    if config.timeline_filename:
+        env["HOROVOD_TIMELINE"] = config.timeline_filename
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if config.timeline_mark_cycles else "0"
+    if config.log_level:
+        env["HOROVOD_LOG_LEVEL"] = config.log_level
+    return env
 
-    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD
-    cycle_time_ms: float = DEFAULT_CYCLE_TIME_MS
-    cache_capacity: int = DEFAULT_CACHE_CAPACITY
-    timeline_filename: str | None = None
-    timeline_mark_cycles: bool = False
-    stall_check_enabled: bool = True
-    stall_warning_s: float = DEFAULT_STALL_WARNING_S
-    stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
-    log_level: str | None = None
+
+def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
+    """Read the engine's settings from Horovod's variables, defaulting what is unset.
+
+    Raises:
+        ConfigError: a variable is set to something that is not a number or a boolean.
+    """
+    r = _Reader(environ)
+    default = EngineConfig()
+    return EngineConfig(
+        fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", default.fusion_threshold_bytes),
+        cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", default.cycle_time_ms),
+        cache_capacity=r.int("HOROVOD_CACHE_CAPACITY", default.cache_capacity),
+        timeline_filename=environ.get("HOROVOD_TIMELINE") or None,
+        timeline_mark_cycles=r.bool("HOROVOD_TIMELINE_MARK_CYCLES", False),
+        stall_check_enabled=not r.bool("HOROVOD_STALL_CHECK_DISABLE", False),
+        stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", default.stall_warning_s),
+        stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", default.stall_shutdown_s),
+        log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
+    )
+
+
+@dataclass(frozen=True)
+class ElasticWorker:
+    """A worker of an elastic launch: its id (fixed for its life) and the world it was started
+    for; ``init()`` asks the launcher's store for its rank in that world and the later ones."""
+
+    worker_id: int
+    generation: int
+    timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
 
     def environ(self) -> dict[str, str]:
-        """These settings as Horovod's environment variables."""
-        env = {
-            "HOROVOD_FUSION_THRESHOLD": str(self.fusion_threshold_bytes),
-            "HOROVOD_CYCLE_TIME": _fmt_float(self.cycle_time_ms),
-            "HOROVOD_CACHE_CAPACITY": str(self.cache_capacity),
-            "HOROVOD_STALL_CHECK_DISABLE": "0" if self.stall_check_enabled else "1",
-            "HOROVOD_STALL_CHECK_TIME_SECONDS": _fmt_float(self.stall_warning_s),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": _fmt_float(self.stall_shutdown_s),
-        }
-        if self.timeline_filename:
-            env["HOROVOD_TIMELINE"] = self.timeline_filename
-            env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if self.timeline_mark_cycles else "0"
-        if self.log_level:
-            env["HOROVOD_LOG_LEVEL"] = self.log_level
-        return env
+        """This worker's elastic variables."""
+        return {ELASTIC: "1", ELASTIC_WORKER: str(self.worker_id),
+                ELASTIC_GENERATION: str(self.generation),
+                ELASTIC_TIMEOUT: _fmt_float(self.timeout_s)}
 
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> EngineKnobs:
-        """Read the knobs from Horovod's variables, defaulting what is unset."""
-        r = _Reader(environ)
-        return cls(
-            fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
-            cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS),
-            cache_capacity=r.int("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY),
-            timeline_filename=environ.get("HOROVOD_TIMELINE") or None,
-            timeline_mark_cycles=r.bool("HOROVOD_TIMELINE_MARK_CYCLES", False),
-            stall_check_enabled=not r.bool("HOROVOD_STALL_CHECK_DISABLE", False),
-            stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_WARNING_S),
-            stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
-            log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
-        )
+
+def elastic_timeout_from_environ(environ: Mapping[str, str]) -> float:
+    """``HOROVOD_ELASTIC_TIMEOUT``, or Horovod's default of 600 s.
+
+    Raises:
+        ConfigError: the variable is not a number.
+    """
+    return _Reader(environ).float(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -105,7 +124,8 @@ class WorkerEnv:
     launcher_store: bool = False
     run_id: str = "default"
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+    knobs: EngineConfig = field(default_factory=EngineConfig)
+    elastic: ElasticWorker | None = None  # set under an elastic `ringtrain run` only
 
 
 def worker_environ(
@@ -121,11 +141,13 @@ def worker_environ(
     master_port: int,
     run_id: str,
     start_timeout_s: float,
-    knobs: EngineKnobs,
+    knobs: EngineConfig,
+    elastic: ElasticWorker | None = None,
 ) -> dict[str, str]:
     """The variables `ringtrain run` adds to one worker's environment.
 
     Both Horovod's and torchrun's names are set, so that code written for either finds its place.
+    In an elastic launch the ranks are those of the world the worker is started for.
     """
     env = {
         "HOROVOD_RANK": str(rank),
@@ -146,7 +168,9 @@ def worker_environ(
         LAUNCHER_STORE: "1",
         RUN_ID: run_id,
     }
-    env.update(knobs.environ())
+    env.update(engine_environ(knobs))
+    if elastic is not None:
+        env.update(elastic.environ())
     return env
 
 
@@ -199,7 +223,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     """
     environ = os.environ if environ is None else environ
     r = _Reader(environ)
-    knobs = EngineKnobs.from_environ(environ)
+    knobs = read_engine_config(environ)
     start_timeout = r.float("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT_S)
     hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     common = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
@@ -253,8 +277,16 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         launcher_store=r.bool(LAUNCHER_STORE, False)
         or r.bool("TORCHELASTIC_USE_AGENT_STORE", False),
         run_id=environ.get(RUN_ID) or environ.get("TORCHELASTIC_RUN_ID") or "default",
+        elastic=_elastic_worker(r) if launcher == "ringtrain" else None,
         **common,
     )
+
+
+def _elastic_worker(r: _Reader) -> ElasticWorker | None:
+    if not r.bool(ELASTIC, False):
+        return None
+    return ElasticWorker(worker_id=r.int(ELASTIC_WORKER), generation=r.int(ELASTIC_GENERATION),
+                         timeout_s=r.float(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT_S))
 
 
 def first_slurm_host(nodelist: str) -> str | None:

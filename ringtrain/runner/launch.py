@@ -1,11 +1,13 @@
 """`launch(config)`: the whole of `ringtrain run` after the options are parsed.
 
-Network plan -> command checks -> rendezvous store -> launch plan -> agent. The CLI and any
-other caller (tests, the job service through the CLI) go through here.
+Network plan -> command checks -> rendezvous store -> launch plan -> agent; an elastic launch
+discovers its hosts first, and its agent plans each world itself. The CLI and any other caller
+(tests, the job service through the CLI) go through here.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -18,8 +20,10 @@ from contextlib import contextmanager
 from ringtrain.errors import ConfigError
 from ringtrain.runner.agent import Agent
 from ringtrain.runner.config import LaunchConfig
+from ringtrain.runner.discovery import DiscoveryError, HostPoller, fixed_hosts, run_script
+from ringtrain.runner.elastic_agent import ElasticAgent
 from ringtrain.runner.output import OutputSink
-from ringtrain.runner.plan import build_plan, used_hostnames
+from ringtrain.runner.plan import RankPlanner, build_plan, used_hostnames
 from ringtrain.runner.preflight import check_command
 from ringtrain.runner.rendezvous import StoreServer, plan_network
 from ringtrain.runner.result import RunResult
@@ -54,7 +58,21 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
     """
     environ = dict(os.environ if environ is None else environ)
     cwd = os.getcwd() if cwd is None else cwd
-    hostnames = used_hostnames(config)
+    poller = None
+    if config.elastic is None:
+        hostnames = used_hostnames(config)
+    else:
+        poller = _host_poller(config, cwd)
+        hostnames = list(poller.latest()) or [h.hostname for h in config.hosts]
+    try:
+        return _launch(config, environ, cwd, hostnames, poller)
+    finally:
+        if poller is not None:
+            poller.stop()
+
+
+def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: list[str],
+            poller: HostPoller | None) -> RunResult:
     net = plan_network(hostnames, config.network_interfaces)
     if net.local_hosts:
         check_command(config.command, cwd, environ)
@@ -79,12 +97,29 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
         raise ConfigError(f"cannot serve the rendezvous store on {net.master_addr}: {e.strerror}; "
                           "choose another address with --network-interfaces") from None
     with store:
-        plan = build_plan(config, net, store.port, run_id, environ)
         log.info("run %s: %d ranks on %s; store at %s:%d", run_id, config.num_proc,
                  ",".join(hostnames), store.address, store.port)
-        agent = Agent(plan, options, sink, config.start_timeout_s, environ)
+        if poller is None:
+            agent = Agent(build_plan(config, net, store.port, run_id, environ), options, sink,
+                          config.start_timeout_s, environ)
+        else:
+            agent = ElasticAgent(RankPlanner(config, net, store.port, run_id, environ),
+                                 config.elastic, config.num_proc, poller, store.store, run_id,
+                                 options, sink, config.start_timeout_s, environ)
         with _stop_signals_to(agent):
             return agent.run()
+
+
+def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
+    script = config.elastic.discovery_script
+    poller = HostPoller(fixed_hosts(config.hosts) if script is None
+                        else functools.partial(run_script, script, cwd,
+                                               config.elastic.slots_per_host))
+    try:
+        poller.start()
+    except DiscoveryError as e:
+        raise ConfigError(str(e)) from None
+    return poller
 
 
 @contextmanager

@@ -45,7 +45,7 @@ def _opt(*flags: str, dest: str, help: str, group: str, type=None, default=None,
 
 _PLACE, _OUT, _TUNE, _TIMELINE, _STALL, _AUTOTUNE, _ELASTIC, _CTRL = (
     "placement", "output", "tuning", "timeline", "stall check", "autotune (not supported)",
-    "elastic (not supported yet)", "controller")
+    "elastic", "controller")
 
 OPTIONS: tuple[Option, ...] = (
     _opt("-np", "--num-proc", dest="num_proc", type=int, metavar="N", group=_PLACE,
@@ -107,13 +107,18 @@ OPTIONS: tuple[Option, ...] = (
     _opt("--autotune-gaussian-process-noise", dest="autotune_gaussian_process_noise",
          type=float, metavar="X", group=_AUTOTUNE, help="refused, as --autotune"),
     _opt("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N", group=_ELASTIC,
-         help="elastic: fewest ranks to keep running"),
+         help="elastic: fewest ranks to keep running (default: -np)"),
     _opt("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N", group=_ELASTIC,
-         help="elastic: most ranks to run"),
+         help="elastic: most ranks to run (default: every discovered slot)"),
     _opt("--host-discovery-script", dest="host_discovery_script", type=str, metavar="FILE",
          group=_ELASTIC, help="elastic: executable that prints the current `host:slots`"),
+    _opt("--slots-per-host", dest="slots_per_host", type=int, metavar="N", group=_ELASTIC,
+         help="elastic: slots of a host the discovery script prints without :SLOTS (default 1)"),
     _opt("--reset-limit", dest="reset_limit", type=int, metavar="N", group=_ELASTIC,
-         help="elastic: most times the world may be re-formed"),
+         help="elastic: most times the world may be re-formed (default: no limit)"),
+    _opt("--elastic-timeout", dest="elastic_timeout", type=float, metavar="SECONDS",
+         group=_ELASTIC, help="elastic: how long to wait for enough slots and for a new world "
+         "to form (default: HOROVOD_ELASTIC_TIMEOUT or 600)"),
     _opt("--gloo", dest="gloo", group=_CTRL, help="use Gloo (always; accepted for horovodrun)"),
     _opt("--mpi", dest="mpi", group=_CTRL, help="not available: ringtrain has no MPI"),
     _opt("--horovod-compat", dest="horovod_compat", group=_CTRL,

@@ -36,12 +36,13 @@ class OutputSink:
         self._files: dict[tuple[int, str], BinaryIO] = {}
 
     def open_rank(self, rank: int) -> None:
-        """Create the rank's output files now, so they exist (empty) before it prints.
+        """Create the rank's output files now, so they exist (empty) before it prints; a rank
+        whose files are open already keeps them.
 
         Raises:
             OSError: the directory cannot be created or written.
         """
-        if self._directory is None:
+        if self._directory is None or (rank, STREAMS[0]) in self._files:
             return
         for stream in STREAMS:
             path = rank_output_path(self._directory, rank, stream)

@@ -7,11 +7,12 @@ shim, and last the worker contract of ``env.worker_environ``, which nothing over
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.runner import env as envlib
+from ringtrain.runner import network
 from ringtrain.runner.config import LaunchConfig
 from ringtrain.runner.hosts import SlotInfo, assign
 from ringtrain.runner.rendezvous import NetworkPlan
@@ -28,11 +29,18 @@ class RankSpec:
     slot: SlotInfo
     local: bool
     env: Mapping[str, str]
+    worker: int | None = None  # an elastic launch's worker id
 
     @property
     def rank(self) -> int:
         """The rank's number."""
         return self.slot.rank
+
+    @property
+    def number(self) -> int:
+        """What output prefixes, ``rank.N`` files and outcomes call this process: its rank, or in
+        an elastic launch its worker id (its rank in the first world; later workers count on)."""
+        return self.rank if self.worker is None else self.worker
 
     @property
     def hostname(self) -> str:
@@ -69,34 +77,70 @@ def horovod_compat_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return envlib.prepend_pythonpath(compat_shim_dir(), environ)
 
 
+class RankPlanner:
+    """Builds the :class:`RankSpec` of any slot of one launch (the environment is the same
+    recipe for every rank; only the contract's values differ)."""
+
+    def __init__(self, config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
+                 environ: Mapping[str, str]):
+        """Args:
+            config: the launch configuration.
+            net: the addresses chosen by ``rendezvous.plan_network``.
+            master_port: the port of the launcher's store.
+            run_id: this launch's id (the store prefix of its workers).
+            environ: the launcher's environment.
+        """
+        self._config = config
+        self._net = net
+        self._master_port = master_port
+        self._run_id = run_id
+        self._environ = environ
+        sockets = envlib.socket_ifname_environ(net.socket_ifnames) if net.socket_ifnames else {}
+        if not net.ifnames_explicit:
+            sockets = {k: v for k, v in sockets.items() if k not in environ}
+        self._extras = sockets | envlib.unbuffered_environ(environ)
+        if config.horovod_compat:
+            self._extras |= horovod_compat_environ(environ)
+        self._locality = dict.fromkeys(net.local_hosts, True)  # host -> runs locally
+        self._addresses: frozenset[str] | None = None
+
+    def rank(self, slot: SlotInfo, elastic: envlib.ElasticWorker | None = None) -> RankSpec:
+        """The spec of the rank in ``slot`` (of an elastic worker, when ``elastic`` is given)."""
+        local = self._is_local(slot.hostname)
+        base = dict(self._environ) if local else envlib.remote_environ(self._environ)
+        contract = envlib.worker_environ(
+            rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
+            local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
+            hostname=slot.hostname, master_addr=self._net.master_addr,
+            master_port=self._master_port, run_id=self._run_id,
+            start_timeout_s=self._config.start_timeout_s, knobs=self._config.knobs,
+            elastic=elastic)
+        return RankSpec(slot, local, base | self._extras | contract,
+                        None if elastic is None else elastic.worker_id)
+
+    def _is_local(self, hostname: str) -> bool:
+        # Hosts the network plan did not see (found by elastic discovery later) are looked up.
+        if hostname not in self._locality:
+            if self._addresses is None:
+                self._addresses = frozenset(network.interface_addresses().values())
+            self._locality[hostname] = network.is_this_machine(hostname, self._addresses)
+        return self._locality[hostname]
+
+    def launch_plan(self, ranks: Sequence[RankSpec]) -> LaunchPlan:
+        """The plan that starts ``ranks``."""
+        return LaunchPlan(self._config.command, tuple(ranks), self._net.master_addr,
+                          self._master_port, self._run_id)
+
+
 def build_plan(config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
                environ: Mapping[str, str]) -> LaunchPlan:
-    """Plan every rank of the launch.
+    """Plan every rank of a fixed launch.
 
-    Args:
-        config: the launch configuration.
-        net: the addresses chosen by ``rendezvous.plan_network``.
-        master_port: the port of the launcher's store.
-        run_id: this launch's id (the store prefix of its workers).
-        environ: the launcher's environment.
+    Args: as for :class:`RankPlanner`.
 
     Returns:
         The plan, ranks in rank order.
     """
-    sockets = envlib.socket_ifname_environ(net.socket_ifnames) if net.socket_ifnames else {}
-    if not net.ifnames_explicit:
-        sockets = {k: v for k, v in sockets.items() if k not in environ}
-    extras = sockets | envlib.unbuffered_environ(environ)
-    if config.horovod_compat:
-        extras |= horovod_compat_environ(environ)
-    ranks = []
-    for slot in assign(config.hosts, config.num_proc):
-        local = slot.hostname in net.local_hosts
-        base = dict(environ) if local else envlib.remote_environ(environ)
-        contract = envlib.worker_environ(
-            rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
-            local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
-            hostname=slot.hostname, master_addr=net.master_addr, master_port=master_port,
-            run_id=run_id, start_timeout_s=config.start_timeout_s, knobs=config.knobs)
-        ranks.append(RankSpec(slot, local, base | extras | contract))
-    return LaunchPlan(config.command, tuple(ranks), net.master_addr, master_port, run_id)
+    planner = RankPlanner(config, net, master_port, run_id, environ)
+    return planner.launch_plan([planner.rank(slot)
+                                for slot in assign(config.hosts, config.num_proc)])

@@ -105,6 +105,17 @@ class StoreServer:
         )
         log.debug("rendezvous store listening on %s:%d", address, self.port)
 
+    @property
+    def store(self):
+        """A client of the store (the launcher's own, e.g. for the elastic driver).
+
+        Raises:
+            ValueError: the store was closed.
+        """
+        if self._store is None:
+            raise ValueError("the rendezvous store was closed")
+        return self._store
+
     def close(self) -> None:
         """Stop serving (idempotent)."""
         self._store = None

@@ -65,16 +65,17 @@ def check_transition(old: RankState, new: RankState) -> RankState:
 class RankOutcome:
     """How one rank ended."""
 
-    rank: int
+    rank: int  # in an elastic launch: the worker's number (see ``RankSpec.number``)
     hostname: str
     state: RankState
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None  # why it did not start, or what ended it besides an exit
+    worker: bool = False  # an elastic worker, named "worker N"
 
     def describe(self) -> str:
         """One clause for the root-cause line, e.g. ``rank 1 on node2 exited with code 3``."""
-        who = f"rank {self.rank} on {self.hostname}"
+        who = f"{'worker' if self.worker else 'rank'} {self.rank} on {self.hostname}"
         if self.state is RankState.START_FAILED:
             return f"{who} did not start: {self.reason}"
         if self.reason:
@@ -92,11 +93,16 @@ class RunResult:
     root_causes: tuple[RankOutcome, ...]  # the first failure(s); empty on success or interrupt
     interrupted_by: int | None  # the signal that stopped the launcher, if one did
     stopped: int  # ranks the launcher stopped because of the root cause
+    #: Elastic: workers lost (failed, or removed with their slots) whom the world was re-formed
+    #: without; their outcomes do not decide the job's.
+    survived: tuple[RankOutcome, ...] = ()
+    #: Elastic: why the launcher ended the job itself (reset limit, too few slots in time).
+    error: str | None = None
 
     @property
     def succeeded(self) -> bool:
         """Whether every rank succeeded."""
-        return all(o.state is RankState.SUCCEEDED for o in self.outcomes)
+        return self.error is None and all(o.state is RankState.SUCCEEDED for o in self.outcomes)
 
     @property
     def exit_code(self) -> int:
@@ -124,12 +130,16 @@ class RunResult:
         if self.interrupted_by is not None:
             head = f"interrupted by signal {signal_name(self.interrupted_by)}"
         elif self.succeeded:
-            return f"all {len(self.outcomes)} ranks succeeded"
+            head = f"all {len(self.outcomes)} ranks succeeded"
+            lost = [o.describe() for o in self.survived if o.state is not RankState.STOPPED]
+            return f"{head}; the world was re-formed without: {'; '.join(lost)}" if lost else head
+        elif self.error is not None:
+            head = self.error
         else:
             head = "; ".join(_group_start_failures(self.root_causes))
         if not self.stopped:
             return head
-        other = "" if self.interrupted_by is not None else "the other "
+        other = "" if self.interrupted_by is not None or self.error is not None else "the other "
         return f"{head}; stopped {other}{self.stopped} rank{'s' if self.stopped != 1 else ''}"
 
 

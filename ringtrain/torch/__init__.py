@@ -7,7 +7,9 @@ from ringtrain.torch.autograd_ops import (
     allreduce,
     alltoall,
     broadcast,
+    grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     reducescatter,
 )
 from ringtrain.torch.build import (
@@ -29,6 +31,7 @@ from ringtrain.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from ringtrain.torch.lifecycle import add_process_set, init, remove_process_set, shutdown
 from ringtrain.torch.ops import (
     Adasum,
     Average,
@@ -45,12 +48,10 @@ from ringtrain.torch.ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     join,
     poll,
@@ -61,17 +62,13 @@ from ringtrain.torch.ops import (
 from ringtrain.torch.optimizer import DistributedOptimizer
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.runtime import (
-    add_process_set,
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    remove_process_set,
-    shutdown,
     size,
     start_timeline,
     stop_timeline,

@@ -2,7 +2,9 @@
 
 The gradient of an allreduce is an allreduce of the gradient; of an allgather, this rank's slice
 of the averaged gradient; of a broadcast, the averaged gradient on the root and zeros elsewhere;
-of an alltoall, the alltoall back; of a reducescatter, an allgather.
+of an alltoall, the alltoall back; of a reducescatter, an allgather of the gradient, scaled as
+Horovod scales it (see :func:`_reducescatter_grad_scale`). The grouped forms differentiate each
+tensor as the single forms do.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ringtrain.engine.request import ReduceOp
-from ringtrain.torch import ops
+from ringtrain.op_types import ReduceOp
+from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import resolve_op
@@ -51,19 +53,36 @@ class _GroupedAllreduce(torch.autograd.Function):
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        ctx.rows = tensor.shape[0]
+        ctx.rows = [tensor.shape[0]]
         ctx.process_set = process_set
         return ops.synchronize(ops.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None,
-                                                      ReduceOp.AVERAGE, 1.0, 1.0,
-                                                      ctx.process_set))
-        rows = ops.synchronize(ops.allgather_async(torch.tensor([ctx.rows]), None,
-                                                   ctx.process_set))
-        offset = int(rows[:ctx.process_set.rank()].sum())
-        return reduced.narrow(0, offset, ctx.rows), None, None
+        return _own_rows(ctx, [grad])[0], None, None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(ops.synchronize(ops.grouped_allgather_async(tensors, name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *_own_rows(ctx, grads))
+
+
+def _own_rows(ctx, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The backward of an allgather: the gradients averaged over the members, each cut to the
+    rows this rank contributed (the first dimension may differ between ranks)."""
+    process_set = ctx.process_set
+    reduced = ops.synchronize(ops.grouped_allreduce_async(
+        [g.contiguous() for g in grads], None, None, ReduceOp.AVERAGE, 1.0, 1.0, process_set))
+    rows = ops.synchronize(ops.allgather_async(torch.tensor([ctx.rows]), None, process_set))
+    offsets = rows[:process_set.rank()].sum(dim=0).tolist()
+    return [r.narrow(0, offset, n) for r, offset, n in zip(reduced, offsets, ctx.rows)]
 
 
 class _Broadcast(torch.autograd.Function):
@@ -77,8 +96,6 @@ class _Broadcast(torch.autograd.Function):
         reduced = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, None,
                                                       ReduceOp.AVERAGE, 1.0, 1.0,
                                                       ctx.process_set))
-        from ringtrain.torch import runtime
-
         if runtime.current().topology.rank != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
@@ -111,8 +128,36 @@ class _Reducescatter(torch.autograd.Function):
     def backward(ctx, grad):
         op, process_set, prescale, postscale = ctx.args
         gathered = ops.synchronize(ops.allgather_async(grad.contiguous(), None, process_set))
-        scale = prescale * postscale / (process_set.size() if op is ReduceOp.AVERAGE else 1)
-        return gathered * scale, None, None, None, None, None
+        return (gathered * _reducescatter_grad_scale(op, process_set, prescale, postscale),
+                None, None, None, None, None)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.args = (op, process_set, prescale, postscale)
+        return tuple(ops.synchronize(ops.grouped_reducescatter_async(
+            tensors, name, op, process_set, prescale, postscale)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, process_set, prescale, postscale = ctx.args
+        gathered = ops.synchronize(ops.grouped_allgather_async(
+            [g.contiguous() for g in grads], None, process_set))
+        scale = _reducescatter_grad_scale(op, process_set, prescale, postscale)
+        return (None, None, None, None, None, *(g * scale for g in gathered))
+
+
+def _reducescatter_grad_scale(op: ReduceOp, process_set: ProcessSet, prescale: float,
+                              postscale: float) -> float:
+    """Horovod's factor on the allgathered gradient of a reducescatter: the pre- and postscale
+    factors, times the member count for ``Sum``.
+
+    For both ops that is the member count times the derivative of the members' summed loss;
+    kept as it is because Horovod scripts are tuned to it (learning rates, say).
+    """
+    scale = prescale * postscale
+    return scale * process_set.size() if op is ReduceOp.SUM else scale
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -159,6 +204,12 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     return _Allgather.apply(tensor, name, process_set)
 
 
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Allgather a list of tensors as one unit; see :func:`allgather`."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return rank ``root_rank``'s ``tensor`` on every member."""
@@ -185,3 +236,16 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Com
     out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                postscale_factor)
     return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression=Compression.none, op: ReduceOp | None = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter a list of tensors as one unit; see :func:`reducescatter`."""
+    op = resolve_op(op, None, ReduceOp.AVERAGE)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                          postscale_factor, *[c for c, _ in pairs])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]

@@ -1,13 +1,13 @@
-"""Elastic training's state and sampler (``hvd.elastic``), without re-forming the world yet.
+"""Elastic training (``hvd.elastic``): the worker's half.
 
 In Horovod's elastic mode every rank commits its training state at known-good points; when a
 peer fails, the survivors restore the last commit, re-form a smaller world and go on, and hosts
-found by a discovery script join at the next commit. ringtrain implements the state half of that
-contract with Horovod's semantics: ``commit``, ``restore`` and ``sync`` of models, optimizers,
-samplers and plain attributes, and an :class:`ElasticSampler` that shards an epoch and resumes it
-without repeating samples. It does not re-form the world: ``ringtrain run`` refuses the elastic
-flags, so a peer failure ends the job. :func:`run` therefore restores the last commit (so that
-the caller can still save it) and re-raises instead of retrying.
+found by a discovery script join at the next commit. Here: ``commit``, ``restore`` and ``sync``
+of models, optimizers, samplers and plain attributes; an :class:`ElasticSampler` that shards an
+epoch and resumes it without repeating samples; and :func:`run`, which retries the training
+function in the next world, formed by the launcher's elastic agent
+(:mod:`ringtrain.runner.elastic_agent`). Outside an elastic launch there is no next world:
+:func:`run` then restores the last commit (so that the caller can still save it) and re-raises.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from ringtrain.errors import HorovodInternalError
-from ringtrain.torch import functions, runtime
+from ringtrain.errors import HorovodInternalError, UnsupportedOperationError
+from ringtrain.runner.elastic_rendezvous import HostUpdate
+from ringtrain.torch import functions, lifecycle, runtime
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
 
@@ -30,13 +31,12 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod raises this from ``commit()`` when the discovery script added or removed hosts.
-
-    ringtrain has no host discovery yet and never raises it; it exists so that scripts which
-    import or catch it keep working.
+    """Raised by ``commit()`` on every rank when the launcher's discovery found hosts added or
+    removed: :func:`run` then moves to the next world.
 
     Args:
-        skip_sync: whether the state may skip the next ``sync()`` (only hosts were added).
+        skip_sync: whether the state may skip the next ``sync()``: hosts were only removed, so
+            every rank of the next world holds the state just committed.
     """
 
     def __init__(self, skip_sync: bool = False):
@@ -74,8 +74,7 @@ class State:
     def on_reset(self) -> None:
         """Adapt to a re-formed world: ``reset()``, then the registered callbacks.
 
-        Horovod's ``run`` calls this after a re-form. ringtrain cannot re-form yet, so its
-        ``run`` never does; the method is public, as in Horovod, for code that drives it.
+        :func:`run` calls this after a re-form; public, as in Horovod, for code that drives it.
         """
         self.reset()
         for callback in self._reset_callbacks:
@@ -88,8 +87,19 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Horovod raises ``HostsUpdatedInterrupt`` here when its discovery script reported new
-        or lost hosts; ringtrain has no discovery script yet, so nothing can have changed."""
+        """Raise ``HostsUpdatedInterrupt`` on every rank if the launcher reported new or lost
+        hosts (a collective in an elastic launch: rank 0's answer is broadcast, so that all
+        ranks raise at the same commit; outside one, nothing can change and nothing is sent).
+
+        Raises:
+            HostsUpdatedInterrupt: the hosts changed.
+        """
+        if not runtime.is_initialized() or not runtime.is_elastic():
+            return
+        update = self._bcast_object(lifecycle.elastic_host_update() if runtime.rank() == 0
+                                    else None)
+        if update is not None:
+            raise HostsUpdatedInterrupt(skip_sync=update is HostUpdate.REMOVED)
 
     def save(self) -> None:
         """Remember the current values."""
@@ -167,6 +177,9 @@ class _Handler:
     def sync(self) -> None:
         raise NotImplementedError
 
+    def reset(self) -> None:
+        """Adapt to a new world (before it synchronises)."""
+
 
 class _ModelHandler(_Handler):
     def sync(self) -> None:
@@ -186,6 +199,9 @@ class _SamplerHandler(_Handler):
         state = self.value.state_dict()
         state["processed_indices"] = processed
         self.value.load_state_dict(_broadcast_from_root(state))
+
+    def reset(self) -> None:
+        self.value.reset()  # shard for the new world, even when sync() is skipped
 
 
 def _handler_for(value: Any) -> _Handler | None:
@@ -250,30 +266,54 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def reset(self) -> None:
+        for handler in self._handlers.values():
+            handler.reset()
+
 
 def run(func: _F) -> _F:
     """Decorate a training function ``func(state, *args, **kwargs)`` for elastic training.
 
-    The wrapper first synchronises ``state`` from rank 0, then calls ``func``. When a collective
-    fails because a peer failed (``HorovodInternalError``), Horovod would restore the last commit,
-    re-form the world and call ``func`` again; ringtrain restores the last commit and re-raises,
-    since it cannot re-form the world yet.
+    As Horovod's: the wrapper synchronises ``state`` from rank 0 and calls ``func``. When a
+    collective fails because a peer failed (``HorovodInternalError``), it restores the last
+    commit; when ``commit()`` reports changed hosts (``HostsUpdatedInterrupt``), it keeps the
+    state. Either way it then joins the next world (``shutdown()``, ``init()``), calls
+    ``state.on_reset()`` and calls ``func`` again, after a ``sync()`` unless only hosts were
+    removed. The launcher's ``--reset-limit`` bounds how often.
+
+    Outside an elastic launch no next world can form: a peer failure restores the last commit
+    and re-raises.
 
     Raises:
-        HorovodInternalError: a peer failed; ``state`` holds its last committed values.
+        HorovodInternalError: outside an elastic launch, a peer failed; ``state`` holds its last
+            committed values. Also ``UnsupportedOperationError`` (a request no world can run).
     """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        state.sync()
-        try:
-            return func(state, *args, **kwargs)
-        except HorovodInternalError as e:
-            state.restore()
-            raise HorovodInternalError(
-                f"{e}\nringtrain cannot re-form the world after a failure yet, so elastic "
-                "training stops instead of retrying. The state was restored to its last commit: "
-                "save it (e.g. in an except clause) and relaunch to resume from there.") from e
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except UnsupportedOperationError:
+                raise  # bad input: every world would refuse it again
+            except HorovodInternalError as e:
+                state.restore()
+                if not runtime.is_elastic():
+                    raise HorovodInternalError(
+                        f"{e}\nThis launch is not elastic, so no new world can form and "
+                        "training stops instead of retrying. The state was restored to its last "
+                        "commit: save it (e.g. in an except clause) and relaunch to resume from "
+                        "there, or launch with `ringtrain run --min-np N` (or "
+                        "--host-discovery-script) to go on without the failed rank.") from e
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            lifecycle.shutdown()
+            lifecycle.init()
+            state.on_reset()
 
     return wrapper  # type: ignore[return-value]
 
@@ -307,8 +347,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Record that this rank processed its ``batch_idx``-th batch of ``batch_size``."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Record that the ranks processed their ``batch_idx``-th batches of ``batch_size``.
+
+        Ranks train in lockstep, so every rank records the batches of all of them (Horovod
+        counts ``batch_size * size()`` samples): the record survives the loss of any rank.
+        """
+        start = batch_idx * batch_size
+        for rank in range(self.num_replicas):
+            self.record_indices(self._shard(rank)[start:start + batch_size])
 
     def record_indices(self, indices: Iterable[int]) -> None:
         """Record dataset indices as processed in this epoch."""
@@ -341,8 +387,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.total_size = self.num_samples * self.num_replicas
         # Cycling pads even when fewer indices remain than there are ranks (Horovod's slice
         # padding fails there).
-        padded = list(itertools.islice(itertools.cycle(self.remaining_indices), self.total_size))
-        self.indices = padded[self.rank:self.total_size:self.num_replicas]
+        self._padded = list(itertools.islice(itertools.cycle(self.remaining_indices),
+                                             self.total_size))
+        self.indices = self._shard(self.rank)
+
+    def _shard(self, rank: int) -> list[int]:
+        return self._padded[rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ringtrain.torch import ops, runtime
+from ringtrain.torch import optimizer as distributed_optimizer
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 
 
@@ -35,21 +36,71 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_ran
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Give every rank's optimizer the state and hyperparameters of rank ``root_rank``'s.
 
-    Works for any torch optimizer, including those that create their state lazily on the first
-    step: the root's whole ``state_dict()`` is sent, so ranks whose state does not exist yet
-    receive it as it is on the root.
+    As in Horovod, an optimizer without any state yet (freshly created, no step taken) first
+    creates it: each parameter that requires a gradient gets a zero gradient, and the optimizer
+    takes one step on this rank alone (a ``DistributedOptimizer`` steps without reducing; the
+    parameters keep their values). Parameters that do not require a gradient (frozen layers)
+    get neither. Then the root's whole
+    ``state_dict()`` is sent, so that parameters without state on the root (unused so far) end
+    up without state everywhere, whatever each rank had.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` or a ``DistributedOptimizer``.
+        root_rank: the rank whose state everyone takes.
+        model: the model, to find sparse embeddings: their zero gradients are made sparse for
+            ``SGD`` (``SparseAdam`` always gets sparse ones), as the optimizer expects.
+        process_set: broadcast among these ranks only.
+
+    Raises:
+        ValueError: ``optimizer`` is an ``LBFGS``, whose state cannot be sent.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS (its state holds "
                          "closures over the whole history); broadcast the parameters instead")
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer, _sparse_parameters(model))
     is_root = runtime.current().topology.rank == root_rank
     state = broadcast_object(optimizer.state_dict() if is_root else None, root_rank,
                              name="broadcast_optimizer_state", process_set=process_set)
     if not is_root:
         optimizer.load_state_dict(state)
+
+
+def _sparse_parameters(model: torch.nn.Module | None) -> set[int]:
+    if model is None:
+        return set()
+    return {id(p) for m in model.modules()
+            if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+
+
+def _create_state(optimizer: torch.optim.Optimizer, sparse: set[int]) -> None:
+    """Horovod's state initialisation: zero gradients for trainable parameters, one local step.
+
+    The parameters are put back afterwards: with weight decay (AdamW, ASGD, ...) even a zero
+    gradient moves them, which Horovod lets happen; here the step only creates the state.
+    """
+    trainable = [p for group in optimizer.param_groups for p in group["params"]
+                 if p.requires_grad]
+    sparse_always = isinstance(optimizer, torch.optim.SparseAdam)
+    sparse_for_sgd = isinstance(optimizer, torch.optim.SGD)
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+        if sparse_always or (sparse_for_sgd and id(p) in sparse):
+            p.grad = p.grad.to_sparse()
+    values = [p.detach().clone() for p in trainable]
+    # A DistributedOptimizer is a subclass of the user's optimizer class defined in the
+    # optimizer module: its own step() would reduce the gradients, so step the user's class.
+    if type(optimizer).__module__ == distributed_optimizer.__name__:
+        super(type(optimizer), optimizer).step()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, value in zip(trainable, values):
+            p.copy_(value)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

@@ -1,7 +1,7 @@
 """Horovod's collectives: asynchronous, in-place and grouped forms over one submission path.
 
 Every function here is a thin wrapper over :func:`submit.submit`; the synchronous forms that
-autograd differentiates live in :mod:`ringtrain.torch.autograd_ops`.
+autograd differentiates (grouped ones included) live in :mod:`ringtrain.torch.autograd_ops`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import torch
 
 from ringtrain.engine.handle import DerivedHandle, Handle
-from ringtrain.engine.request import OpType, ReduceOp
+from ringtrain.errors import UnsupportedOperationError
+from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import check_reduction, contiguous_work, resolve_op, submit
@@ -172,12 +173,6 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                   [t.detach().contiguous() for t in tensors], process_set, grouped=True)
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
-                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allgather a list of tensors as one unit."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
-
-
 # -- broadcast ---------------------------------------------------------------------------------
 
 def _check_root(root_rank: int, process_set: ProcessSet) -> None:
@@ -248,7 +243,9 @@ def _reducescatter_async(tensors, *, grouped, name, op, prescale_factor, postsca
                          process_set) -> Handle:
     reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
     if reduce_op is ReduceOp.ADASUM:
-        raise ValueError("reducescatter does not support Adasum")
+        raise UnsupportedOperationError(
+            "reducescatter does not support Adasum; use op=Sum or op=Average (Adasum applies "
+            "to allreduce and DistributedOptimizer)")
     check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
     for t in tensors:
         if t.dim() == 0:
@@ -281,16 +278,6 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     return _reducescatter_async(list(tensors), grouped=True, name=name, op=op,
                                 prescale_factor=prescale_factor,
                                 postscale_factor=postscale_factor, process_set=process_set)
-
-
-def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
-                          op: ReduceOp | None = None,
-                          process_set: ProcessSet = global_process_set,
-                          prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """Reducescatter a list of tensors as one unit."""
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
-                                                   prescale_factor, postscale_factor))
 
 
 # -- join and barrier --------------------------------------------------------------------------

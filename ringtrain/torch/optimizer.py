@@ -1,11 +1,12 @@
 """``DistributedOptimizer``: averages gradients across ranks while backward is still running.
 
 A hook on every parameter fires as soon as autograd has accumulated its gradient. Gradients are
-grouped into buckets, as DDP does: when a bucket's last gradient arrives, each of its gradients
-is submitted as a named, asynchronous, in-place allreduce, all as one unit that peers recognise
-(see :mod:`ringtrain.engine.readiness`), so the bucket costs one negotiation round and one fused
-collective, overlapping the rest of backward. ``step()`` waits for them, then runs the user's
-optimizer.
+grouped into buckets, as DDP does: the hook copies each gradient into its bucket's flat tensor
+(:mod:`ringtrain.torch.grad_bucket`), and when a bucket's last gradient has arrived the bucket is
+submitted as one named, asynchronous, in-place allreduce that peers recognise as a unit (see
+:mod:`ringtrain.engine.readiness`): it costs no negotiation and one collective, overlapping the
+rest of backward. ``step()`` waits for the buckets, copies the averaged gradients back, then runs
+the user's optimizer.
 The returned object is an instance of the user's optimizer class sharing its state, so
 ``isinstance`` checks, schedulers and ``state_dict`` keep working.
 """
@@ -20,9 +21,10 @@ import torch
 
 from ringtrain.engine import fusion
 from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
+from ringtrain.torch.grad_bucket import GradBucket
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 
 #: Gradients are submitted in buckets of about this many bytes (DDP's default bucket size).
@@ -41,21 +43,33 @@ class _DistributedOptimizer:
                gradient_predivide_factor, groups, sparse_as_dense, process_set):
         self._compression = compression
         self._op = op
-        self._predivide = gradient_predivide_factor
+        # Average divides by the predivide factor before the sum (folded into the copy into the
+        # bucket) and by size / factor after it.
+        self._prescale = 1.0 / gradient_predivide_factor if op is ReduceOp.AVERAGE else 1.0
+        self._postscale = gradient_predivide_factor if op is ReduceOp.AVERAGE else 1.0
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
-        self._handles: dict[torch.nn.Parameter, tuple[Handle | None, object]] = {}
+        self._parameter_names = _horovod_parameter_names(self.param_groups, named_parameters)
         # Units of gradients submitted together: the user's groups (each one grouped
-        # allreduce), then buckets of the other gradients (one allreduce per gradient).
+        # allreduce), then DDP-style buckets of the other gradients. A unit is one bucket per
+        # dtype and device among its parameters.
         explicit = _parameter_groups(self.param_groups, groups)
         grouped = {p for group in explicit for p in group}
-        self._units = [(group, True) for group in explicit] + [
-            (bucket, False)
-            for bucket in _buckets([p for p in self._names
-                                    if p.requires_grad and p not in grouped])]
-        self._unit_of = {p: i for i, (params, _) in enumerate(self._units) for p in params}
+        self._units: list[list[GradBucket]] = [
+            [GradBucket(f"grouped.{self._names[b[0]]}", b, self._names) for b in _by_kind(group)]
+            for group in explicit]
+        self._units += [[GradBucket(_bucket_name(bucket, self._names), bucket, self._names)]
+                        for bucket in _buckets([p for p in self._names
+                                                if p.requires_grad and p not in grouped])]
+        self._unit_of = {p: i for i, unit in enumerate(self._units)
+                         for bucket in unit for p in bucket.params}
+        self._bucket_of = {p: bucket for unit in self._units for bucket in unit
+                           for p in bucket.params}
+        self._unit_sizes = [sum(len(b.params) for b in unit) for unit in self._units]
+        self._put: set[torch.nn.Parameter] = set()  # gradients in their buckets this step
         self._unit_counts: dict[int, int] = {}
+        self._inflight: dict[int, list[tuple[GradBucket, Handle, object]]] = {}
         self._synchronized = False
         self._should_synchronize = True
         self.backward_passes_per_step = backward_passes_per_step
@@ -74,54 +88,40 @@ class _DistributedOptimizer:
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
-        self._handles[p] = (None, None)  # held until its unit is complete
         if self._delay[p] > 0:
             return
+        self._put_grad(p)
         unit = self._unit_of[p]
         self._unit_counts[unit] = self._unit_counts.get(unit, 0) + 1
-        if self._unit_counts[unit] == len(self._units[unit][0]):
+        if self._unit_counts[unit] == self._unit_sizes[unit]:
             self._submit_unit(unit)
 
-    def _submit_unit(self, unit: int) -> None:
-        """Submit the unit's gradients not submitted yet, as one unit for the engine."""
-        params, grouped = self._units[unit]
-        with runtime.current().engine.one_round():
-            if grouped:
-                for q, pair in zip(params, self._allreduce_async(params)):
-                    self._handles[q] = pair
-                return
-            for q in params:
-                if self._handles.get(q, (None, None))[0] is None:
-                    self._handles[q] = self._allreduce_async([q])[0]
+    def _put_grad(self, p: torch.nn.Parameter) -> None:
+        grad = p.grad
+        if grad is not None and grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError(
+                    f"parameter {self._names[p]!r} has a sparse gradient; pass "
+                    "sparse_as_dense=True to DistributedOptimizer")
+            grad = p.grad = grad.to_dense()
+        self._bucket_of[p].put(p, grad, self._prescale, runtime.current().engine.timeline)
+        self._put.add(p)
 
-    def _allreduce_async(self, params: list) -> list[tuple[Handle, object]]:
-        """Submit one (possibly grouped) in-place allreduce of these parameters' gradients."""
-        tensors, ctxs = [], []
-        for p in params:
-            if p.grad is None:  # unused this step on this rank; peers may have used it
-                p.grad = torch.zeros_like(p)
-            if p.grad.is_sparse:
-                if not self._sparse_as_dense:
-                    raise ValueError(
-                        f"parameter {self._names[p]!r} has a sparse gradient; pass "
-                        "sparse_as_dense=True to DistributedOptimizer")
-                p.grad = p.grad.to_dense()
-            compressed, ctx = self._compression.compress(p.grad)
-            tensors.append(compressed)
-            ctxs.append(ctx)
-        prescale = postscale = 1.0
-        if self._op is ReduceOp.AVERAGE:
-            prescale, postscale = 1.0 / self._predivide, self._predivide
-        name = self._names[params[0]]
-        if len(params) == 1:
-            handle = ops.allreduce_async_(tensors[0], name=name, op=self._op,
-                                          prescale_factor=prescale, postscale_factor=postscale,
-                                          process_set=self._process_set)
-        else:
-            handle = ops.grouped_allreduce_async_(
-                tensors, name=f"grouped.{name}", op=self._op, prescale_factor=prescale,
-                postscale_factor=postscale, process_set=self._process_set)
-        return [(handle, (i, tensors[i], ctxs[i])) for i in range(len(params))]
+    def _submit_unit(self, unit: int) -> None:
+        """Submit the unit's buckets, gradients not put yet as they are now, as one unit."""
+        for bucket in self._units[unit]:
+            for p in bucket.params:
+                if p not in self._put:
+                    self._put_grad(p)
+        submitted = []
+        with runtime.current().engine.one_round():
+            for bucket in self._units[unit]:
+                wire, ctx = self._compression.compress(bucket.flat())
+                handle = ops.allreduce_async_(wire, name=bucket.name, op=self._op,
+                                              postscale_factor=self._postscale,
+                                              process_set=self._process_set)
+                submitted.append((bucket, handle, ctx))
+        self._inflight[unit] = submitted
 
     # -- the public surface ---------------------------------------------------------------------
 
@@ -130,22 +130,28 @@ class _DistributedOptimizer:
         if self._process_set.size() == 1:
             self._synchronized = True
             return
-        for p in self._names:
-            if p.requires_grad and p not in self._handles:
-                self._handles[p] = (None, None)  # no gradient this step: reduce zeros
-        held = {self._unit_of[p] for p, (handle, _) in self._handles.items() if handle is None}
-        for unit in sorted(held):  # whole units: peers count the same ones
-            self._submit_unit(unit)
-        self._unit_counts.clear()
-        done: dict[int, object] = {}
-        for p, (handle, (index, tensor, ctx)) in self._handles.items():
-            if id(handle) not in done:
-                done[id(handle)] = ops.synchronize(handle)
-            if ctx is not None:
-                p.grad.copy_(self._compression.decompress(tensor, ctx))
-            self._delay[p] = self.backward_passes_per_step
-        self._handles.clear()
+        # Every unit, whole: peers may have gradients where this rank has none, and they count
+        # the same units.
+        for unit in range(len(self._units)):
+            if unit not in self._inflight:
+                self._submit_unit(unit)
+        timeline = runtime.current().engine.timeline
+        try:
+            for unit in range(len(self._units)):
+                for bucket, handle, ctx in self._inflight[unit]:
+                    bucket.take(self._compression.decompress(ops.synchronize(handle), ctx),
+                                timeline)
+        finally:
+            self._forget_step()
         self._synchronized = True
+
+    def _forget_step(self) -> None:
+        """Drop this step's bucket state: nothing submitted, nothing put, full delays."""
+        self._inflight.clear()
+        self._unit_counts.clear()
+        self._put.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
 
     @contextmanager
     def skip_synchronize(self):
@@ -175,8 +181,22 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
+    def load_state_dict(self, state_dict):
+        """Load the state and forget the gradients of a step that did not finish (an elastic
+        restore after a failure mid-step), as Horovod's optimizer does."""
+        for submitted in self._inflight.values():
+            for _, handle, _ in submitted:
+                try:
+                    ops.synchronize(handle)
+                except RuntimeError:
+                    pass  # the failure that brought us here; nothing of this step is used
+        self._forget_step()
+        self._synchronized = False
+        self._should_synchronize = True
+        return super(self.__class__, self).load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none: bool = True):
-        if any(handle is not None for handle, _ in self._handles.values()):
+        if self._inflight:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -192,6 +212,7 @@ class _DistributedAdasumOptimizer:
         self._compression = compression
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = _horovod_parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
 
     def synchronize(self) -> None:
@@ -261,6 +282,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         params = [p for g in optimizer.param_groups for p in g["params"]]
         size = -(-len(params) // num_groups)
         groups = [params[i:i + size] for i in range(0, len(params), size)]
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)  # read by two tables; may be a generator
     mixin = _DistributedAdasumOptimizer if op is ReduceOp.ADASUM else _DistributedOptimizer
     base = optimizer.__class__
     cls = type(base.__name__, (base,), {k: v for k, v in mixin.__dict__.items()
@@ -311,6 +334,30 @@ def _buckets(params: list) -> list[list]:
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
+
+
+def _horovod_parameter_names(param_groups, named_parameters) -> dict:
+    """Horovod's ``_parameter_names``: {parameter: name}, generated as
+    ``allreduce.noname.<group>.<index>`` without ``named_parameters`` (scripts read it)."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    return {p: name for name, p in named_parameters}
+
+
+def _by_kind(params: list) -> list[list]:
+    """``params`` split by dtype and device (one flat tensor each), in order."""
+    kinds: dict = {}
+    for p in params:
+        kinds.setdefault((p.dtype, p.device), []).append(p)
+    return list(kinds.values())
+
+
+def _bucket_name(params: list, names: dict) -> str:
+    """A bucket's name: its parameters' range, the same on every rank."""
+    if len(params) == 1:
+        return names[params[0]]
+    return f"{names[params[0]]}..{names[params[-1]].removeprefix('allreduce.')}"
 
 
 def _parameter_groups(param_groups, groups) -> list[list]:

@@ -1,39 +1,19 @@
-"""The process model: ``init``/``shutdown``, topology queries, process-set registration.
+"""The runtime of this process: what ``init()`` set up, and the queries on it.
 
-``init()`` learns the process's place from its launcher's environment (``runner.env``), joins the
-rendezvous store, creates the torch.distributed communicators and starts the engine. A world of
-one uses no sockets at all.
+``lifecycle`` creates and replaces the :class:`Runtime`; everything else reads it through
+:func:`current`. Keeping the state apart from ``init()`` lets ``ProcessSet`` (which
+``init(process_sets=...)`` registers) read it without importing ``init()``'s module back.
 """
 
 from __future__ import annotations
 
-import atexit
-import datetime
-import ipaddress
 import itertools
-import logging
-import os
-import threading
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
-
 from ringtrain.backends.base import CollectiveBackend
-from ringtrain.backends.local import LocalBackend
-from ringtrain.backends.torch_dist import TorchDistributedBackend
-from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
-from ringtrain.log_level import apply_log_level
-from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
-from ringtrain.torch.topology import Topology, from_hostnames
-
-log = logging.getLogger(__name__)
-
-# Collectives may legitimately wait long (a slow rank writing a checkpoint); a dead peer is
-# detected by its closed connection, not by this timeout.
-_COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+from ringtrain.runner.env import WorkerEnv
+from ringtrain.torch.topology import Topology
 
 
 @dataclass
@@ -45,6 +25,7 @@ class Runtime:
     backend: CollectiveBackend
     engine: Engine
     owns_default_group: bool
+    world_generation: int | None = None  # the elastic world this process is in
     process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     next_set_id: int = 1
     name_counters: dict[int, itertools.count] = field(default_factory=dict)
@@ -56,11 +37,7 @@ class Runtime:
         return f"{kind}.noname.{process_set_id}.{next(counter)}"
 
 
-_lock = threading.RLock()
 _runtime: Runtime | None = None
-_generation = 0
-_stores: dict[tuple[str, int], dist.TCPStore] = {}
-_atexit_registered = False
 
 
 def current() -> Runtime:
@@ -75,206 +52,19 @@ def current() -> Runtime:
     return rt
 
 
-def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None) -> None:
-    """Join the job: connect to every other rank and start the background engine.
+def activate(rt: Runtime | None) -> Runtime | None:
+    """Make ``rt`` the active runtime (``None``: none) and return the one it replaces.
 
-    Args:
-        comm: optional list of global ranks that form this world (Horovod accepts an MPI
-            communicator here; ringtrain, which has no MPI, accepts the list of its ranks).
-        process_sets: ``ProcessSet`` objects to register on every rank right away.
-
-    Raises:
-        ConfigError: the launcher's environment is malformed or incomplete.
-        ValueError: this rank is not part of ``comm``.
+    Only ``lifecycle.init`` and ``lifecycle.shutdown`` call this, under their lock.
     """
-    global _runtime, _generation, _atexit_registered
-    with _lock:
-        if _runtime is not None:
-            return
-        env = read_worker_env()
-        apply_log_level(env.knobs.log_level)
-        rank, size = env.rank, env.size
-        if comm is not None:
-            members = sorted(set(int(r) for r in comm))
-            if rank not in members:
-                raise ValueError(f"rank {rank} is not in comm={members}; only the listed ranks "
-                                 "may call init() with it")
-            rank, size = members.index(rank), len(members)
-        _generation += 1
-        if size == 1:
-            backend: CollectiveBackend = LocalBackend()
-            doorbell: Doorbell = LocalDoorbell()
-            hostnames = [env.hostname]
-            owns = False
-        else:
-            owns, prefix = _init_default_group(env, rank, size, comm)
-            backend = TorchDistributedBackend(use_nccl=_nccl_usable())
-            doorbell = _store_doorbell(env, prefix)
-            hostnames = backend.control_allgather(env.hostname)
-        topology = _topology(env, rank, hostnames)
-        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO")
-        _runtime = Runtime(env=env, topology=topology, backend=backend, engine=engine,
-                           owns_default_group=owns)
-        if env.knobs.timeline_filename and rank == 0:
-            engine.timeline.start(env.knobs.timeline_filename, env.knobs.timeline_mark_cycles)
-        log.debug("rank %d of %d on %s (started by %s): engine running, %s", rank, size,
-                  env.hostname, env.launcher, env.knobs)
-        if not _atexit_registered:
-            atexit.register(shutdown)
-            _atexit_registered = True
-    for process_set in process_sets or ():
-        add_process_set(process_set)
-
-
-def shutdown() -> None:
-    """Stop the engine on every rank and release the communicators; ``init()`` may follow."""
     global _runtime
-    with _lock:
-        rt = _runtime
-        if rt is None:
-            return
-        _runtime = None
-        rt.engine.shutdown()
-        log.debug("rank %d: engine stopped", rt.topology.rank)
-        if rt.engine.running:
-            return  # a peer is unreachable: leave the communicators to process exit
-        rt.backend.close()
-        if rt.owns_default_group and dist.is_initialized():
-            dist.destroy_process_group()
+    replaced, _runtime = _runtime, rt
+    return replaced
 
 
 def is_initialized() -> bool:
     """Whether ``init()`` has been called and ``shutdown()`` has not."""
     return _runtime is not None
-
-
-def add_process_set(process_set) -> object:
-    """Register a process set on every rank (a collective: all ranks call it in the same order).
-
-    Args:
-        process_set: a ``ProcessSet`` or a list of ranks.
-
-    Returns:
-        The registered ``ProcessSet``.
-
-    Raises:
-        ValueError: ranks out of range, or a set with the same ranks is already registered.
-    """
-    from ringtrain.torch.process_sets import ProcessSet
-
-    rt = current()
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    ranks = tuple(process_set.ranks or ())
-    size = rt.topology.size
-    if not ranks or ranks[0] < 0 or ranks[-1] >= size:
-        raise ValueError(f"process set ranks {list(ranks)} must be non-empty and lie in "
-                         f"[0, {size})")
-    if ranks == tuple(range(size)) or ranks in rt.process_sets.values():
-        raise ValueError(f"a process set with ranks {list(ranks)} is already registered")
-    with _lock:
-        rt.backend.add_set(ranks)
-        process_set.process_set_id = rt.next_set_id
-        rt.process_sets[rt.next_set_id] = ranks
-        rt.next_set_id += 1
-    return process_set
-
-
-def remove_process_set(process_set) -> bool:
-    """Unregister a process set on every rank (collective). Returns whether it was registered."""
-    rt = current()
-    set_id = process_set.process_set_id
-    if set_id == 0:
-        raise ValueError("the global process set cannot be removed")
-    with _lock:
-        ranks = rt.process_sets.pop(set_id, None)
-        if ranks is None:
-            return False
-        rt.backend.remove_set(ranks)
-        process_set.process_set_id = None
-    return True
-
-
-def _init_default_group(env: WorkerEnv, rank: int, size: int,
-                        comm: Sequence[int] | None) -> tuple[bool, str]:
-    """Initialise torch.distributed's default group.
-
-    Returns:
-        Whether ringtrain created it (False if the user already had one), and the store prefix
-        of this initialisation.
-    """
-    prefix = store_prefix(env.run_id, _generation)
-    if comm is not None:
-        prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
-    if dist.is_initialized():
-        if dist.get_world_size() != size or comm is not None:
-            raise ValueError("torch.distributed is already initialised with a different world; "
-                             "call hvd.init() without comm, or destroy that process group first")
-        return False, prefix
-    if "GLOO_SOCKET_IFNAME" not in os.environ and _is_loopback(env.master_addr):
-        # Every rank is on this host: keep Gloo's listening sockets on loopback.
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = _store(env, rank, size)
-    backend = "cpu:gloo,cuda:nccl" if _nccl_usable() else "gloo"
-    dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                            world_size=size, timeout=_COLLECTIVE_TIMEOUT)
-    return True, prefix
-
-
-def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:
-    """A doorbell on two connections of its own: a store client blocks other calls on it while
-    it waits, and the engine waits while this process's other threads ring."""
-    if env.master_addr is None or env.master_port is None:
-        raise ValueError("ringtrain needs the rendezvous store's address (MASTER_ADDR and "
-                         "MASTER_PORT) for its engine; export them before hvd.init()")
-
-    def client() -> dist.Store:
-        tcp = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
-                            wait_for_workers=False,
-                            timeout=datetime.timedelta(seconds=env.start_timeout_s))
-        return dist.PrefixStore(prefix + "bell/", tcp)
-
-    return StoreDoorbell(wait_store=client(), ring_store=client())
-
-
-def _store(env: WorkerEnv, rank: int, size: int) -> dist.Store:
-    """The rendezvous store, kept across re-initialisations (each uses a fresh prefix)."""
-    assert env.master_addr is not None and env.master_port is not None
-    key = (env.master_addr, env.master_port)
-    store = _stores.get(key)
-    if store is None:
-        hosts_it = not env.launcher_store and rank == 0
-        store = dist.TCPStore(env.master_addr, env.master_port, world_size=size,
-                              is_master=hosts_it, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=env.start_timeout_s))
-        _stores[key] = store
-    return store
-
-
-def _topology(env: WorkerEnv, rank: int, hostnames: list[str]) -> Topology:
-    computed = from_hostnames(rank, hostnames)
-    if env.local_rank is None or env.local_size is None or env.size != computed.size:
-        return computed
-    # The launcher's own numbering wins where it gave one (torchrun on several nodes of one
-    # machine, for instance, shares a hostname but not local ranks).
-    return Topology(rank=rank, size=computed.size, local_rank=env.local_rank,
-                    local_size=env.local_size,
-                    cross_rank=computed.cross_rank if env.cross_rank is None else env.cross_rank,
-                    cross_size=computed.cross_size if env.cross_size is None else env.cross_size,
-                    homogeneous=computed.homogeneous)
-
-
-def _nccl_usable() -> bool:
-    return dist.is_nccl_available() and torch.cuda.is_available()
-
-
-def _is_loopback(addr: str | None) -> bool:
-    if addr in ("localhost", None):
-        return addr is not None
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
 
 
 def size() -> int:
@@ -322,3 +112,8 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Finish and close the timeline file."""
     current().engine.timeline.stop()
+
+
+def is_elastic() -> bool:
+    """Whether this process runs under an elastic ``ringtrain run`` (``init()`` first)."""
+    return current().world_generation is not None

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import OpType, ReduceOp, Request, RequestMeta, TensorMeta
+from ringtrain.engine.request import Request, RequestMeta, TensorMeta
+from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ringtrain.engine.request import ReduceOp
+from ringtrain.op_types import ReduceOp
 from ringtrain.torch import autograd_ops, runtime
 
 

@@ -23,7 +23,7 @@ hvd.shutdown()
 print("done")
 """
 # `[rank]<stderr>:` is the launcher's prefix; the rest is the handler init() adds.
-_DEBUG_LINE = r"\[{rank}\]<stderr>:\[[^]]* DEBUG ringtrain\.torch\.runtime\] rank {rank}{what}"
+_DEBUG_LINE = r"\[{rank}\]<stderr>:\[[^]]* DEBUG ringtrain\.torch\.lifecycle\] rank {rank}{what}"
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

@@ -1,20 +1,25 @@
 """Fixtures of the job service tests: a real SQLite store, a fake clock and executor for the
-scheduler's logic, and a per-test RINGTRAIN_HOME whose real server is stopped afterwards."""
+scheduler's logic, a per-test RINGTRAIN_HOME whose real server is stopped afterwards, a real server
+shared by one test module, and the CLI run in-process."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ringtrain.jobs.executors import cgroups, procs
+from ringtrain import cli as ringtrain_cli
+from ringtrain.jobs.auth import home_token
 from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.home import Home
@@ -22,19 +27,9 @@ from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
+from tests.clock import FakeClock
 
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+CLI = Callable[..., tuple[int, str, str]]
 
 
 @dataclass(frozen=True)
@@ -157,14 +152,34 @@ CLI = Callable[..., tuple[int, str, str]]
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
-    """Run ``ringtrain ARGS...`` in this process: ``rc, stdout, stderr = cli("job", "list")``."""
-    from ringtrain import cli as ringtrain_cli
-
+    """Run ``ringtrain ARGS...`` in-process: ``rc, stdout, stderr = cli("job", "list")``."""
     def run(*args: str) -> tuple[int, str, str]:
-        rc = ringtrain_cli.main(list(args))
+        try:
+            rc = ringtrain_cli.main(list(args))
+        except SystemExit as e:  # argparse refusing an argument, as the console script exits
+            rc = int(e.code or 0)
         out, err = capsys.readouterr()
         return rc, out, err
     return run
+
+
+def bearer(home: Home) -> dict[str, str]:
+    """The header that a raw HTTP client of ``home``'s server must send."""
+    return {"Authorization": f"Bearer {home_token(home)}"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
+    """A real server on loopback for one test module: its home and its URL."""
+    from ringtrain.jobs.connect import connect, stop_server
+
+    h = Home(tmp_path_factory.mktemp("served") / "home")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("RINGTRAIN_URL", raising=False)
+        client = connect(home=h)
+        client.close()
+        yield h, client.url
+    stop_server(h)
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.05) -> Any:
@@ -176,3 +191,27 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: flo
             return value
         time.sleep(every_s)
     pytest.fail(f"condition not met within {timeout_s} s")
+
+
+@contextmanager
+def flipping(target: Path, secret: Path) -> Iterator[None]:
+    """While in the block, ``target`` flips between a plain file and a symlink to ``secret``
+    (each swap atomic), as a job racing the service's checks would."""
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for make in (lambda p: p.write_text("plain"), lambda p: p.symlink_to(secret)):
+                tmp = target.with_name("next")
+                tmp.unlink(missing_ok=True)
+                make(tmp)
+                os.replace(tmp, target)
+                time.sleep(0.0005)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        flipper.join(timeout=10)

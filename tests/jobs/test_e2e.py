@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.connect import read_server_file
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
@@ -104,9 +104,9 @@ def test_two_rank_job_through_the_cli(home: Home, cli: CLI, tmp_path: Path) -> N
         assert "/v1/jobs/{job_id}/logs" in http.get("/openapi.json").json()["paths"]
 
     # Unknown ids and bad requests: clear messages, non-zero exits.
-    for args in (("job", "show", "nope"), ("job", "logs", "nope"), ("job", "terminate", "nope"),
-                 ("job", "files", "nope"), ("cluster", "show", "nope"),
-                 ("cluster", "resize", "nope", "--nodes", "1")):
+    for args in (("job", "show", "nope-000000"), ("job", "logs", "nope-000000"),
+                 ("job", "terminate", "nope-000000"), ("job", "files", "nope-000000"),
+                 ("cluster", "show", "nope"), ("cluster", "resize", "nope", "--nodes", "1")):
         rc, _, err = cli(*args)
         assert rc == 1 and "nope" in err, args
     rc, _, err = cli("job", "logs", job_id, "--rank", "5")
@@ -158,7 +158,7 @@ def test_terminate_resize_and_wall_clock(home: Home, cli: CLI, tmp_path: Path) -
     wait_for(lambda: job_state(cli, long_id)["state"] == "terminated", timeout_s=30)
     assert time.monotonic() - t0 < 10
     assert procs.job_pids(long_id) == []
-    assert not any(procs.is_alive(p, None) for p in pids)
+    assert not any(proc_stat.is_alive(p, None) for p in pids)
 
     capped = wait_for(lambda: (j := job_state(cli, capped_id))["state"] == "failed" and j,
                       timeout_s=60)
@@ -188,7 +188,7 @@ def test_killed_server_loses_nothing(home: Home, cli: CLI, tmp_path: Path) -> No
     wait_for(lambda: all(started(home, job_id) for job_id in ids.values()), timeout_s=120)
     first = read_server_file(home)
     os.kill(first.pid, signal.SIGKILL)
-    wait_for(lambda: not procs.is_alive(first.pid, None), timeout_s=10)
+    wait_for(lambda: not proc_stat.is_alive(first.pid, None), timeout_s=10)
     # While no server runs: the survivor goes on; the other two lose their processes.
     assert procs.job_pids(ids["survivor"])
     for name in ("doomed", "retried"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from ringtrain.jobs.connect import read_server_file
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.home import Home
 
 from .conftest import CLI, wait_for
@@ -38,7 +38,7 @@ def test_follow_survives_a_server_restart(home: Home, cli: CLI, tmp_path: Path) 
         wait_for(lambda: log.exists() and log.read_bytes().count(b"\n") >= 10, timeout_s=90)
         first = read_server_file(home)
         os.kill(first.pid, signal.SIGKILL)
-        wait_for(lambda: not procs.is_alive(first.pid, None), timeout_s=10)
+        wait_for(lambda: not proc_stat.is_alive(first.pid, None), timeout_s=10)
         assert follower.poll() is None  # waiting for the server to come back
         assert cli("server", "start")[0] == 0
         out, err = follower.communicate(timeout=120)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.executors import jobrunner, procs
+from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
@@ -178,7 +179,7 @@ def test_malformed_status_file_ends_the_attempt_with_the_reason(tmp_path: Path) 
                   state=JobState.RUNNING, created_at=0.0, job_dir=str(job_dir(tmp_path)))
     (Path(job.job_dir) / STATUS_FILE).write_text('{"phase": "running"}')
     # This very process stands in for a live job runner.
-    live = RunnerHandle(os.getpid(), procs.start_ticks(os.getpid()), attempt=0)
+    live = RunnerHandle(os.getpid(), proc_stat.start_ticks(os.getpid()), attempt=0)
     seen = LocalExecutor(share).poll(job, live)
     assert seen.phase is Phase.LOST
     assert "status file" in seen.message and "lacks the field 'attempt'" in seen.message

@@ -12,8 +12,9 @@ from ringtrain.jobs.models import ClusterSpec, JobState, NodeState, parse_job_sp
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.service import JobService
 from ringtrain.jobs.store import SQLiteStore
+from tests.clock import FakeClock
 
-from .conftest import FakeClock, FakeExecutor
+from .conftest import FakeExecutor
 
 
 def state(store: SQLiteStore, job_id: str) -> str:

@@ -142,6 +142,28 @@ def test_process_sets_restrict_collectives(world):
             assert out["rank"] == -1 and "not a member" in out["refused"]
 
 
+def _reducescatter_adasum() -> list[str]:
+    refused = []
+    for call in (lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum),
+                 lambda: hvd.reducescatter_async(torch.ones(4), op=hvd.Adasum),
+                 lambda: hvd.grouped_reducescatter([torch.ones(4)], op=hvd.Adasum)):
+        try:
+            call()
+            refused.append("no error")
+        except hvd.HorovodInternalError as exc:  # Horovod's type (its core aborts the request)
+            refused.append(f"{isinstance(exc, ValueError)}: {exc}")
+    # refused before anything was queued: the job goes on
+    refused.append(str(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.adasum").item()))
+    return refused
+
+
+def test_reducescatter_with_adasum_raises_horovods_error_type(world2):
+    for refused in world2.run(_reducescatter_adasum):
+        for message in refused[:3]:
+            assert message.startswith("True: reducescatter does not support Adasum")
+        assert refused[3] == "2.0"
+
+
 def _objects() -> tuple:
     r = hvd.rank()
     obj = hvd.broadcast_object({"from": r, "t": torch.arange(3) * r}, root_rank=1)
@@ -177,6 +199,74 @@ def test_gradients_flow_through_synchronous_collectives(world):
         assert g["bc"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
 
 
+def _weights(rank: int, rows: int, cols: int = 2) -> torch.Tensor:
+    """A loss weight per output element, different on every rank (so ranks' gradients differ)."""
+    return torch.arange(rows * cols, dtype=torch.float64).reshape(rows, cols) + 10 * rank
+
+
+def _scatter_rows(total: int, n: int) -> list[int]:
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def _reducescatter_gradients(op_name: str, prescale: float, postscale: float) -> dict:
+    op, n, r = getattr(hvd, op_name), hvd.size(), hvd.rank()
+    rows = 2 * n + 1  # uneven: rank 0 receives one more row
+    x = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
+    y = torch.ones(n, 2, dtype=torch.float64, requires_grad=True)
+    out = hvd.reducescatter(x, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                            name=f"rs.grad.{op_name}.{prescale}")
+    (out * _weights(r, out.shape[0])).sum().backward()
+    grouped = hvd.grouped_reducescatter([x, y], op=op, prescale_factor=prescale,
+                                        postscale_factor=postscale,
+                                        name=f"grs.grad.{op_name}.{prescale}")
+    x_grad_single = x.grad.clone()
+    x.grad = None
+    sum(((g * _weights(r, g.shape[0])).sum() for g in grouped)).backward()
+    return {"single": x_grad_single, "grouped": (x.grad, y.grad),
+            "requires_grad": [g.requires_grad for g in grouped]}
+
+
+@pytest.mark.parametrize("op_name, prescale, postscale", [
+    ("Sum", 1.0, 1.0), ("Average", 1.0, 1.0), ("Sum", 2.0, 0.25), ("Average", 3.0, 0.5)])
+def test_reducescatter_gradient_is_horovods_scaled_allgather(world, op_name, prescale,
+                                                             postscale):
+    # Horovod's HorovodReducescatter.backward: allgather of the output gradients, times the
+    # member count for Sum, times the pre- and postscale factors.
+    n = world.size
+    scale = prescale * postscale * (n if op_name == "Sum" else 1)
+    rows_x = _scatter_rows(2 * n + 1, n)
+    gathered_x = torch.cat([_weights(i, rows_x[i]) for i in range(n)]) * scale
+    gathered_y = torch.cat([_weights(i, 1) for i in range(n)]) * scale
+    for result in world.run(_reducescatter_gradients, op_name, prescale, postscale):
+        assert torch.equal(result["single"], gathered_x)
+        assert torch.equal(result["grouped"][0], gathered_x)
+        assert torch.equal(result["grouped"][1], gathered_y)
+        assert result["requires_grad"] == [True, True]
+
+
+def _grouped_allgather_gradients() -> dict:
+    r = hvd.rank()
+    a = torch.ones(r + 1, 2, dtype=torch.float64, requires_grad=True)  # rows differ per rank
+    b = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
+    ga, gb = hvd.grouped_allgather([a, b], name="gag.grad")
+    ((ga * _weights(r, ga.shape[0])).sum() + (gb * _weights(r, gb.shape[0])).sum()).backward()
+    return {"a": a.grad, "b": b.grad, "requires_grad": [ga.requires_grad, gb.requires_grad]}
+
+
+def test_grouped_allgather_gradient_is_this_ranks_rows_of_the_averaged_gradient(world):
+    # Horovod's HorovodGroupedAllgather.backward: grouped allreduce (Average) of the output
+    # gradients, then each input's own rows.
+    n = world.size
+    rows_a = n * (n + 1) // 2
+    mean_a = sum(_weights(i, rows_a) for i in range(n)) / n
+    mean_b = sum(_weights(i, 2 * n) for i in range(n)) / n
+    for r, result in enumerate(world.run(_grouped_allgather_gradients)):
+        start_a = r * (r + 1) // 2
+        assert torch.allclose(result["a"], mean_a[start_a:start_a + r + 1])
+        assert torch.allclose(result["b"], mean_b[2 * r:2 * r + 2])
+        assert result["requires_grad"] == [True, True]
+
+
 def _reinit() -> list[float]:
     first = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="reinit").item()
     hvd.shutdown()
@@ -199,44 +289,6 @@ def _topology() -> tuple:
 def test_topology_and_build_probes(world):
     for r, t in enumerate(world.run(_topology)):
         assert t == (r, world.size, r, world.size, 0, 1, True, True, False)
-
-
-def _stall(rank_that_submits: int) -> str:
-    import logging
-
-    records = []
-
-    class Grab(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler = Grab()
-    logging.getLogger("ringtrain.engine.stall").addHandler(handler)
-    try:
-        if hvd.rank() == rank_that_submits:
-            try:
-                hvd.allreduce(torch.ones(1), name="stalled.tensor")
-                return "no error"
-            except RuntimeError as exc:
-                return f"error: {exc} | log: {records}"
-        import time
-
-        time.sleep(4)
-        return "log: " + " ".join(records)
-    finally:
-        logging.getLogger("ringtrain.engine.stall").removeHandler(handler)
-
-
-def test_stall_warns_then_shuts_down_instead_of_hanging():
-    world = World(2, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
-                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
-    try:
-        submitter, idle = world.run(_stall, 0)
-        assert "stalled.tensor" in submitter and "waiting for ranks [1]" in submitter
-        assert submitter.startswith("error: stalled for more than 3 s")
-        assert "stalled.tensor" in idle and "waiting for ranks [1]" in idle
-    finally:
-        world.close()
 
 
 def _after_peer_exit(rank_to_die: int) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ringtrain.engine import fusion
 from ringtrain.engine.negotiation import decide
-from ringtrain.engine.request import OpType, ReduceOp, RequestMeta, TensorMeta
+from ringtrain.engine.request import RequestMeta, TensorMeta
 from ringtrain.engine.response_cache import ResponseCache
+from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch.topology import from_hostnames
 
 

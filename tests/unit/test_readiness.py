@@ -7,8 +7,9 @@ from ringtrain.engine.doorbell import NEGOTIATE, LocalDoorbell
 from ringtrain.engine.handle import Handle
 from ringtrain.engine.negotiation import decide
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpType, ReduceOp, Request, RequestMeta, TensorMeta
+from ringtrain.engine.request import Request, RequestMeta, TensorMeta
 from ringtrain.engine.response_cache import ResponseCache
+from ringtrain.op_types import OpType, ReduceOp
 
 
 def meta(name, rank, shape=(4,), ranks=(0, 1), op=OpType.ALLREDUCE):

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
-from ringtrain.runner.config import LaunchConfig, load_config
-from ringtrain.runner.env import EngineKnobs
+from ringtrain.runner.config import ElasticSpec, LaunchConfig, load_config
 from ringtrain.runner.hosts import HostInfo
 
 MIB = 1024 * 1024
@@ -24,7 +24,7 @@ def test_minimal_run_defaults_to_localhost_with_np_slots():
     assert config.num_proc == 2
     assert config.hosts == (HostInfo("localhost", 2),)
     assert config.start_timeout_s == 30.0
-    assert config.knobs == EngineKnobs()
+    assert config.knobs == EngineConfig()
     assert config.knobs.fusion_threshold_bytes == 128 * MIB
     assert config.knobs.cycle_time_ms == 1.0
 
@@ -39,6 +39,23 @@ def test_np_defaults_to_total_slots_of_hosts():
     config = load("-H", "a:2,b:3", "python", "x.py")
     assert config.num_proc == 5
     assert config.hosts == (HostInfo("a", 2), HostInfo("b", 3))
+
+
+def test_elastic_options_as_horovodrun_reads_them(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    config = load("-np", "3", "--min-np", "2", "--max-np", "4", "--reset-limit", "1",
+                  "--host-discovery-script", str(script), "--slots-per-host", "2", "python",
+                  "x.py")
+    assert config.num_proc == 3 and config.hosts == ()  # the script names the hosts
+    assert config.elastic == ElasticSpec(min_np=2, max_np=4, discovery_script=str(script),
+                                         reset_limit=1, timeout_s=600.0, slots_per_host=2)
+    # --min-np alone makes a launch elastic on -H's fixed hosts; -np defaults to it, and
+    # --min-np to -np; the timeout comes from Horovod's variable when not given.
+    fixed = load("--min-np", "2", "-H", "a:2,b:2", "x", environ={"HOROVOD_ELASTIC_TIMEOUT": "5"})
+    assert (fixed.num_proc, fixed.elastic) == (2, ElasticSpec(min_np=2, timeout_s=5.0))
+    assert load("-np", "3", "--host-discovery-script", str(script), "x").elastic.min_np == 3
+    assert load("-np", "2", "x").elastic is None
 
 
 def test_every_flag_lands_in_the_config(tmp_path):
@@ -57,7 +74,7 @@ def test_every_flag_lands_in_the_config(tmp_path):
     assert config.network_interfaces == ("eth0", "eth1")
     assert config.output_filename == str(tmp_path / "logs")
     assert config.prefix_output_with_timestamp and config.verbose and config.horovod_compat
-    assert config.knobs == EngineKnobs(
+    assert config.knobs == EngineConfig(
         fusion_threshold_bytes=32 * MIB, cycle_time_ms=5.0, cache_capacity=64,
         timeline_filename="tl.json", timeline_mark_cycles=True,
         stall_check_enabled=False, stall_warning_s=20.0, stall_shutdown_s=90.0,
@@ -110,7 +127,7 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
         "logging:\n  level: warning\n")
     with caplog.at_level(logging.WARNING):
         config = load("-np", "1", "--config-file", str(cfg), "x")
-    assert config.knobs == EngineKnobs(
+    assert config.knobs == EngineConfig(
         fusion_threshold_bytes=8 * MIB, cycle_time_ms=2.0, cache_capacity=10,
         timeline_filename="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
         stall_warning_s=5.0, log_level="WARNING")
@@ -166,11 +183,19 @@ def test_log_level_from_the_environment_takes_any_case():
     (["-np", "1", "--log-level", "loud", "x"], r"--log-level must be one of"),
     (["-np", "1", "--network-interfaces", "eth0,", "x"], r"--network-interfaces: .* empty"),
     (["-np", "1", "--config-file", "/nonexistent.yaml", "x"], r"--config-file /nonexistent"),
-    (["-np", "2", "--min-np", "1", "--max-np", "4", "x"], r"elastic training .* not supported"),
     (["-np", "2", "--min-np", "3", "x"], r"-np/--num-proc: 2 lies outside"),
+    (["-np", "5", "--min-np", "1", "--max-np", "4", "x"], r"-np/--num-proc: 5 lies outside"),
     (["--min-np", "2", "--max-np", "1", "x"], r"--max-np: 1 is below --min-np 2"),
-    (["--host-discovery-script", "/nonexistent.sh", "x"], r"--host-discovery-script: "),
-    (["--reset-limit", "-1", "x"], r"--reset-limit: must not be negative"),
+    (["--min-np", "0", "x"], r"--min-np: must be at least 1"),
+    (["-np", "1", "--host-discovery-script", "/nonexistent.sh", "x"],
+     r"--host-discovery-script: /nonexistent.sh does not exist"),
+    (["--host-discovery-script", "/etc/hostname", "x"], r"elastic launch needs -np"),
+    (["-np", "2", "--host-discovery-script", "/etc/hostname", "-H", "a:2", "x"],
+     r"--host-discovery-script and -H/--hosts"),
+    (["--min-np", "1", "--reset-limit", "-1", "x"], r"--reset-limit: must not be negative"),
+    (["--min-np", "1", "--elastic-timeout", "0", "x"], r"--elastic-timeout: must be positive"),
+    (["-np", "2", "--reset-limit", "3", "--max-np", "4", "x"],
+     r"--max-np/--max-num-proc, --reset-limit: only for elastic launches"),
 ])
 def test_bad_input_names_the_flag(argv, words):
     with pytest.raises(ConfigError, match=words):

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
-from ringtrain.runner.env import EngineKnobs, first_slurm_host, read_worker_env
+from ringtrain.runner.env import (
+    engine_environ,
+    first_slurm_host,
+    read_engine_config,
+    read_worker_env,
+)
 
 ADDR = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
 
@@ -139,11 +145,11 @@ def test_rank_outside_the_world_is_refused(rank, size):
         read_worker_env({"SLURM_PROCID": rank, "SLURM_NTASKS": size, **ADDR})
 
 
-def test_engine_knobs_round_trip_through_horovods_variables():
-    knobs = EngineKnobs(fusion_threshold_bytes=1 << 20, cycle_time_ms=2.5, cache_capacity=0,
-                        timeline_filename="t.json", timeline_mark_cycles=True,
-                        stall_check_enabled=False, stall_warning_s=5, stall_shutdown_s=30,
-                        log_level="debug")
-    assert EngineKnobs.from_environ(knobs.environ()) == knobs
+def test_engine_config_round_trips_through_horovods_variables():
+    config = EngineConfig(fusion_threshold_bytes=1 << 20, cycle_time_ms=2.5, cache_capacity=0,
+                          timeline_filename="t.json", timeline_mark_cycles=True,
+                          stall_check_enabled=False, stall_warning_s=5, stall_shutdown_s=30,
+                          log_level="debug")
+    assert read_engine_config(engine_environ(config)) == config
     env = read_worker_env({"HOROVOD_CYCLE_TIME": "3", "HOROVOD_STALL_CHECK_DISABLE": "yes"})
     assert env.knobs.cycle_time_ms == 3.0 and not env.knobs.stall_check_enabled

@@ -1,24 +1,30 @@
 """The REST API: one FastAPI app over a :class:`~ringtrain.jobs.service.JobService`.
 
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
-names (404 unknown id, 409 wrong state, 422 invalid spec, 400 bad path). With a token, every
-request (``/openapi.json`` and ``/docs`` included) must name an allowed Host and carry
-``Authorization: Bearer <token>`` (:mod:`ringtrain.jobs.api.guard`).
+names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 413 body
+too large). With a token, every request (``/openapi.json`` and ``/docs`` included) must name an
+allowed Host and carry ``Authorization: Bearer <token>`` (:mod:`ringtrain.jobs.api.guard`).
+
+Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
+worker threads too. What does run on the event loop, decoding and validating a body, is bounded
+by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stalls the others.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
+from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ringtrain import __version__
 from ringtrain.jobs.api.guard import RequestGuard
-from ringtrain.jobs.api.logs import follow_file
+from ringtrain.jobs.api.limits import BodyLimit
+from ringtrain.jobs.api.logs import CHUNK, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     IDEMPOTENCY_KEY_PATTERN,
@@ -29,9 +35,17 @@ from ringtrain.jobs.api.schemas import (
 )
 from ringtrain.jobs.errors import JobsError, NotFoundError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
+from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
+from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 422)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
+
+ClusterName = Annotated[str, Path(pattern=NAME_PATTERN, description="A cluster's name.")]
+JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.")]
+NameFilter = Annotated[str | None, Query(pattern=NAME_PATTERN)]
+FilePath = Annotated[str, Query(max_length=MAX_PATH_BYTES,
+                                description="Relative to the job's folder, e.g. outputs/model.")]
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
@@ -50,6 +64,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   description="Clusters, training jobs, their logs and output files.")
+    # The guard is added last so that it runs first: no body is read for a caller without the token.
+    app.add_middleware(BodyLimit)
     if token is not None:
         app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
 
@@ -60,13 +76,10 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = []
-        for err in e.errors():
-            loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path", "header")]
-            if loc[:1] == ["spec"]:
-                loc = loc[1:]
-            errors.append({"field": ".".join(loc) or "(body)",
-                           "message": err["msg"].removeprefix("Value error, ")})
+        details = list(e.errors())
+        # Only the errors shown are rewritten: a body can carry a great many (unknown fields).
+        shown = [{**err, "loc": _field(err["loc"])} for err in details[:MAX_ERRORS]]
+        errors = field_errors(shown + details[MAX_ERRORS:])
         lines = "\n".join(f"  {x['field']}: {x['message']}" for x in errors)
         body = ErrorResponse(detail=f"invalid request:\n{lines}", errors=errors)
         return JSONResponse(body.model_dump(), status_code=422)
@@ -87,15 +100,15 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return service.list_clusters()
 
     @r.get("/clusters/{name}")
-    def get_cluster(name: str) -> ClusterInfo:
+    def get_cluster(name: ClusterName) -> ClusterInfo:
         return service.get_cluster(name)
 
     @r.patch("/clusters/{name}")
-    def resize_cluster(name: str, body: ResizeRequest) -> ClusterInfo:
+    def resize_cluster(name: ClusterName, body: ResizeRequest) -> ClusterInfo:
         return service.resize_cluster(name, body.nodes)
 
     @r.delete("/clusters/{name}")
-    def delete_cluster(name: str) -> ClusterInfo:
+    def delete_cluster(name: ClusterName) -> ClusterInfo:
         return service.delete_cluster(name)
 
     @r.post("/jobs", status_code=201)
@@ -106,33 +119,37 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return service.submit(body.cluster, body.spec, idempotency_key)
 
     @r.get("/jobs")
-    def list_jobs(experiment: str | None = None, cluster: str | None = None,
+    def list_jobs(experiment: NameFilter = None, cluster: NameFilter = None,
                   state: JobState | None = None) -> list[JobInfo]:
         return service.list_jobs(experiment, cluster, state)
 
     @r.get("/jobs/{job_id}")
-    def get_job(job_id: str) -> JobInfo:
+    def get_job(job_id: JobIdPath) -> JobInfo:
         return service.get_job(job_id)
 
     @r.post("/jobs/{job_id}/terminate")
-    def terminate(job_id: str) -> JobInfo:
+    def terminate(job_id: JobIdPath) -> JobInfo:
         return service.terminate(job_id)
 
     @r.delete("/jobs/{job_id}", status_code=204)
-    def delete_job(job_id: str) -> None:
+    def delete_job(job_id: JobIdPath) -> None:
         service.delete_job(job_id)
 
     @r.get("/jobs/{job_id}/files")
-    def list_files(job_id: str, path: str = "") -> list[FileInfo]:
+    def list_files(job_id: JobIdPath, path: FilePath = "") -> list[FileInfo]:
         return service.list_files(job_id, path)
 
-    @r.get("/jobs/{job_id}/download", response_class=FileResponse)
-    def download(job_id: str, path: str) -> FileResponse:
-        return FileResponse(service.file_path(job_id, path))
+    @r.get("/jobs/{job_id}/download", response_class=StreamingResponse,
+           responses={200: {"content": {"application/octet-stream": {}}}})
+    def download(job_id: JobIdPath, path: FilePath) -> StreamingResponse:
+        # The descriptor opened (without following links) is the one served.
+        f = service.open_file(job_id, path)
+        return StreamingResponse(_read(f, os.fstat(f.fileno()).st_size),
+                                 media_type="application/octet-stream")
 
     @r.get("/jobs/{job_id}/logs", response_class=StreamingResponse,
            responses={200: {"content": {"text/plain": {}}}})
-    def logs(job_id: str, rank: int = 0, stream: str = "stdout",
+    def logs(job_id: JobIdPath, rank: int = 0, stream: str = "stdout",
              follow: bool = Query(False, description="Stream until the job ends."),
              offset: int = Query(0, ge=0, description="Start at this byte (to resume).")
              ) -> StreamingResponse:
@@ -149,3 +166,17 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     app.include_router(r)
     return app
+
+
+def _read(f: BinaryIO, size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes of ``f`` (its size when opened), then close it."""
+    with f:
+        while size > 0 and (chunk := f.read(min(CHUNK, size))):
+            size -= len(chunk)
+            yield chunk
+
+
+def _field(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A request error's location as users name the field (``spec.outputs.3`` → ``outputs.3``)."""
+    names = [p for p in loc if p not in ("body", "query", "path", "header")]
+    return tuple(names[1:] if names[:1] == ["spec"] else names)

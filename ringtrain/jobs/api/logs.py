@@ -17,7 +17,8 @@ async def follow_file(path: Path, is_done: Callable[[], bool], offset: int = 0,
 
     The file may not exist yet (the job is queued) and may be replaced (a retry archives the
     previous attempt's logs): both are handled by reopening by name. Polling every ``poll_s``
-    keeps the lag well under a second without inotify.
+    keeps the lag well under a second without inotify. Reads and ``is_done`` (a database query)
+    run in worker threads, so a slow disk or a busy database never stalls the event loop.
 
     Args:
         path: the log file.
@@ -26,28 +27,48 @@ async def follow_file(path: Path, is_done: Callable[[], bool], offset: int = 0,
             that replaced it is read from its start.
         poll_s: sleep between reads that found nothing new.
     """
-    f: BinaryIO | None = None
+    reader = _Reader(path, offset)
     try:
         while True:
             # Ask first, read after: if the job was over before the read, the read gets all.
-            done = is_done()
-            if f is not None and _replaced(f, path):
-                f.close()
-                f, offset = None, 0
-            if f is None:
-                try:
-                    f = open(path, "rb")
-                    f.seek(offset)
-                except FileNotFoundError:
-                    pass
-            while f is not None and (chunk := f.read(CHUNK)):
+            done = await asyncio.to_thread(is_done)
+            while chunk := await asyncio.to_thread(reader.read):
                 yield chunk
             if done:
                 return
             await asyncio.sleep(poll_s)
     finally:
-        if f is not None:
-            f.close()
+        reader.close()
+
+
+class _Reader:
+    """Reads a log file by name, reopening it once it appears or after it was replaced.
+
+    The first file opened is read from ``offset``; a file that replaced it, from its start.
+    """
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = path
+        self._offset = offset
+        self._f: BinaryIO | None = None
+
+    def read(self) -> bytes:
+        """The next chunk written, or ``b""`` when nothing new is there."""
+        if self._f is not None and _replaced(self._f, self.path):
+            self.close()
+            self._offset = 0
+        if self._f is None:
+            try:
+                self._f = open(self.path, "rb")
+            except FileNotFoundError:
+                return b""
+            self._f.seek(self._offset)
+        return self._f.read(CHUNK)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 def _replaced(f: BinaryIO, path: Path) -> bool:

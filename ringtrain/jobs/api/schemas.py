@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ringtrain.jobs.models import JobSpec
+from ringtrain.jobs.models.ids import Name
 
 API_PREFIX = "/v1"
 #: What a client may use as the ``Idempotency-Key`` header of ``POST /v1/jobs``.
@@ -24,7 +25,7 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cluster: str
+    cluster: Name
     spec: JobSpec
 
 

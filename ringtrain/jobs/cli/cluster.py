@@ -7,6 +7,7 @@ import argparse
 from pydantic import ValidationError
 
 from ringtrain.jobs.cli import output
+from ringtrain.jobs.cli.args import cluster_name
 from ringtrain.jobs.connect import connect
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec
@@ -27,16 +28,16 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("list", parents=[common], help="list clusters")
     p.set_defaults(func=_list)
     p = sub.add_parser("show", parents=[common], help="a cluster's allocation and node states")
-    p.add_argument("name")
+    p.add_argument("name", type=cluster_name)
     p.set_defaults(func=_show)
     p = sub.add_parser("resize", parents=[common],
                        help="change the number of nodes (busy nodes leave after their job)")
-    p.add_argument("name")
+    p.add_argument("name", type=cluster_name)
     p.add_argument("--nodes", type=int, required=True)
     p.set_defaults(func=_resize)
     p = sub.add_parser("delete", parents=[common],
                        help="delete a cluster (its queued jobs fail; running ones finish)")
-    p.add_argument("name")
+    p.add_argument("name", type=cluster_name)
     p.set_defaults(func=_delete)
 
 

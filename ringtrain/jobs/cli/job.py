@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ringtrain.jobs.cli import output
+from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect
+from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
+from ringtrain.jobs.models.spec import expand_path
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -18,39 +20,39 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     sub = parser.add_subparsers(metavar="COMMAND")
     p = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML or JSON)")
     p.add_argument("spec", help="the spec file; `ringtrain job schema` describes it")
-    p.add_argument("--cluster", required=True)
+    p.add_argument("--cluster", required=True, type=cluster_name)
     p.add_argument("--follow", action="store_true",
                    help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
-    p.add_argument("--experiment")
-    p.add_argument("--cluster")
+    p.add_argument("--experiment", type=experiment_name)
+    p.add_argument("--cluster", type=cluster_name)
     p.add_argument("--state", choices=[s.value for s in JobState])
     p.set_defaults(func=_list)
     p = sub.add_parser("show", parents=[common], help="a job's state and details")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.set_defaults(func=_show)
     p = sub.add_parser("logs", parents=[common], help="a rank's stdout (or stderr)")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
     p.add_argument("--follow", action="store_true",
                    help="stream until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_logs)
     p = sub.add_parser("files", parents=[common], help="list the files of a job's folder")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.add_argument("path", nargs="?", default="", help="a sub-folder, e.g. outputs/model")
     p.set_defaults(func=_files)
     p = sub.add_parser("download", parents=[common], help="copy a job's file or folder here")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.add_argument("path", help="relative to the job's folder, e.g. outputs/model")
     p.add_argument("--to", dest="dest", default=".", help="destination folder (default .)")
     p.set_defaults(func=_download)
     p = sub.add_parser("terminate", parents=[common], help="stop a job")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.set_defaults(func=_terminate)
     p = sub.add_parser("delete", parents=[common], help="forget a finished job, delete its folder")
-    p.add_argument("id")
+    p.add_argument("id", type=job_id)
     p.set_defaults(func=_delete)
     p = sub.add_parser("schema", parents=[common], help="print the JSON Schema of job specs")
     p.set_defaults(func=_schema)
@@ -61,12 +63,26 @@ def _client(args: argparse.Namespace) -> JobsClient:
 
 
 def _resolve_paths(spec: JobSpec) -> JobSpec:
-    """Relative working_dir and input paths are relative to where the CLI runs."""
+    """Relative working_dir and input paths are relative to where the CLI runs.
+
+    Raises:
+        SpecError: a path names no user (``~nobody``) or loops through symbolic links.
+    """
+    errors = []
+
+    def absolute(field: str, value: str) -> str:
+        try:
+            return str(expand_path(value))
+        except ValueError as e:
+            errors.append({"field": field, "message": str(e)})
+            return value
+
     update = {}
     if spec.working_dir:
-        update["working_dir"] = str(Path(spec.working_dir).expanduser().resolve())
-    inputs = {k: (v if "://" in v else str(Path(v).expanduser().resolve()))
-              for k, v in spec.inputs.items()}
+        update["working_dir"] = absolute("working_dir", spec.working_dir)
+    inputs = {k: (v if "://" in v else absolute(f"inputs.{k}", v)) for k, v in spec.inputs.items()}
+    if errors:
+        raise SpecError(errors)
     if inputs != spec.inputs:
         update["inputs"] = inputs
     return spec.model_copy(update=update) if update else spec

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ringtrain.jobs import proc_stat
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import Observation
@@ -71,7 +72,7 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._children[job.id] = proc
         log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
-        return RunnerHandle(proc.pid, procs.start_ticks(proc.pid), job.attempt, cgroup)
+        return RunnerHandle(proc.pid, proc_stat.start_ticks(proc.pid), job.attempt, cgroup)
 
     def load_handle(self, data: dict[str, Any]) -> RunnerHandle:
         return RunnerHandle.from_json(data)
@@ -146,7 +147,7 @@ class LocalExecutor:
         proc = self._children.get(job_id)
         if proc is not None:
             return proc.poll() is None
-        return procs.is_alive(launch.pid, launch.start_ticks)
+        return proc_stat.is_alive(launch.pid, launch.start_ticks)
 
     def _group(self, job_id: str, launch: RunnerHandle | None) -> int | None:
         # Signal the runner's group only while the runner lives: a dead leader's pid may have

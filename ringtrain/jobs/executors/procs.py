@@ -16,34 +16,11 @@ import signal
 from pathlib import Path
 
 from ringtrain.jobs.envvars import JOB_ID
+from ringtrain.jobs.proc_stat import is_alive, stat_fields
 
 log = logging.getLogger(__name__)
 
 _PROC = Path("/proc")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/PID/stat (state, ppid, pgrp, session, ...), or ``None`` if gone."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
-    return stat[stat.rindex(")") + 2:].split()
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or ``None`` if it is gone."""
-    fields = _stat_fields(pid)
-    return None if fields is None else int(fields[19])  # field 22 of stat(5)
-
-
-def is_alive(pid: int, ticks: int | None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, when ``ticks`` is given, started then."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return False
-    return ticks is None or int(fields[19]) == ticks
 
 
 def tree_pids(leader: int) -> list[int]:
@@ -56,7 +33,7 @@ def tree_pids(leader: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is None or fields[0] in ("Z", "X") or pid in (me, leader):
             continue
         ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])

@@ -1,7 +1,8 @@
 """Specs (what was requested), states with their transition tables, and infos (what is)."""
 
 from ringtrain.jobs.models.info import ClusterInfo, FileInfo, JobInfo, NodeCounts, NodeInfo
-from ringtrain.jobs.models.spec import ClusterSpec, JobSpec, load_job_spec, parse_job_spec
+from ringtrain.jobs.models.spec import ClusterSpec, JobSpec, parse_job_spec
+from ringtrain.jobs.models.specfile import load_job_spec
 from ringtrain.jobs.models.states import (
     AllocationState,
     JobState,

@@ -7,13 +7,15 @@ show as they are.
 
 from __future__ import annotations
 
-import json
+import os
 import re
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,18 +24,56 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
-from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.errors import SpecError, brief
+from ringtrain.jobs.models.ids import JOB_ID_RULE, NAME_RULE, Name
 from ringtrain.jobs.models.states import Priority
 
 # Names end up in ids, folder names and environment variable names, so they stay simple.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 IO_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
-Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+# Bounds of a spec: far above any real job, and small enough that the largest spec validates in
+# milliseconds (every check below is linear). A spec file or request body holds at most
+# MAX_SPEC_BYTES; the kernel's own limits on paths (PATH_MAX, NAME_MAX) bound the paths.
+MAX_SPEC_BYTES = 1 << 20
+MAX_ENTRIES = 256  # environment variables, inputs, outputs
+MAX_COMMAND_CHARS = 512 * 1024
+MAX_ENV_VALUE_CHARS = 64 * 1024
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
+MAX_ERRORS = 20  # reported at once; the rest are counted
+
+
+def _no_nul(value: str) -> str:
+    # A NUL cannot pass through exec, a file name or an environment variable.
+    if "\0" in value:
+        raise ValueError("must not contain NUL bytes (\\0)")
+    return value
+
+
+def _local_path(value: str) -> str:
+    _no_nul(value)
+    if "://" in value:  # a URL: handed to the job as it is
+        return value
+    raw = os.fsencode(value)
+    if len(raw) > MAX_PATH_BYTES:
+        raise ValueError(f"must be at most {MAX_PATH_BYTES} bytes long (got {len(raw)})")
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > MAX_NAME_BYTES:
+        raise ValueError(f"has a component longer than {MAX_NAME_BYTES} bytes ({len(longest)}), "
+                         "which no file system accepts")
+    return value
+
+
 IoName = Annotated[str, StringConstraints(pattern=IO_NAME_PATTERN)]
+Command = Annotated[str, StringConstraints(max_length=MAX_COMMAND_CHARS), AfterValidator(_no_nul)]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS),
+                     AfterValidator(_no_nul)]
+LocalPath = Annotated[str, StringConstraints(max_length=MAX_PATH_BYTES),
+                      AfterValidator(_local_path)]
 
 
 class JobSpec(BaseModel):
@@ -49,19 +89,23 @@ class JobSpec(BaseModel):
     node_count: int = Field(ge=1, le=1024, strict=True, description="Nodes the job needs (gang).")
     process_count_per_node: int = Field(
         1, ge=1, le=1024, strict=True, description="Worker processes (ranks) per node.")
-    command: str = Field(min_length=1, description="Shell command each rank runs.")
-    working_dir: str | None = Field(
+    command: Command = Field(min_length=1, description="Shell command each rank runs.")
+    working_dir: LocalPath | None = Field(
         None, description="Folder copied into the job's folder at submit time; the ranks' cwd.")
-    environment: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment variables of every rank.")
-    job_preparation: str | None = Field(
+    environment: dict[str, EnvValue] = Field(
+        default_factory=dict, max_length=MAX_ENTRIES,
+        description="Extra environment variables of every rank.")
+    job_preparation: Command | None = Field(
         None, description="Shell command run once per node before the workers start.")
-    inputs: dict[IoName, str] = Field(
-        default_factory=dict, description="Input paths, exposed as RINGTRAIN_INPUT_<NAME>.")
+    inputs: dict[IoName, LocalPath] = Field(
+        default_factory=dict, max_length=MAX_ENTRIES,
+        description="Input paths, exposed as RINGTRAIN_INPUT_<NAME>.")
     outputs: list[IoName] = Field(
-        default_factory=list, description="Output folders, exposed as RINGTRAIN_OUTPUT_<NAME>.")
+        default_factory=list, max_length=MAX_ENTRIES,
+        description="Output folders, exposed as RINGTRAIN_OUTPUT_<NAME>.")
     max_wall_clock_time: float | None = Field(
-        None, gt=0, description="Seconds from start; past it the job is stopped and failed.")
+        None, gt=0, allow_inf_nan=False,
+        description="Seconds from start; past it the job is stopped and failed.")
     max_retries: int = Field(0, ge=0, le=100, strict=True,
                              description="Times a failed job is re-queued.")
     priority: Priority = Field(Priority.NORMAL, description="low | normal | high.")
@@ -77,15 +121,15 @@ class JobSpec(BaseModel):
     @classmethod
     def _environment(cls, v: Any) -> Any:
         # YAML turns `EPOCHS: 1` into an int; environment values are strings, so scalars convert.
-        if not isinstance(v, dict):
-            return v
+        if not isinstance(v, dict) or len(v) > MAX_ENTRIES:
+            return v  # the field's own validation names the problem
         out = {}
         for key, value in v.items():
             if not isinstance(key, str) or not _matches(ENV_NAME_PATTERN, key):
-                raise ValueError(f"{key!r} is not a valid variable name (letters, digits, _)")
+                raise ValueError(f"{brief(key)} is not a valid variable name (letters, digits, _)")
             if key.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are set by "
-                                 "ringtrain itself")
+                raise ValueError(f"{brief(key)}: names starting with {RESERVED_ENV_PREFIX} are set "
+                                 "by ringtrain itself")
             if isinstance(value, (bool, int, float)):
                 value = str(value).lower() if isinstance(value, bool) else str(value)
             out[key] = value
@@ -94,7 +138,7 @@ class JobSpec(BaseModel):
     @field_validator("outputs")
     @classmethod
     def _unique_outputs(cls, v: list[str]) -> list[str]:
-        dupes = sorted({n for n in v if v.count(n) > 1})
+        dupes = sorted(n for n, count in Counter(v).items() if count > 1)
         if dupes:
             raise ValueError(f"names must be unique; repeated: {', '.join(dupes)}")
         return v
@@ -128,13 +172,12 @@ class ClusterSpec(BaseModel):
 
 
 def _matches(pattern: str, value: str) -> bool:
-    return re.match(pattern, value) is not None
+    return re.fullmatch(pattern, value) is not None
 
 
-_HINTS = {
-    "string_pattern_mismatch": "must start with a letter or digit and contain only letters, "
-                               "digits, '.', '_' or '-' (at most 63 characters)",
-}
+_IO_NAME_RULE = "names must start with a letter and contain only letters, digits or '_'"
+# What a pattern mismatch means, by the field it is in; any other field holds a name.
+_PATTERN_RULES = {"inputs": _IO_NAME_RULE, "outputs": _IO_NAME_RULE, "job_id": JOB_ID_RULE}
 
 
 def validation_errors(err: ValidationError, model: type[BaseModel] = JobSpec) -> list[dict[str, str]]:
@@ -144,19 +187,39 @@ def validation_errors(err: ValidationError, model: type[BaseModel] = JobSpec) ->
         err: the error pydantic raised.
         model: the model that was validated, to list its fields for unknown-field errors.
     """
+    return field_errors(err.errors(), list(model.model_fields))
+
+
+def field_errors(errors: Sequence[ErrorDetails], allowed: Sequence[str] = ()
+                 ) -> list[dict[str, str]]:
+    """Pydantic error details as ``{"field", "message"}`` pairs, at most :data:`MAX_ERRORS` of them.
+
+    Each message says what is allowed and echoes the bad value cut short, so a huge value cannot
+    make a huge message; past the limit one last entry counts the errors left out.
+
+    Args:
+        errors: pydantic's error details (``ValidationError.errors()``), locations as they should
+            be shown.
+        allowed: the fields of the validated model, named in unknown-field errors.
+    """
     out = []
-    for e in err.errors():
+    for e in errors[:MAX_ERRORS]:
         field = ".".join(str(p) for p in e["loc"]) or "(spec)"
         kind = e["type"]
         if kind == "extra_forbidden":
-            message = f"unknown field; allowed fields: {', '.join(model.model_fields)}"
-        elif kind == "string_pattern_mismatch" and e["loc"][0] in ("inputs", "outputs"):
-            message = "names must start with a letter and contain only letters, digits or '_'"
+            message = "unknown field"
+            if allowed:
+                message += f"; allowed fields: {', '.join(allowed)}"
+        elif kind == "string_pattern_mismatch":
+            message = _PATTERN_RULES.get(str(e["loc"][0]), NAME_RULE)
         else:
-            message = _HINTS.get(kind, e["msg"].removeprefix("Value error, "))
-        if kind != "missing" and kind != "extra_forbidden":
-            message += f" (got {e['input']!r})"
+            message = e["msg"].removeprefix("Value error, ")
+        if kind not in ("missing", "extra_forbidden"):
+            message += f" (got {brief(e['input'])})"
         out.append({"field": field, "message": message})
+    if len(errors) > MAX_ERRORS:
+        out.append({"field": "(spec)",
+                    "message": f"... and {len(errors) - MAX_ERRORS} more errors"})
     return out
 
 
@@ -175,21 +238,15 @@ def parse_job_spec(data: Any, source: str = "job spec") -> JobSpec:
         raise SpecError(validation_errors(e), source) from None
 
 
-def load_job_spec(path: str | Path) -> JobSpec:
-    """Read and validate a YAML or JSON spec file (JSON is YAML, so one parser reads both).
+def expand_path(value: str) -> Path:
+    """A spec's path as this host sees it: ``~`` expanded, absolute, symbolic links resolved.
 
     Raises:
-        SpecError: the file is unreadable, not YAML/JSON, or has bad fields.
+        ValueError: ``~user`` names no user, or the path loops through symbolic links; the
+            message says which.
     """
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError([{"field": "(file)", "message": f"cannot read {path}: {e.strerror}"}],
-                        f"job spec {path}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise SpecError([{"field": "(file)", "message": f"not valid YAML/JSON: {e}"}],
-                        f"job spec {path}") from None
-    return parse_job_spec(data, f"job spec {path}")
+        return Path(value).expanduser().resolve()
+    except (OSError, RuntimeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise ValueError(f"cannot use {brief(value)}: {reason}") from None

@@ -1,0 +1,1 @@
+"""The subcommands of `ringtrain data`, one module each (see :mod:`ringtrain.data.cli`)."""

@@ -1,0 +1,25 @@
+"""`EngineConfig`: the settings one engine is built with, and their defaults (Horovod's).
+
+A pure leaf (standard library only): the launcher carries it from its flags and YAML to the
+workers, and must import neither torch nor the engine to do so. The ``HOROVOD_*`` variables that
+transport it are named only in ``runner/env.py``, which renders and parses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine settings a launcher passes to its workers."""
+
+    fusion_threshold_bytes: int = 128 * 1024 * 1024  # Horovod's default fusion buffer
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    timeline_filename: str | None = None
+    timeline_mark_cycles: bool = False
+    stall_check_enabled: bool = True
+    stall_warning_s: float = 60.0
+    stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
+    log_level: str | None = None

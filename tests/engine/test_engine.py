@@ -1,0 +1,350 @@
+"""The engine, with N ranks as threads of this process: rounds, joins, mismatches, shutdown,
+stalls and failed peers, on real engines whose requests age by a clock the test moves.
+
+Requests are submitted from the test's thread to each rank's engine in turn (submission does not
+block); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from ringtrain.engine import engine as engine_module
+from ringtrain.engine.doorbell import NEGOTIATE
+from ringtrain.engine.engine import Engine
+from ringtrain.engine.handle import Handle
+from ringtrain.engine.request import Request, RequestMeta, TensorMeta
+from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
+from ringtrain.op_types import OpType, ReduceOp
+
+pytestmark = pytest.mark.timeout(20)
+
+WAIT_S = 5.0
+
+
+def submit(engine: Engine, name: str, tensor: torch.Tensor | None = None,
+           op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
+           root_rank: int = -1, ranks: tuple[int, ...] | None = None) -> Handle:
+    """Submit one operation on ``engine`` over ``ranks`` (the world by default), as the
+    frontend would."""
+    tensors = [] if tensor is None else [tensor.clone()]
+    ranks = tuple(range(engine.size)) if ranks is None else ranks
+    meta = RequestMeta(name=name, op=op, rank=engine.rank, set_ranks=ranks,
+                       tensors=tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type)
+                                     for t in tensors),
+                       reduce_op=reduce_op if op is OpType.ALLREDUCE else None,
+                       root_rank=root_rank)
+    handle = Handle(name)
+    engine.submit(Request(meta=meta, outputs=tensors, handle=handle))
+    return handle
+
+
+def join(engine: Engine) -> Handle:
+    return submit(engine, "join", op=OpType.JOIN)
+
+
+def results(handles: list[Handle]) -> list:
+    """Each handle's result, as a list for tensors."""
+    out = []
+    for handle in handles:
+        value = handle.wait(WAIT_S)
+        out.append(value.tolist() if isinstance(value, torch.Tensor) else value)
+    return out
+
+
+def errors(handles: list[Handle]) -> list[BaseException]:
+    """Each handle's error; fails the test if one succeeded."""
+    out = []
+    for handle in handles:
+        with pytest.raises(RuntimeError) as info:
+            handle.wait(WAIT_S)
+        out.append(info.value)
+    return out
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.002)
+
+
+def step(engines: list[Engine], names: tuple[str, ...], value: Callable[[int], float],
+         ranks: tuple[int, ...] | None = None) -> list:
+    """Every engine given submits ``names`` as one unit (a gradient bucket); the reduced
+    values."""
+    handles = []
+    for engine in engines:
+        with engine.one_round():
+            handles += [submit(engine, n, torch.full((2,), float(value(engine.rank))),
+                               ranks=ranks) for n in names]
+    return results(handles)
+
+
+# -- rounds ---------------------------------------------------------------------------------------
+
+def test_a_lone_operation_is_negotiated_and_runs_once_on_every_rank(start_engines):
+    world, engines = start_engines(3)
+    handles = [submit(e, "lone", torch.full((2,), e.rank + 1.0)) for e in engines]
+    assert results(handles) == [[6.0, 6.0]] * 3
+    assert world.completed["allreduce"] == 1
+    # the cache did not know the name: the metas were exchanged, in negotiation rounds only
+    assert world.completed["control_allgather"] >= 1
+    assert set(world.doorbell.bells()) == {NEGOTIATE}
+
+
+def test_a_cached_unit_runs_in_one_round_of_its_own_with_no_negotiation(start_engines):
+    world, engines = start_engines(2)
+    bucket = ("grad.a", "grad.b")
+    assert step(engines, bucket, lambda r: 1.0) == [[2.0, 2.0]] * 4  # negotiated and cached
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+    allreduces = world.completed["allreduce"]
+
+    for i in range(3):
+        assert step(engines, bucket, lambda r: r + i) == [[2.0 * i + 1] * 2] * 4
+
+    new_bells = world.doorbell.bells()[rounds:]
+    assert len(new_bells) == 3 and NEGOTIATE not in new_bells  # one unit round per step
+    assert world.completed["control_allreduce"] == negotiations
+    assert world.completed["allreduce"] == allreduces + 3  # the two tensors fused each time
+
+
+def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds(
+        start_engines, clock):
+    # rank 0 submits one unit of two names, rank 1 a unit per name: no readiness counter ever
+    # has all members, and the pending watch's negotiation rounds run them
+    world, engines = start_engines(2, probe_s=0.01)
+    step(engines, ("diff.a", "diff.b"), lambda r: 1.0)
+    for i in range(3):
+        handles = []
+        with engines[0].one_round():
+            handles += [submit(engines[0], n, torch.full((2,), 1.0)) for n in ("diff.a", "diff.b")]
+        for name in ("diff.a", "diff.b"):
+            with engines[1].one_round():
+                handles.append(submit(engines[1], name, torch.full((2,), float(i))))
+        clock.advance(1.0)
+        assert results(handles) == [[i + 1.0] * 2] * 4, f"step {i}"
+    assert world.completed["allreduce"] == 4  # each step: one round, both names fused
+
+
+def test_a_process_set_runs_among_its_members_and_its_units_leave_the_others_idle(
+        start_engines):
+    world, engines = start_engines(3)
+    evens = (0, 2)
+    for engine in engines:
+        world.backend(engine.rank).add_set(evens)
+    members = [engines[0], engines[2]]
+    assert step(members, ("set.a",), lambda r: r + 1.0, ranks=evens) == [[4.0, 4.0]] * 2
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+
+    assert step(members, ("set.a",), lambda r: r, ranks=evens) == [[2.0, 2.0]] * 2
+    assert len(world.doorbell.bells()) == rounds + 1  # a unit round, rank 1 read it too
+    assert world.completed["control_allreduce"] == negotiations
+    assert results([submit(e, "world.after", torch.ones(1)) for e in engines]) == [[3.0]] * 3
+
+
+def test_the_other_collectives_run_through_the_engine(start_engines):
+    _, engines = start_engines(3)
+    gathered = [submit(e, "gather", torch.full((e.rank + 1,), float(e.rank)),
+                       op=OpType.ALLGATHER) for e in engines]
+    broadcast = [submit(e, "bcast", torch.full((2,), float(e.rank)), op=OpType.BROADCAST,
+                        root_rank=1) for e in engines]
+    barrier = [submit(e, "barrier", op=OpType.BARRIER) for e in engines]
+    assert results(gathered) == [[0.0, 1.0, 1.0, 2.0, 2.0, 2.0]] * 3
+    assert results(broadcast) == [[1.0, 1.0]] * 3
+    assert results(barrier) == [None] * 3
+
+
+def test_a_name_in_flight_twice_is_refused(start_engines):
+    _, engines = start_engines(2)
+    first = submit(engines[0], "dup", torch.ones(1))
+    with pytest.raises(ValueError, match="'dup' is already in flight"):
+        submit(engines[0], "dup", torch.ones(1))
+    second = submit(engines[1], "dup", torch.ones(1))
+    assert results([first, second]) == [[2.0], [2.0]]
+
+
+# -- joins ----------------------------------------------------------------------------------------
+
+def test_join_returns_the_last_rank_to_join_and_joined_ranks_stand_in(start_engines, clock):
+    _, engines = start_engines(3)
+    steps: dict[int, list[Handle]] = {}
+    for engine in engines:  # rank r has r + 1 batches; an average counts ranks with data
+        steps[engine.rank] = [submit(engine, f"step.{s}", torch.full((1,), engine.rank + 1.0),
+                                     reduce_op=ReduceOp.AVERAGE) for s in range(engine.rank + 1)]
+    joins = {}
+    for rank in (0, 2, 1):  # rank 1 joins last, by the clock
+        joins[rank] = join(engines[rank])
+        clock.advance(1.0)
+
+    assert results([joins[r] for r in range(3)]) == [1, 1, 1]
+    for rank, handles in steps.items():
+        for s, value in enumerate(results(handles)):
+            with_data = [r + 1.0 for r in range(3) if r >= s]
+            assert value == [pytest.approx(sum(with_data) / len(with_data))]
+    after = [submit(e, "after.join", torch.ones(1)) for e in engines]
+    assert results(after) == [[3.0]] * 3
+
+
+def test_a_broadcast_needs_every_member_and_fails_once_one_has_joined(start_engines, clock):
+    _, engines = start_engines(2)
+    joined = join(engines[1])
+    (error,) = errors([submit(engines[0], "bcast", torch.ones(2), op=OpType.BROADCAST,
+                              root_rank=0)])
+    assert isinstance(error, TensorMismatchError)
+    assert "broadcast 'bcast' cannot run: rank(s) [1] have already called join()" in str(error)
+    clock.advance(1.0)
+    assert results([join(engines[0]), joined]) == [0, 0]
+
+
+def test_units_go_on_while_a_peer_has_joined_and_run_alone_again_after(start_engines, clock):
+    world, engines = start_engines(2)
+    bucket = ("unit.a", "unit.b")
+    step(engines, bucket, lambda r: 1.0)
+    joined = join(engines[1])
+    # rank 1 stands in for this one, so rank 0's engine has seen the join when it completes
+    assert results([submit(engines[0], "sync", torch.ones(1))]) == [[1.0]]
+
+    # rank 1 counts nothing while joined: the unit's counter cannot complete, and it must not
+    # wait for it
+    assert step(engines[:1], bucket, lambda r: 5.0) == [[5.0, 5.0]] * 2
+    clock.advance(1.0)
+    assert results([join(engines[0]), joined]) == [0, 0]
+
+    assert step(engines, bucket, lambda r: r + 1.0) == [[3.0, 3.0]] * 4
+    assert step(engines, bucket, lambda r: r + 2.0) == [[5.0, 5.0]] * 4
+    # the exchange that ran the unit without rank 1 renewed its counters: after at most a
+    # negotiation that still saw the join, the unit has rounds of its own again
+    assert world.doorbell.bells()[-1] != NEGOTIATE
+
+
+# -- mismatches -----------------------------------------------------------------------------------
+
+def test_a_mismatch_fails_that_operation_on_every_rank_and_the_engine_goes_on(start_engines):
+    _, engines = start_engines(2)
+    shape = errors([submit(e, "mm.shape", torch.ones(e.rank + 1)) for e in engines])
+    dtype = errors([submit(e, "mm.dtype", torch.ones(2, dtype=torch.float32 if e.rank
+                                                      else torch.float64)) for e in engines])
+    for error in shape:
+        assert isinstance(error, TensorMismatchError)
+        assert "'mm.shape': ranks disagree on the shape (rank 0: [1]; rank 1: [2])" in str(error)
+    for error in dtype:
+        assert "'mm.dtype': ranks disagree on the dtype (rank 0: float64; rank 1: float32)" \
+            in str(error)
+    assert results([submit(e, "after.mismatch", torch.ones(1)) for e in engines]) == [[2.0]] * 2
+
+
+def test_a_mismatch_on_a_cached_unit_renews_its_counter_and_unit_rounds_resume(start_engines):
+    world, engines = start_engines(2)
+    step(engines, ("cached",), lambda r: 1.0)
+    with engines[0].one_round():
+        good = submit(engines[0], "cached", torch.ones(2))
+    with engines[1].one_round():
+        bad = submit(engines[1], "cached", torch.ones(3))
+    for error in errors([good, bad]):
+        assert "'cached': ranks disagree on the shape (rank 0: [2]; rank 1: [3])" in str(error)
+
+    rounds = len(world.doorbell.bells())
+    assert step(engines, ("cached",), lambda r: r + 1.0) == [[3.0, 3.0]] * 2
+    new_bells = world.doorbell.bells()[rounds:]
+    assert len(new_bells) == 1 and new_bells != [NEGOTIATE]
+
+
+# -- shutdown -------------------------------------------------------------------------------------
+
+def test_shutdown_on_one_rank_stops_every_rank_and_fails_what_is_pending(start_engines):
+    _, engines = start_engines(3)
+    pending = submit(engines[0], "pending", torch.ones(1))  # waits for ranks 1 and 2
+    engines[2].shutdown(timeout=WAIT_S)
+
+    (error,) = errors([pending])
+    assert isinstance(error, HorovodInternalError)
+    assert "shut down (hvd.shutdown() was called on 1 rank(s))" in str(error)
+    wait_until(lambda: not any(e.running for e in engines), "every engine stopped")
+    for engine in engines:
+        engine.shutdown(timeout=WAIT_S)  # idempotent, on the rank that asked and the others
+        with pytest.raises(HorovodInternalError, match="shut down"):
+            submit(engine, "too.late", torch.ones(1))
+
+
+def test_a_unit_whose_block_closes_after_shutdown_fails_its_handles(start_engines):
+    _, engines = start_engines(2)
+    with engines[1].one_round():
+        late = submit(engines[1], "late", torch.ones(1))
+        engines[0].shutdown(timeout=WAIT_S)
+        wait_until(lambda: not engines[1].running, "rank 1 stopped")
+    (error,) = errors([late])
+    assert isinstance(error, HorovodInternalError) and "shut down" in str(error)
+
+
+# -- stalls ---------------------------------------------------------------------------------------
+
+def test_a_stall_warns_every_rank_then_stops_every_rank(start_engines, clock, caplog):
+    # the pending watch rings every 10 ms of real time once the clock has aged the request
+    _, engines = start_engines(2, probe_s=0.01, stall_warning_s=1.0, stall_shutdown_s=3.0)
+    caplog.set_level(logging.WARNING, logger="ringtrain.engine.stall")
+
+    def warnings() -> list[str]:
+        return sorted(r.getMessage() for r in caplog.records if r.name == "ringtrain.engine.stall")
+
+    stalled = submit(engines[0], "stalled.tensor", torch.ones(1))
+    clock.advance(1.5)
+    wait_until(lambda: len(warnings()) == 2, "both ranks warned")
+    for rank, message in zip((0, 1), warnings()):
+        assert message.startswith(f"rank {rank}: some ranks submitted operations")
+        assert ("stalled.tensor: submitted by ranks [0], waiting for ranks [1] for 1.5 s"
+                in message)
+    assert not stalled.done()
+
+    clock.advance(2.0)
+    (error,) = errors([stalled])
+    assert isinstance(error, StallError)
+    assert str(error).startswith("stalled for more than 3 s, shutting down")
+    assert "waiting for ranks [1] for 3.5 s" in str(error)
+    wait_until(lambda: not engines[1].running, "rank 1 stopped")
+    with pytest.raises(StallError, match="stalled.tensor"):
+        submit(engines[1], "after.stall", torch.ones(1))
+    assert len(warnings()) == 2  # one warning per rank and period
+
+
+# -- failed peers ---------------------------------------------------------------------------------
+
+def test_a_failed_peer_stops_every_engine_with_a_named_error(start_engines):
+    world, engines = start_engines(3)
+    world.fail(2, "connection reset by peer")
+    (error,) = errors([submit(engines[0], "orphan", torch.ones(1))])
+
+    assert isinstance(error, HorovodInternalError)
+    assert str(error).startswith("a collective failed on rank 0, most likely because another "
+                                 "rank failed or exited")
+    assert "rank 2 failed (connection reset by peer)" in str(error)
+    wait_until(lambda: not any(e.running for e in engines), "every engine stopped")
+    with pytest.raises(HorovodInternalError, match="rank 2's backend failed"):
+        submit(engines[2], "after.failure", torch.ones(1))
+    with pytest.raises(HorovodInternalError, match="a collective failed on rank 1"):
+        submit(engines[1], "after.failure", torch.ones(1))
+
+
+
+def test_a_round_stops_gathering_once_its_submitters_block_on_their_results(start_engines,
+                                                                             monkeypatch):
+    # A quiet period and a cycle far past the test's bound: only callers blocking on their
+    # handles can end the gathering (a synchronous collective submits nothing more).
+    monkeypatch.setattr(engine_module, "_QUIET_S", 60.0)
+    _, engines = start_engines(2, cycle_time_ms=600_000)
+    handles = [submit(e, "sync", torch.full((2,), e.rank + 1.0)) for e in engines]
+    out: dict[int, list] = {}
+    waiters = [threading.Thread(target=lambda i=i: out.setdefault(i, results([handles[i]])))
+               for i in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(WAIT_S + 1)
+    assert out == {0: [[3.0, 3.0]], 1: [[3.0, 3.0]]}
+    monkeypatch.setattr(engine_module, "_QUIET_S", 0.0002)  # shutdown rounds gather as usual

@@ -1,0 +1,125 @@
+"""A fuzz test of the REST API (issue 15): no request gets a 5xx, none takes a second.
+
+Schemathesis draws requests from the service's own OpenAPI document, ones that fit it and ones
+that do not; besides, any path or query parameter may be replaced by a hostile string (traversal,
+NUL bytes, over-long names) or by the id of a job that exists, so that the file routes get past
+the id check. A real server on loopback answers, with a fixed number of examples per operation
+(about 30 s in all on a 2-core machine).
+
+No drawn job ever runs: the only clusters have no nodes (every drawn node count is set to 0), and
+a drawn working_dir that exists on this host is replaced by a small folder, so that no drawn
+request copies, say, ``/``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis.generation.modes import GenerationMode
+
+from ringtrain.jobs.home import Home
+from tests.jobs.conftest import bearer
+from ringtrain.jobs.models.spec import expand_path
+
+EXAMPLES = 25
+SLOW_S = 1.0
+HOSTILE = st.sampled_from([
+    "..", ".", "../clusters/victim", "..%2F..", "/etc/passwd", "outputs/..", "a\x00b",
+    "a" * 256, "outputs/" + "a" * 300, "x/" * 2100, "~nosuchuser_rt/x", "é" * 200, " ",
+])
+TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=300)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[dict[str, Any]]:
+    """The server's URL and OpenAPI schema, a queued job with files, and a small folder."""
+    home, url = served
+    with httpx.Client(base_url=url, timeout=30, headers=bearer(home)) as http:
+        assert http.post("/v1/clusters", json={"name": "fuzz", "nodes": 0}).status_code == 201
+        r = http.post("/v1/jobs", json={"cluster": "fuzz", "spec": {
+            "name": "fuzzed", "node_count": 1, "command": "true", "outputs": ["o"]}})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+    (home.share_root / "jobs" / job_id / "outputs" / "o" / "f.txt").write_text("f")
+    small = tmp_path_factory.mktemp("small_wd")
+    (small / "a.txt").write_text("a")
+    yield {"url": url, "job_id": job_id, "small": str(small), "headers": bearer(home),
+           "schema": schemathesis.openapi.from_url(f"{url}/openapi.json", headers=bearer(home))}
+
+
+def operations() -> list[tuple[str, str, GenerationMode]]:
+    """(method, path, mode) of every route; negative cases only where there is input to spoil."""
+    plain = {("GET", "/v1/health"), ("GET", "/v1/clusters")}
+    routes = [("GET", "/v1/health"), ("GET", "/v1/clusters"), ("POST", "/v1/clusters"),
+              ("GET", "/v1/clusters/{name}"), ("PATCH", "/v1/clusters/{name}"),
+              ("DELETE", "/v1/clusters/{name}"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs"),
+              ("GET", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/terminate"),
+              ("DELETE", "/v1/jobs/{job_id}"), ("GET", "/v1/jobs/{job_id}/files"),
+              ("GET", "/v1/jobs/{job_id}/download"), ("GET", "/v1/jobs/{job_id}/logs")]
+    return [(m, p, mode) for m, p in routes for mode in GenerationMode
+            if mode == GenerationMode.POSITIVE or (m, p) not in plain]
+
+
+def test_the_schema_covers_every_route(fuzzed: dict[str, Any]) -> None:
+    documented = {(op.ok().method.upper(), op.ok().path)
+                  for op in fuzzed["schema"].get_all_operations()}
+    assert documented == {(m, p) for m, p, _ in operations()}
+
+
+@pytest.mark.parametrize("method,path,mode", operations(),
+                         ids=[f"{m} {p} {mode.value}" for m, p, mode in operations()])
+def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method: str, path: str,
+                                                mode: GenerationMode) -> None:
+    operation = fuzzed["schema"][path][method]
+    answers: list[tuple[int, float, str]] = []
+
+    @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    def fuzz(case: Any, data: st.DataObject) -> None:
+        harmless(case, fuzzed)
+        # Reads may name the job that exists; a terminate or delete of it would end it.
+        known = [fuzzed["job_id"]] if method == "GET" else []
+        for params in (case.path_parameters, case.query):
+            for key in list(params or {}):
+                params[key] = data.draw(st.sampled_from([params[key], *known]) | HOSTILE | TEXT,
+                                        label=key)
+        if case.query and fuzzed["job_id"] in (case.path_parameters or {}).values():
+            case.query["follow"] = "false"  # the job never ends: following it would not either
+        if mode == GenerationMode.POSITIVE and isinstance(case.body, dict) and "spec" in case.body:
+            case.body["cluster"] = data.draw(st.sampled_from(["fuzz", case.body["cluster"]]))
+        t0 = time.monotonic()
+        response = case.call(base_url=fuzzed["url"], timeout=10, headers=fuzzed["headers"])
+        took = time.monotonic() - t0
+        answers.append((response.status_code, took, case.as_curl_command()))
+        assert response.status_code < 500, (response.status_code, response.text[:500],
+                                            case.as_curl_command())
+        assert took < SLOW_S, (took, case.as_curl_command())
+
+    fuzz()
+    assert answers  # requests were drawn and sent
+
+
+def harmless(case: Any, fuzzed: dict[str, Any]) -> None:
+    """Make a drawn request safe to send: no cluster gets nodes, no big folder gets copied."""
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    if isinstance(body.get("nodes"), int):
+        body["nodes"] = 0
+    spec = body.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("working_dir"), str):
+        try:
+            folder = expand_path(spec["working_dir"]).is_dir()
+        except (ValueError, OSError):
+            folder = False
+        if folder:
+            spec["working_dir"] = fuzzed["small"]
