@@ -5,14 +5,21 @@ with the bad fields for 422, ...), so callers handle one error family whether th
 service in-process or over the network. Ids and names are checked against their patterns before
 a URL is built, and URL paths are built with escaping, so ``../clusters/victim`` never becomes
 another route.
+
+Two calls outlive a lost connection (a restarted server, a slow one): a submit is retried with
+the same idempotency key, so it never creates two jobs, and a followed log resumes from the last
+byte received. Between tries the client backs off (0.1 s doubling to 2 s) and, given a
+``locate`` function, finds the server again, which may listen on another port after a restart.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -34,6 +41,9 @@ from ringtrain.jobs.models.ids import check_job_id, check_name
 _BY_STATUS: dict[int, type[JobsError]] = {
     400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
 }
+T = TypeVar("T")
+#: Finds the server again after a lost connection: its url and token.
+Locate = Callable[[], tuple[str, "str | None"]]
 
 
 class JobsClient:
@@ -43,17 +53,51 @@ class JobsClient:
         url: the server, e.g. ``http://127.0.0.1:8123``.
         token: the bearer token, if the server requires one.
         timeout_s: per-request timeout (streams wait without one).
+        locate: finds the server again after a lost connection (default: the same url).
+        reconnect_s: how long a submit or a followed log keeps trying to reach the server
+            without progress before it gives up.
     """
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0):
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
+                 locate: Locate | None = None, reconnect_s: float = 60.0):
+        self._timeout_s = timeout_s
+        self._locate = locate
+        self.reconnect_s = reconnect_s
+        self._open(url, token)
+
+    def _open(self, url: str, token: str | None) -> None:
         self.url = url.rstrip("/")
+        self._token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers,
-                                  timeout=timeout_s)
+                                  timeout=self._timeout_s)
 
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
+
+    def reconnect(self) -> None:
+        """After a lost connection: talk to wherever the server is now (a restarted one may
+        listen on another port), if ``locate`` can tell; else nothing changes."""
+        if self._locate is None:
+            return
+        try:
+            url, token = self._locate()
+        except JobsError:  # not back yet: the next try fails, and backs off
+            return
+        if (url.rstrip("/"), token) != (self.url, self._token):
+            self._http.close()
+            self._open(url, token)
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """``call()``, tried again while the server cannot be reached (for ``reconnect_s``)."""
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            try:
+                return call()
+            except ServiceUnavailableError as e:
+                backoff.wait(e)
+            self.reconnect()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -92,11 +136,24 @@ class JobsClient:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def submit(self, cluster: str, spec: JobSpec) -> JobInfo:
-        """Queue a job on a cluster."""
+    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+        """Submit a job to a cluster, exactly once however often the connection fails.
+
+        Args:
+            cluster: the cluster.
+            spec: the job.
+            idempotency_key: names this submission (default: a new random key); every retry
+                sends it, so the server records one job whatever reached it.
+
+        Raises:
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+            ConflictError: the key was used before for another spec or cluster.
+        """
         body = {"cluster": check_name(cluster),
                 "spec": spec.model_dump(mode="json", exclude_unset=True)}
-        return JobInfo.model_validate(self._call("POST", "/jobs", json=body))
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        return JobInfo.model_validate(self._retrying(
+            lambda: self._call("POST", "/jobs", json=body, headers=headers)))
 
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:
@@ -160,10 +217,35 @@ class JobsClient:
 
     def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
              follow: bool = False) -> Iterator[bytes]:
-        """One rank's stdout or stderr; with ``follow``, until the job ends."""
-        params = {"rank": rank, "stream": stream, "follow": follow}
-        with self._stream("GET", _job_path(job_id, "logs"), params) as r:
-            yield from r.iter_raw()
+        """One rank's stdout or stderr; with ``follow``, until the job ends.
+
+        A followed log outlives the server: on a lost connection it reconnects and goes on
+        from the last byte received.
+
+        Raises:
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+        """
+        path = _job_path(job_id, "logs")
+        params: dict[str, Any] = {"rank": rank, "stream": stream, "follow": follow}
+        if not follow:
+            with self._stream("GET", path, params) as r:
+                yield from r.iter_raw()
+            return
+        offset = 0
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            try:
+                with self._stream("GET", path, {**params, "offset": offset}) as r:
+                    for chunk in r.iter_raw():
+                        offset += len(chunk)
+                        backoff.reset()
+                        yield chunk
+                # The stream ends with the job, or with a server that stopped serving it.
+                if self.get_job(job_id).state.is_terminal():
+                    return
+            except (ServiceUnavailableError, httpx.TransportError) as e:
+                backoff.wait(e)
+            self.reconnect()
 
     def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
         return _Stream(self._http, method, path, params, self.url)
@@ -198,6 +280,31 @@ def _cluster_path(name: str) -> str:
 
 def _job_path(job_id: str, *rest: str) -> str:
     return "/".join([f"/jobs/{quote(check_job_id(job_id), safe='')}", *rest])
+class _Backoff:
+    """Waits between tries: 0.1 s doubling to 2 s, for at most ``limit_s`` without progress."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Progress was made: the next wait is short again, and the limit starts anew."""
+        self.deadline = time.monotonic() + self.limit_s
+        self.delay = 0.1
+
+    def wait(self, cause: Exception) -> None:
+        """Sleep before the next try; past the limit, raise instead.
+
+        Raises:
+            ServiceUnavailableError: the limit is reached (``cause`` says why).
+        """
+        if time.monotonic() + self.delay > self.deadline:
+            if isinstance(cause, ServiceUnavailableError):
+                raise cause
+            raise ServiceUnavailableError(f"lost the job service and could not reconnect "
+                                          f"within {self.limit_s:g} s: {cause}") from None
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, 2.0)
 
 
 def _raise_for(response: httpx.Response) -> None:

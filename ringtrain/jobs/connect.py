@@ -86,7 +86,7 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
         home: the service home (default: ``RINGTRAIN_HOME``).
         url: an explicit server; never auto-started.
         token: its bearer token (default: ``RINGTRAIN_TOKEN``, or the one in server.json).
-        autostart: start the home's server if none runs.
+        autostart: start the home's server if none runs (also when the client reconnects).
 
     Raises:
         ServiceUnavailableError: no server, and none could be started.
@@ -96,12 +96,17 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
     if url:
         return JobsClient(url, token)
     home = home or Home.from_environ()
-    info = running_server(home)
-    if info is None:
-        if not autostart:
-            raise ServiceUnavailableError(f"no job server runs for {home.root}")
-        info = start_server(home)
-    return JobsClient(info.url, token or info.token)
+
+    def locate() -> tuple[str, str | None]:
+        # The home's server now: after a restart it may listen on another port.
+        info = running_server(home)
+        if info is None:
+            if not autostart:
+                raise ServiceUnavailableError(f"no job server runs for {home.root}")
+            info = start_server(home)
+        return info.url, token or info.token
+
+    return JobsClient(*locate(), locate=locate)
 
 
 def stop_server(home: Home, timeout_s: float = 15.0) -> ServerInfo | None:

@@ -42,6 +42,11 @@ class Home:
         return self.root / "server.json"
 
     @property
+    def token_file(self) -> Path:
+        """The home's bearer token (mode 600), see :mod:`ringtrain.jobs.auth`."""
+        return self.root / "token"
+
+    @property
     def server_log(self) -> Path:
         return self.root / "server.log"
 
@@ -51,8 +56,11 @@ class Home:
         return self.root / "server.lock"
 
     def ensure(self) -> Home:
-        """Create the home and share folders (private to the user: tokens live here)."""
+        """Create the home and share folders; the home is private to the user (the token
+        lives there), also when it existed before."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.root.stat().st_mode & 0o077:
+            self.root.chmod(0o700)
         self.share_root.mkdir(exist_ok=True)
         return self
 

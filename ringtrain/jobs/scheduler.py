@@ -1,21 +1,34 @@
 """The scheduler: supervises running attempts and starts queued jobs, one synchronous tick at a time.
 
 Rules: a job starts only when all the nodes it needs are idle (gang allocation); high priority
-before normal before low, first come first served within a priority; and no backfill — a job
-that waits for nodes is not overtaken by a later, smaller one, so large jobs never starve.
-Time comes from an injectable clock, so tests drive wall-clock limits without sleeping.
+before normal before low, first come first served within a priority. The first job that waits
+for nodes holds a reservation: a later job may start before it (backfill) only where that cannot
+delay it — on nodes it will not need once the running jobs have ended, or when the later job's
+``max_wall_clock_time`` ends it before the running jobs' limits free the nodes the waiting job
+needs. A job needing more nodes than the cluster has holds no reservation: it cannot start
+before a resize, so it blocks nobody. Time comes from an injectable clock, so tests drive
+wall-clock limits without sleeping.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ringtrain.jobs.errors import ConflictError, JobsError, RecordError
 from ringtrain.jobs.executors.base import Executor, LaunchHandle, Observation
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.models import AllocationState, ClusterInfo, JobInfo, JobState, NodeState
+from ringtrain.jobs.models import (
+    AllocationState,
+    ClusterInfo,
+    JobInfo,
+    JobState,
+    NodeInfo,
+    NodeState,
+)
 from ringtrain.jobs.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,7 +70,8 @@ class Scheduler:
             self._allocate(cluster)
 
     def terminate(self, job_id: str) -> JobInfo:
-        """Stop a job: a queued one ends at once, a started one once its processes are gone.
+        """Stop a job: a staging or queued one ends at once, a started one once its processes
+        are gone.
 
         Raises:
             NotFoundError: no such job.
@@ -65,7 +79,7 @@ class Scheduler:
         """
         job = self.store.get_job(job_id)
         now = self.clock()
-        if job.state == JobState.QUEUED:
+        if job.state in (JobState.STAGING, JobState.QUEUED):
             return self.store.update_job(job_id, JobState.TERMINATED, now,
                                          message="terminated before it started")
         if job.state not in (JobState.PREPARING, JobState.RUNNING):
@@ -136,25 +150,67 @@ class Scheduler:
         log.info("job %s: %s", job.id, self.store.get_job(job.id).state.value)
 
     def _allocate(self, cluster: ClusterInfo) -> None:
-        idle = [n for n in self.store.list_nodes(cluster.name) if n.state == NodeState.IDLE]
+        nodes = self.store.list_nodes(cluster.name)
+        idle = [n for n in nodes if n.state == NodeState.IDLE]
         queued = self.store.list_jobs(cluster=cluster.name, states=[JobState.QUEUED])
         # Stable sort: submission order (the store's order) is kept within a priority.
         queued.sort(key=lambda j: -j.spec.priority.rank)
+        now = self.clock()
+        reservation: _Reservation | None = None
         for job in queued:
             need = job.spec.node_count
-            if need > len(idle):
-                self._note_waiting(job, cluster, len(idle))
-                break  # no backfill: later jobs wait behind this one
-            nodes, idle = idle[:need], idle[need:]
-            now = self.clock()
-            job = self.store.update_job(job.id, JobState.PREPARING, now,
-                                        nodes=[n.index for n in nodes], message="")
-            try:
-                self.store.set_launch(job.id, self.executor.start(job, nodes).to_json())
-            except OSError as e:
-                log.exception("job %s could not start", job.id)
-                self.store.update_job(job.id, JobState.FAILED, now,
-                                      message=f"could not start the job: {e}")
+            fits = need <= len(idle)
+            if need > cluster.target_nodes:
+                pass  # waits for a resize, so no node it could use now is held back for it
+            elif reservation is None and not fits:
+                reservation = self._reserve(need, len(idle), nodes, now)
+            elif fits and (reservation is None or reservation.admit(
+                    self._latest_end(job, now), need)):
+                idle = idle[need:] if self._start(job, idle[:need], now) else idle
+                continue
+            self._note_waiting(job, cluster, len(idle))
+
+    def _start(self, job: JobInfo, nodes: list[NodeInfo], now: float) -> bool:
+        """Give ``nodes`` to ``job`` and start its attempt; False if that could not start."""
+        job = self.store.update_job(job.id, JobState.PREPARING, now,
+                                    nodes=[n.index for n in nodes], message="")
+        try:
+            self.store.set_launch(job.id, self.executor.start(job, nodes).to_json())
+        except OSError as e:
+            log.exception("job %s could not start", job.id)
+            self.store.update_job(job.id, JobState.FAILED, now,
+                                  message=f"could not start the job: {e}")
+            return False
+        return True
+
+    def _reserve(self, need: int, idle: int, nodes: list[NodeInfo], now: float) -> _Reservation:
+        """The reservation of a job needing ``need`` nodes: the latest time it can start, given
+        the running jobs' wall-clock limits, and how many nodes it will not need then."""
+        held: dict[str, int] = {}
+        for node in nodes:  # a leaving node goes away with its job: it frees nothing
+            if node.job_id is not None and node.state != NodeState.LEAVING:
+                held[node.job_id] = held.get(node.job_id, 0) + 1
+        ends = sorted((self._latest_end(self.store.get_job(job_id), now), count)
+                      for job_id, count in held.items())
+        free, start = idle, now
+        for end, count in ends:
+            if free >= need:
+                break
+            free, start = free + count, end
+        if free < need:  # unusable nodes: no end of a running job frees enough
+            return _Reservation(math.inf, 0)
+        return _Reservation(start, free - need)
+
+    def _latest_end(self, job: JobInfo, now: float) -> float:
+        """When the job's attempt (if started now, for a queued one) ends at the latest: its
+        wall-clock limit plus the stop grace; infinity without a limit."""
+        if job.state == JobState.TERMINATING:
+            return (job.terminate_requested_at or now) + self.stop_grace_s
+        limit = job.spec.max_wall_clock_time
+        if limit is None:
+            return math.inf
+        started = now if job.state == JobState.QUEUED or job.started_at is None else job.started_at
+        return started + limit + self.stop_grace_s
 
     def _note_waiting(self, job: JobInfo, cluster: ClusterInfo, idle: int) -> None:
         need = job.spec.node_count
@@ -165,3 +221,27 @@ class Scheduler:
             message = f"waiting for {need} idle nodes ({idle} idle now)"
         if job.message != message:
             self.store.set_message(job.id, message)
+
+
+@dataclass
+class _Reservation:
+    """What the first waiting job of a cluster is owed.
+
+    Attributes:
+        start: when enough nodes are idle for it at the latest (infinity when a running job has
+            no wall-clock limit on the way).
+        spare: nodes idle by then that it will not need; backfilled jobs that may still run
+            then use them up.
+    """
+
+    start: float
+    spare: int
+
+    def admit(self, end: float, need: int) -> bool:
+        """Whether a job ending by ``end`` and needing ``need`` nodes may start before it."""
+        if end <= self.start < math.inf:
+            return True
+        if need <= self.spare:
+            self.spare -= need
+            return True
+        return False

@@ -1,14 +1,14 @@
 """Serving the job service: ``ringtrain server`` runs the API and the scheduler loop in one process.
 
 One server per home (an flock on ``server.lock``); its address, pid and token go to
-``server.json`` so the CLI finds it. It binds to loopback unless given a token: the API starts
-processes on this host, so exposing it without authentication would hand the host to anyone.
+``server.json`` so the CLI finds it. Every request needs the home's token (or the one given with
+``--token``), and must name the server in its Host header (:mod:`ringtrain.jobs.auth`). Binding
+off loopback needs a token given explicitly, the one remote clients will be handed.
 """
 
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import logging
 import os
 import socket
@@ -21,6 +21,7 @@ from typing import IO
 from fastapi import FastAPI
 
 from ringtrain.errors import ConfigError
+from ringtrain.jobs.auth import allowed_hosts, home_token, is_loopback, is_wildcard
 from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
@@ -28,26 +29,23 @@ from ringtrain.jobs.server_info import ServerInfo
 log = logging.getLogger(__name__)
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse a non-loopback address without a token.
+def check_bind(host: str, token: str | None, public_host: str | None = None) -> None:
+    """Refuse a non-loopback address without a token, and a wildcard one without a public name.
 
     Raises:
-        ConfigError: ``host`` is reachable from other machines and ``token`` is empty.
+        ConfigError: ``host`` is reachable from other machines and ``token`` is empty, or it
+            binds every interface and ``public_host`` does not say which name clients use.
     """
-    if not is_loopback(host) and not token:
+    if is_loopback(host):
+        return
+    if not token:
         raise ConfigError(f"binding the job service to {host} exposes it to the network, and it "
                           "runs commands on this host: pass --token (or set RINGTRAIN_TOKEN); "
                           "clients then send `Authorization: Bearer <token>`")
+    if is_wildcard(host) and not public_host:
+        raise ConfigError(f"binding the job service to {host} answers on every address of this "
+                          "host: pass --public-host NAME, the host name clients put in their URL "
+                          "(requests naming another host are refused, against DNS rebinding)")
 
 
 def _lock(home: Home) -> IO[str]:
@@ -83,18 +81,22 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+          public_host: str | None = None) -> None:
     """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
 
     Args:
         home: the service home (database, share, server.json).
         host: the address to bind.
         port: the port; 0 picks a free one.
-        token: the bearer token clients must send (required off loopback).
+        token: the bearer token clients must send (required off loopback); by default the
+            home's own (:func:`ringtrain.jobs.auth.home_token`).
+        public_host: the name remote clients use in their URL (required for a wildcard host).
 
     Raises:
-        ConfigError: a non-loopback host without a token.
+        ConfigError: a non-loopback host without a token, or a wildcard one without a name.
         ConflictError: another server already serves this home.
+        RecordError: the home's token file is unsafe or damaged.
     """
     # Imported here: `ringtrain server stop|status` and the job runner never load the web stack.
     import uvicorn
@@ -105,8 +107,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore
 
-    check_bind(host, token)
+    check_bind(host, token, public_host)
     home.ensure()
+    token = token or home_token(home)
     lock = _lock(home)
     sock = _bind(host, port)
     store = SQLiteStore(home.db_path)
@@ -128,8 +131,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
             service.wake.set()
             loop.join(timeout=10)
 
-    app = create_app(service, token=token, home=str(home.root), lifespan=lifespan)
     bound_port = sock.getsockname()[1]
+    app = create_app(service, token=token, home=str(home.root), lifespan=lifespan,
+                     allowed_hosts=allowed_hosts(host, bound_port, public_host))
     info = ServerInfo(pid=os.getpid(), url=f"http://{_url_host(host)}:{bound_port}", host=host,
                       port=bound_port, token=token, home=str(home.root), started_at=time.time())
     info.write(home.server_file)

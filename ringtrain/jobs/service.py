@@ -14,17 +14,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from ringtrain.jobs.errors import ConflictError, InvalidRequestError, SpecError, brief
+from ringtrain.jobs.errors import (
+    ConflictError,
+    InvalidRequestError,
+    InvalidTransitionError,
+    JobsError,
+    NotFoundError,
+    SpecError,
+    brief,
+)
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
 from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
+from ringtrain.jobs.stager import Stager
 from ringtrain.jobs.store import Store
 
 log = logging.getLogger(__name__)
 
 LOG_STREAMS = ("stdout", "stderr")
+#: The most bytes one argument or environment entry of exec(2) may hold on Linux
+#: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
+MAX_ARG_BYTES = 131_071
 
 
 class JobService:
@@ -45,6 +57,7 @@ class JobService:
         self.clock = clock
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set after a change the scheduler should act on at once
+        self.stager = Stager(self._stage)
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -84,7 +97,8 @@ class JobService:
         """
         with self.lock:
             info = self.store.mark_cluster_deleting(name)
-            for job in self.store.list_jobs(cluster=name, states=[JobState.QUEUED]):
+            for job in self.store.list_jobs(cluster=name,
+                                            states=[JobState.STAGING, JobState.QUEUED]):
                 self.store.update_job(job.id, JobState.FAILED, self.clock(),
                                       message=f"cluster {name} was deleted before the job started")
             if info.current_nodes == 0:
@@ -93,18 +107,65 @@ class JobService:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def submit(self, cluster: str, spec: JobSpec) -> JobInfo:
-        """Queue a job on a cluster; its working dir is copied now.
+    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+        """Record a job on a cluster; it queues once its working dir is copied.
+
+        Without a working dir the job is queued before this returns; with one it is returned
+        ``staging``, and the copy runs in the background (a failed copy fails the job).
+
+        Args:
+            cluster: the cluster to run on.
+            spec: the job.
+            idempotency_key: the client's name for this submission: a repeated key returns the
+                job recorded under it, and never creates another.
 
         Raises:
             NotFoundError: no such cluster.
-            ConflictError: the cluster is being deleted.
+            ConflictError: the cluster is being deleted, or the key was used for another
+                spec or cluster.
             SpecError: the spec does not fit the cluster, or an input path is missing.
         """
+        if idempotency_key is not None and (known := self.store.find_job(idempotency_key)):
+            return _same_submission(known, cluster, spec, idempotency_key)
+        self._check(cluster, spec)
+        for _ in range(100):  # six hex digits can collide, rarely
+            job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
+            if self.share.job_dir(job_id).exists():
+                continue
+            job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
+                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)))
+            try:
+                with self.lock:
+                    recorded = self.store.add_job(job, idempotency_key)
+            except ConflictError:  # the id is taken
+                continue
+            break
+        else:
+            raise ConflictError(f"no free job id for the name {spec.name!r}; try another name")
+        if recorded.id != job.id:  # a concurrent request with the same key was first
+            return _same_submission(recorded, cluster, spec, idempotency_key or "")
+        if spec.working_dir:
+            self.stager.put(job)
+            return job
+        self._stage(job)
+        return self.store.get_job(job.id)
+
+    def resume_staging(self) -> None:
+        """Stage again the jobs a previous server left ``staging`` (stopped mid-copy)."""
+        for job in self.store.list_jobs(states=[JobState.STAGING]):
+            self.stager.put(job)
+
+    def _check(self, cluster: str, spec: JobSpec) -> None:
+        """Refuse a spec that does not fit the cluster or this host."""
         info = self.store.get_cluster(cluster)
         if info.allocation_state == AllocationState.DELETING:
             raise ConflictError(f"cluster {cluster} is being deleted; it takes no new jobs")
         errors = []
+        if info.max_nodes is not None and spec.node_count > info.max_nodes:
+            errors.append({"field": "node_count",
+                           "message": f"{spec.node_count} nodes, but cluster {cluster} can have "
+                                      f"at most {info.max_nodes} (max_nodes; it has "
+                                      f"{info.target_nodes} now)"})
         if spec.process_count_per_node > info.slots:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "
@@ -117,22 +178,34 @@ class JobService:
             problem = None if "://" in path else _local_problem(path, folder=False)
             if problem:
                 errors.append({"field": f"inputs.{name}", "message": problem})
+        errors += _exec_errors(spec)
         if errors:
             raise SpecError(errors)
-        job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
-        while self.share.job_dir(job_id).exists():  # six hex digits can collide, rarely
-            job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
-        job_dir = self.share.create_job_dir(job_id, spec)
-        job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.QUEUED,
-                      created_at=self.clock(), job_dir=str(job_dir))
+
+    def _stage(self, job: JobInfo) -> None:
+        """Make the job's folder (copying its working dir), then queue it.
+
+        A job terminated, failed or deleted meanwhile stays as it is.
+        """
+        self.share.remove_job_dir(job.id)  # what a server stopped mid-copy left
         try:
-            with self.lock:
-                job = self.store.add_job(job)
-        except BaseException:
-            self.share.remove_job_dir(job_id)
-            raise
-        self.wake.set()
-        return job
+            self.share.create_job_dir(job.id, job.spec)
+        except (OSError, JobsError) as e:
+            self._end_staging(job.id, JobState.FAILED, f"could not copy the working dir: {e}")
+            return
+        if self._end_staging(job.id, JobState.QUEUED, ""):
+            self.wake.set()
+
+    def _end_staging(self, job_id: str, target: JobState, message: str) -> bool:
+        with self.lock:
+            try:
+                self.store.update_job(job_id, target, self.clock(), message=message)
+                return True
+            except InvalidTransitionError:  # terminated, or its cluster deleted, meanwhile
+                return False
+            except NotFoundError:  # and deleted too: its folder goes with it
+                self.share.remove_job_dir(job_id)
+                return False
 
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:
@@ -196,17 +269,46 @@ class JobService:
         with self.lock:
             self.scheduler.tick()
 
-    def run_loop(self, stop: threading.Event, interval_s: float = 0.1) -> None:
-        """Tick until ``stop`` is set; a change (submit, terminate) wakes it early."""
+    def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
+                 min_gap_s: float = 0.05) -> None:
+        """Resume staging, then tick until ``stop`` is set.
+
+        A change (submit, terminate) wakes the loop early, but ticks stay ``min_gap_s`` apart:
+        a tick reads every queued job, and a burst of submits must not keep it reading
+        without pause while requests wait for the interpreter.
+        """
+        self.resume_staging()
         while not stop.is_set():
             try:
                 self.tick()
             except Exception:  # one bad tick must not stop the service
                 log.exception("scheduler tick failed")
-            self.wake.wait(interval_s)
+            if stop.wait(min_gap_s):
+                return
+            self.wake.wait(interval_s - min_gap_s)
             self.wake.clear()
 
 
+def _exec_errors(spec: JobSpec) -> list[dict[str, str]]:
+    """The strings of ``spec`` too large for the kernel to pass to a program."""
+    strings = [("command", spec.command), ("job_preparation", spec.job_preparation or "")]
+    strings += [(f"environment.{k}", f"{k}={v}") for k, v in spec.environment.items()]
+    errors = []
+    for field, value in strings:
+        size = len(value.encode())
+        if size > MAX_ARG_BYTES:
+            errors.append({"field": field, "message": (
+                f"{size} bytes, but the kernel passes at most {MAX_ARG_BYTES} bytes in one "
+                "argument or variable: put a long script in a file of working_dir and run that")})
+    return errors
+
+
+def _same_submission(known: JobInfo, cluster: str, spec: JobSpec, key: str) -> JobInfo:
+    """``known``, recorded under ``key``, if it asked for the same; else a ConflictError."""
+    if (known.cluster, known.spec) != (cluster, spec):
+        raise ConflictError(f"the idempotency key {key!r} was already used for job {known.id}, "
+                            "with another spec or cluster; a new job needs a new key")
+    return known
 def _local_problem(value: str, folder: bool) -> str | None:
     """Why a spec's path is no folder (or no file or folder) on this host, or ``None``."""
     try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from ringtrain.errors import ConfigError
-from ringtrain.runner.result import EXIT_START_FAILED
+from ringtrain.runner.result import EXIT_START_FAILED, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,22 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"ringtrain run: {e}", file=sys.stderr)
         return EXIT_START_FAILED
+    if config.result_file:
+        _write_result(config.result_file, result)
     if result.succeeded:
         log.info("%s", result.message)
     else:
         print(f"ringtrain run: {result.message}", file=sys.stderr)
     return result.exit_code
+
+
+def _write_result(path: str, result: RunResult) -> None:
+    """Replace ``path`` atomically with the result (a reader never sees half of it)."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(result.to_json(), f)
+        os.replace(tmp, path)
+    except OSError as e:  # the run is over; its exit status still tells the outcome
+        print(f"ringtrain run: --result-file {path}: cannot write it ({e.strerror})",
+              file=sys.stderr)

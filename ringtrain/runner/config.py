@@ -71,6 +71,7 @@ class LaunchConfig:
     start_timeout_s: float = 30.0
     network_interfaces: tuple[str, ...] = ()
     output_filename: str | None = None
+    result_file: str | None = None
     prefix_output_with_timestamp: bool = False
     verbose: bool = False
     knobs: EngineConfig = field(default_factory=EngineConfig)
@@ -158,6 +159,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         start_timeout_s=values["start_timeout"],
         network_interfaces=_interfaces(values["network_interfaces"]),
         output_filename=values["output_filename"],
+        result_file=values["result_file"],
         prefix_output_with_timestamp=values["prefix_output_with_timestamp"],
         verbose=values["verbose"],
         knobs=_knobs(values, environ),

@@ -67,6 +67,9 @@ OPTIONS: tuple[Option, ...] = (
          help="also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr"),
     _opt("--prefix-output-with-timestamp", dest="prefix_output_with_timestamp", group=_OUT,
          help="prefix each line on the terminal with the time it was read"),
+    _opt("--result-file", dest="result_file", type=str, metavar="FILE", group=_OUT,
+         help="write the outcome to FILE as JSON: the exit status, the summary line and each "
+              "root cause's rank and exit code (the job service reads it)"),
     _opt("--verbose", dest="verbose", group=_OUT, help="log what the launcher does"),
     _opt("--log-level", dest="log_level", type=str.upper, metavar="LEVEL", group=_OUT,
          help=f"the workers' log level, one of {', '.join(LOG_LEVELS)}"),

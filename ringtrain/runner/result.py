@@ -10,6 +10,7 @@ import enum
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ringtrain.errors import RingtrainError
 
@@ -114,6 +115,14 @@ class RunResult:
         if any(o.state is RankState.START_FAILED for o in self.root_causes):
             return EXIT_START_FAILED
         return EXIT_RANK_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--result-file`` holds: the exit status, the summary line, and each root
+        cause's rank, host, state, exit code and signal (``None`` when it has none)."""
+        return {"exit_code": self.exit_code, "message": self.message,
+                "root_causes": [{"rank": c.rank, "hostname": c.hostname, "state": c.state.value,
+                                 "exit_code": c.exit_code, "signal": c.signal}
+                                for c in self.root_causes]}
 
     @property
     def message(self) -> str:

@@ -151,12 +151,18 @@ def test_cli_rejects_bad_input_with_exit_2(tmp_path, argv, message):
 
 def test_cli_reports_the_root_cause_and_exits_1(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
-    proc = cli(["-np", "2", PY, script, "exit:1:3"], tmp_path)
+    result_file = tmp_path / "result.json"
+    proc = cli(["-np", "2", "--result-file", str(result_file), PY, script, "exit:1:3"], tmp_path)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert err.splitlines()[-1] == (
         "ringtrain run: rank 1 on localhost exited with code 3; stopped the other 1 rank")
     assert "[0]<stdout>:rank 0 ready" in out and "[1]<stdout>:rank 1 ready" in out
+    assert json.loads(result_file.read_text()) == {
+        "exit_code": 1,
+        "message": "rank 1 on localhost exited with code 3; stopped the other 1 rank",
+        "root_causes": [{"rank": 1, "hostname": "localhost", "state": "failed", "exit_code": 3,
+                         "signal": None}]}
 
 
 def test_cli_ctrl_c_stops_every_rank(tmp_path):

@@ -9,16 +9,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ringtrain import cli as ringtrain_cli
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs.auth import home_token
 from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.home import Home
@@ -142,6 +143,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
     for job_dir in (jobs.iterdir() if jobs.exists() else []):
         for pid in procs.job_pids(job_dir.name):
             os.kill(pid, signal.SIGKILL)
+    if (groups := cgroups.JobCgroups.detect(h.share_root.resolve())) is not None:
+        groups.sweep()  # attempts no server will release
+
+
+CLI = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -155,6 +161,11 @@ def cli(capsys: pytest.CaptureFixture[str]) -> CLI:
         out, err = capsys.readouterr()
         return rc, out, err
     return run
+
+
+def bearer(home: Home) -> dict[str, str]:
+    """The header that a raw HTTP client of ``home``'s server must send."""
+    return {"Authorization": f"Bearer {home_token(home)}"}
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from ringtrain.jobs.home import Home
+from tests.jobs.conftest import bearer, wait_for
 
 from .conftest import flipping
 
@@ -22,7 +23,7 @@ from .conftest import flipping
 @pytest.fixture(scope="module")
 def http(served: tuple[Home, str]) -> Iterator[httpx.Client]:
     """A client of the module's server, which has `idle` (no nodes: its jobs never run)."""
-    with httpx.Client(base_url=served[1], timeout=30) as client:
+    with httpx.Client(base_url=served[1], timeout=30, headers=bearer(served[0])) as client:
         assert client.post("/v1/clusters", json={"name": "idle", "nodes": 0}).status_code == 201
         yield client
 
@@ -53,7 +54,7 @@ def test_a_huge_output_list_neither_freezes_the_api_nor_takes_long(http: httpx.C
     poster = threading.Thread(target=post)
     poster.start()
     slowest = 0.0
-    with httpx.Client(base_url=str(http.base_url), timeout=30) as probe:
+    with httpx.Client(base_url=str(http.base_url), timeout=30, headers=http.headers) as probe:
         while poster.is_alive():
             t0 = time.monotonic()
             assert probe.get("/v1/health").status_code == 200
@@ -143,8 +144,13 @@ def test_bad_specs_get_4xx_naming_the_problem(http: httpx.Client, tmp_path: Path
     wd = tmp_path / "wd"
     wd.mkdir()
     os.mkfifo(wd / "pipe")
+    # The working dir is copied after the submit answers (it may be large): the job fails then,
+    # and says why, instead of the copy blocking on the pipe.
     r = submit(http, working_dir=str(wd))
-    assert r.status_code == 400 and "pipe' is a named pipe" in r.json()["detail"]
+    assert r.status_code == 201, r.text
+    failed = wait_for(lambda: (j := http.get(f"/v1/jobs/{r.json()['id']}").json())["state"]
+                      == "failed" and j, timeout_s=30)
+    assert "pipe' is a named pipe" in failed["message"], failed
 
     raw = b'{"cluster": "idle", "spec": {"node_count": 1, "command": "x", ' \
           b'"max_wall_clock_time": Infinity}}'

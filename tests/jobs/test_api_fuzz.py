@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
 from ringtrain.jobs.home import Home
+from tests.jobs.conftest import bearer
 from ringtrain.jobs.models.spec import expand_path
 
 EXAMPLES = 25
@@ -41,7 +42,7 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[dict[str, Any]]:
     """The server's URL and OpenAPI schema, a queued job with files, and a small folder."""
     home, url = served
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with httpx.Client(base_url=url, timeout=30, headers=bearer(home)) as http:
         assert http.post("/v1/clusters", json={"name": "fuzz", "nodes": 0}).status_code == 201
         r = http.post("/v1/jobs", json={"cluster": "fuzz", "spec": {
             "name": "fuzzed", "node_count": 1, "command": "true", "outputs": ["o"]}})
@@ -50,8 +51,8 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
     (home.share_root / "jobs" / job_id / "outputs" / "o" / "f.txt").write_text("f")
     small = tmp_path_factory.mktemp("small_wd")
     (small / "a.txt").write_text("a")
-    yield {"url": url, "job_id": job_id, "small": str(small),
-           "schema": schemathesis.openapi.from_url(f"{url}/openapi.json")}
+    yield {"url": url, "job_id": job_id, "small": str(small), "headers": bearer(home),
+           "schema": schemathesis.openapi.from_url(f"{url}/openapi.json", headers=bearer(home))}
 
 
 def operations() -> list[tuple[str, str, GenerationMode]]:
@@ -96,7 +97,7 @@ def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method:
         if mode == GenerationMode.POSITIVE and isinstance(case.body, dict) and "spec" in case.body:
             case.body["cluster"] = data.draw(st.sampled_from(["fuzz", case.body["cluster"]]))
         t0 = time.monotonic()
-        response = case.call(base_url=fuzzed["url"], timeout=10)
+        response = case.call(base_url=fuzzed["url"], timeout=10, headers=fuzzed["headers"])
         took = time.monotonic() - t0
         answers.append((response.status_code, took, case.as_curl_command()))
         assert response.status_code < 500, (response.status_code, response.text[:500],

@@ -12,7 +12,7 @@ import pytest
 
 from ringtrain.jobs.home import Home
 
-from .conftest import CLI
+from .conftest import CLI, wait_for
 from .test_spec import LAUGHS
 
 
@@ -79,5 +79,10 @@ def test_traversal_and_hostile_input_through_the_cli(home: Home, cli: CLI,
     pipe_wd.mkdir()
     os.mkfifo(pipe_wd / "fifo")
     spec = write(tmp_path, "pipe.yaml", f"node_count: 1\ncommand: x\nworking_dir: {pipe_wd}\n")
-    rc, _, err = cli("job", "submit", spec, "--cluster", "victim")
-    assert rc == 2 and "fifo' is a named pipe" in err
+    # Copied after the submit answers: the job fails then and `job show` says why.
+    rc, out, err = cli("job", "submit", spec, "--cluster", "victim", "-o", "json")
+    assert rc == 0, err
+    job_id = json.loads(out)["id"]
+    shown = wait_for(lambda: (j := json.loads(cli("job", "show", job_id, "-o", "json")[1]))
+                     ["state"] == "failed" and j, timeout_s=30)
+    assert "fifo' is a named pipe" in shown["message"], shown

@@ -48,7 +48,10 @@ def started(home: Home, job_id: str) -> bool:
 
 
 def api(home: Home) -> httpx.Client:
-    return httpx.Client(base_url=read_server_file(home).url, timeout=10)
+    """A raw HTTP client of the home's server, with its token."""
+    info = read_server_file(home)
+    return httpx.Client(base_url=info.url, timeout=10,
+                        headers={"Authorization": f"Bearer {info.token}"})
 
 
 def test_two_rank_job_through_the_cli(home: Home, cli: CLI, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    LAUNCH_FILE, STATUS_FILE, LaunchSpec, RunnerHandle, RunnerStatus,
+    LAUNCH_FILE, RESULT_FILE, STATUS_FILE, LaunchSpec, RunnerHandle, RunnerStatus, RunOutcome,
 )
 from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.server_info import ServerInfo
@@ -34,10 +34,14 @@ def job_dir(tmp_path: Path) -> Path:
 
 def test_launch_handle_round_trip_and_the_stored_form() -> None:
     handle = RunnerHandle(pid=41, start_ticks=900, attempt=2)
-    assert handle.to_json() == {"pid": 41, "start_ticks": 900, "attempt": 2}
+    assert handle.to_json() == {"pid": 41, "start_ticks": 900, "attempt": 2, "cgroup": None}
     assert RunnerHandle.from_json(json.loads(json.dumps(handle.to_json()))) == handle
     # start_ticks was read with a default before it was a record: a handle may lack it.
     assert RunnerHandle.from_json({"pid": 41, "attempt": 0}).start_ticks is None
+    # Handles stored before attempts had cgroups have none.
+    assert RunnerHandle.from_json({"pid": 41, "start_ticks": 9, "attempt": 0}).cgroup is None
+    with_cgroup = RunnerHandle(41, 900, 2, "/sys/fs/cgroup/ringtrain-x-j-2")
+    assert RunnerHandle.from_json(with_cgroup.to_json()) == with_cgroup
 
 
 @pytest.mark.parametrize("data, why", [
@@ -65,6 +69,31 @@ def test_launch_file_round_trip(tmp_path: Path) -> None:
     spec.write(path)
     assert LaunchSpec.read(path) == spec
     assert json.loads(path.read_text())["runner"] == ["python", "-m", "ringtrain.cli", "run"]
+    old = {k: v for k, v in asdict(spec).items() if k != "cgroup"}  # before cgroups
+    path.write_text(json.dumps(old))
+    assert LaunchSpec.read(path) == spec
+
+
+def test_run_outcome_of_a_failed_rank_a_killed_one_and_none(tmp_path: Path) -> None:
+    directory = job_dir(tmp_path)
+    assert RunOutcome.read(directory) is None
+    cause = {"rank": 1, "hostname": "localhost", "state": "failed", "exit_code": 7,
+             "signal": None}
+    (directory / RESULT_FILE).write_text(json.dumps(
+        {"exit_code": 1, "message": "rank 1 on localhost exited with code 7",
+         "root_causes": [cause]}))
+    assert RunOutcome.read(directory) == RunOutcome(1, "rank 1 on localhost exited with code 7",
+                                                    1, 7)
+    (directory / RESULT_FILE).write_text(json.dumps(
+        {"exit_code": 1, "message": "m", "root_causes": [{**cause, "exit_code": None,
+                                                          "signal": 9}]}))
+    assert RunOutcome.read(directory).cause_exit_code == 137
+    (directory / RESULT_FILE).write_text(json.dumps(
+        {"exit_code": 143, "message": "interrupted", "root_causes": []}))
+    assert RunOutcome.read(directory) == RunOutcome(143, "interrupted", None, None)
+    (directory / RESULT_FILE).write_text('{"exit_code": 1, "message": "m"}')
+    with pytest.raises(RecordError, match="result file .* lacks the field 'root_causes'"):
+        RunOutcome.read(directory)
 
 
 @pytest.mark.parametrize("content, why", [

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ringtrain.jobs.errors import ConflictError
+from ringtrain.jobs.errors import ConflictError, InvalidRequestError, SpecError
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.models import JobState, NodeState
+from ringtrain.jobs.models import ClusterSpec, JobState, NodeState, parse_job_spec
 from ringtrain.jobs.scheduler import Scheduler
+from ringtrain.jobs.service import JobService
 from ringtrain.jobs.store import SQLiteStore
 from tests.clock import FakeClock
 
@@ -267,3 +268,71 @@ def test_start_failure_fails_the_job(store, cluster, add_job, clock) -> None:
     got = store.get_job(job.id)
     assert got.state == JobState.FAILED and "no such interpreter" in got.message
     assert store.get_cluster("c").node_counts.idle == 1
+
+
+def test_small_job_backfills_past_one_that_needs_a_resize(scheduler, store, fake_executor,
+                                                          cluster, add_job) -> None:
+    cluster("c", nodes=2)
+    huge = add_job("c", node_count=3)
+    small = add_job("c", node_count=1, priority="low")
+    scheduler.tick()
+    # `huge` cannot use any node before a resize, so it holds none back.
+    assert (state(store, huge.id), state(store, small.id)) == ("queued", "preparing")
+    assert "needs 3 nodes but cluster c has 2; resize it" in store.get_job(huge.id).message
+    store.resize_cluster("c", 3)
+    fake_executor.exit(small.id, 0)
+    scheduler.tick()
+    assert state(store, huge.id) == "preparing"
+
+
+def test_backfill_only_on_nodes_the_waiting_job_will_not_need(scheduler, store, fake_executor,
+                                                              cluster, add_job) -> None:
+    cluster("c", nodes=4)
+    running = add_job("c", node_count=2)  # no wall-clock limit: it may run for ever
+    scheduler.tick()
+    head = add_job("c", node_count=3)
+    fits_aside = add_job("c", node_count=1)
+    too_many = add_job("c", node_count=1)
+    scheduler.tick()
+    # Once `running` ends, `head` needs 3 of the 4 nodes: one node may be lent, not two.
+    assert [state(store, j.id) for j in (head, fits_aside, too_many)] == [
+        "queued", "preparing", "queued"]
+    fake_executor.exit(running.id, 0)
+    scheduler.tick()
+    assert state(store, head.id) == "preparing"  # not delayed by the backfilled job
+    assert state(store, too_many.id) == "queued"
+
+
+def test_backfill_of_a_job_that_ends_before_the_waiting_one_can_start(
+        scheduler, store, fake_executor, clock: FakeClock, cluster, add_job) -> None:
+    cluster("c", nodes=2)
+    running = add_job("c", node_count=1, max_wall_clock_time=100)
+    scheduler.tick()
+    head = add_job("c", node_count=2)
+    too_long = add_job("c", node_count=1, max_wall_clock_time=100)
+    short = add_job("c", node_count=1, max_wall_clock_time=50)
+    clock.advance(10)
+    scheduler.tick()
+    # `running` is stopped by t+100 (+ the stop grace) at the latest; `short` ends before that.
+    assert [state(store, j.id) for j in (head, too_long, short)] == [
+        "queued", "queued", "preparing"]
+    fake_executor.exit(running.id, 0)
+    fake_executor.exit(short.id, 0)
+    scheduler.tick()
+    assert state(store, head.id) == "preparing"
+
+
+def test_node_count_beyond_the_clusters_maximum_is_refused_at_submit(
+        store, share, fake_executor, clock: FakeClock) -> None:
+    service = JobService(store, share, fake_executor, clock)
+    service.create_cluster(ClusterSpec(name="c", nodes=1, max_nodes=2))
+    with pytest.raises(SpecError) as refused:
+        service.submit("c", parse_job_spec({"node_count": 3, "command": "true"}))
+    assert refused.value.errors == [{"field": "node_count", "message": (
+        "3 nodes, but cluster c can have at most 2 (max_nodes; it has 1 now)")}]
+    assert service.list_jobs() == []
+    assert service.submit("c", parse_job_spec({"node_count": 2, "command": "true"})).state in (
+        JobState.STAGING, JobState.QUEUED)
+    with pytest.raises(InvalidRequestError, match="at most 2 nodes"):
+        service.resize_cluster("c", 3)
+    assert service.resize_cluster("c", 2).target_nodes == 2

@@ -11,6 +11,7 @@ from ringtrain.jobs.models import JobState, NodeState, check_job_transition, che
 from ringtrain.jobs.models.states import JOB_TRANSITIONS
 
 ALLOWED = {
+    ("staging", "queued"), ("staging", "terminated"), ("staging", "failed"),
     ("queued", "preparing"), ("queued", "terminated"), ("queued", "failed"),
     ("preparing", "running"), ("preparing", "terminating"), ("preparing", "succeeded"),
     ("preparing", "failed"), ("preparing", "queued"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.jobs.errors import ConflictError, InvalidTransitionError, NotFoundError
-from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, NodeState
+from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, NodeState, parse_job_spec
 from ringtrain.jobs.store import SQLiteStore
 
 
@@ -186,3 +186,47 @@ def test_cluster_spec_is_validated() -> None:
         ClusterSpec(name="c", nodes=-1)
     with pytest.raises(ValidationError):
         ClusterSpec(name="c", nodes=1, backend="ray")
+    with pytest.raises(ValidationError, match="max_nodes\n.*must be at least nodes \\(3\\)"):
+        ClusterSpec(name="c", nodes=3, max_nodes=2)
+    assert ClusterSpec(name="c", nodes=2, max_nodes=2).max_nodes == 2
+
+
+def test_one_job_per_idempotency_key(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c")
+    first = add_job("c")
+    keyed = store.add_job(JobInfo(**{**first.model_dump(), "id": "k1"}), idempotency_key="key")
+    again = store.add_job(JobInfo(**{**first.model_dump(), "id": "k2"}), idempotency_key="key")
+    assert keyed.id == again.id == "k1"
+    assert store.find_job("key").id == "k1" and store.find_job("other") is None
+    assert [j.id for j in store.list_jobs()] == [first.id, "k1"]
+
+
+def test_a_database_of_version_1_opens_with_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE clusters (name TEXT PRIMARY KEY, backend TEXT NOT NULL,
+            slots INTEGER NOT NULL, target_nodes INTEGER NOT NULL,
+            deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL);
+        CREATE TABLE nodes (cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL,
+            job_id TEXT, PRIMARY KEY (cluster, idx));
+        CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+            cluster TEXT NOT NULL, experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL,
+            attempt INTEGER NOT NULL, created_at REAL NOT NULL, started_at REAL,
+            running_at REAL, ended_at REAL, exit_code INTEGER, message TEXT NOT NULL DEFAULT '',
+            nodes TEXT NOT NULL DEFAULT '[]', job_dir TEXT NOT NULL,
+            terminate_requested_at REAL, ends_as TEXT, launch TEXT);
+        INSERT INTO clusters VALUES ('old', 'local', 1, 0, 0, 1.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    store = SQLiteStore(path)
+    assert store.get_cluster("old").max_nodes is None
+    job = JobInfo(id="j", cluster="old", spec=parse_job_spec({"node_count": 1, "command": "x"}),
+                  state="queued", created_at=2.0, job_dir="/j")
+    assert store.add_job(job, idempotency_key="k").id == "j"
+    assert store.find_job("k").id == "j"
+    store.close()
+    store = SQLiteStore(path)  # a second opening changes nothing
+    assert store.find_job("k").id == "j"
+    store.close()

@@ -2,7 +2,8 @@
 
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
 names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 413 body
-too large). With a token, every route requires ``Authorization: Bearer <token>``.
+too large). With a token, every request (``/openapi.json`` and ``/docs`` included) must name an
+allowed Host and carry ``Authorization: Bearer <token>`` (:mod:`ringtrain.jobs.api.guard`).
 
 Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
 worker threads too. What does run on the event loop, decoding and validating a body, is bounded
@@ -12,26 +13,27 @@ by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stall
 from __future__ import annotations
 
 import os
-import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ringtrain import __version__
+from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.limits import BodyLimit
 from ringtrain.jobs.api.logs import CHUNK, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
+    IDEMPOTENCY_KEY_PATTERN,
     ErrorResponse,
     Health,
     ResizeRequest,
     SubmitRequest,
 )
-from ringtrain.jobs.errors import AuthError, JobsError, NotFoundError
+from ringtrain.jobs.errors import JobsError, NotFoundError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
@@ -47,27 +49,25 @@ FilePath = Annotated[str, Query(max_length=MAX_PATH_BYTES,
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
-               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
-               ) -> FastAPI:
+               lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+               allowed_hosts: Collection[str] | None = None) -> FastAPI:
     """Build the app.
 
     Args:
         service: the operations behind the routes.
-        token: when set, the bearer token every request must carry.
+        token: the bearer token every request must carry. The server always passes one;
+            ``None`` is for an app called in-process only, which nothing else can reach.
         home: the service home, reported by ``/v1/health``.
         lifespan: runs around serving (the server starts its scheduler loop there).
+        allowed_hosts: the Host header values to answer (see :func:`ringtrain.jobs.auth.
+            allowed_hosts`); ``None`` answers any.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   description="Clusters, training jobs, their logs and output files.")
+    # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
-
-    def check_token(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise AuthError("this server requires `Authorization: Bearer <token>` "
-                            "(set RINGTRAIN_TOKEN or pass --token)")
+    if token is not None:
+        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(JobsError)
     async def _jobs_error(_request: Request, e: JobsError) -> JSONResponse:
@@ -84,10 +84,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         body = ErrorResponse(detail=f"invalid request:\n{lines}", errors=errors)
         return JSONResponse(body.model_dump(), status_code=422)
 
-    r = APIRouter(prefix=API_PREFIX, dependencies=[Depends(check_token)], responses=_ERRORS)
+    r = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
 
     @r.get("/health")
-    def health() -> Health:
+    async def health() -> Health:
+        # On the event loop, not the thread pool: it answers at once however busy that is.
         return Health(pid=os.getpid(), home=home, version=__version__)
 
     @r.post("/clusters", status_code=201)
@@ -111,8 +112,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return service.delete_cluster(name)
 
     @r.post("/jobs", status_code=201)
-    def submit(body: SubmitRequest) -> JobInfo:
-        return service.submit(body.cluster, body.spec)
+    def submit(body: SubmitRequest, idempotency_key: str | None = Header(
+            None, pattern=IDEMPOTENCY_KEY_PATTERN,
+            description="The client's name for this submission: a retry with the same key "
+                        "returns the same job (409 if its spec differs).")) -> JobInfo:
+        return service.submit(body.cluster, body.spec, idempotency_key)
 
     @r.get("/jobs")
     def list_jobs(experiment: NameFilter = None, cluster: NameFilter = None,
@@ -146,7 +150,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     @r.get("/jobs/{job_id}/logs", response_class=StreamingResponse,
            responses={200: {"content": {"text/plain": {}}}})
     def logs(job_id: JobIdPath, rank: int = 0, stream: str = "stdout",
-             follow: bool = Query(False, description="Stream until the job ends.")
+             follow: bool = Query(False, description="Stream until the job ends."),
+             offset: int = Query(0, ge=0, description="Start at this byte (to resume).")
              ) -> StreamingResponse:
         path = service.log_path(job_id, rank, stream)
 
@@ -156,7 +161,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             except NotFoundError:  # deleted while followed
                 return True
 
-        body: AsyncIterator[bytes] = follow_file(path, done)
+        body: AsyncIterator[bytes] = follow_file(path, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
 
     app.include_router(r)
@@ -173,5 +178,5 @@ def _read(f: BinaryIO, size: int) -> Iterator[bytes]:
 
 def _field(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """A request error's location as users name the field (``spec.outputs.3`` → ``outputs.3``)."""
-    names = [p for p in loc if p not in ("body", "query", "path")]
+    names = [p for p in loc if p not in ("body", "query", "path", "header")]
     return tuple(names[1:] if names[:1] == ["spec"] else names)

@@ -11,7 +11,7 @@ from typing import BinaryIO
 CHUNK = 64 * 1024
 
 
-async def follow_file(path: Path, is_done: Callable[[], bool],
+async def follow_file(path: Path, is_done: Callable[[], bool], offset: int = 0,
                       poll_s: float = 0.1) -> AsyncIterator[bytes]:
     """Yield what is written to ``path`` until ``is_done()`` and nothing is left to read.
 
@@ -23,9 +23,11 @@ async def follow_file(path: Path, is_done: Callable[[], bool],
     Args:
         path: the log file.
         is_done: True once no process will write the file again (the job is in a final state).
+        offset: where to start in the file (a client resuming after a lost connection); a file
+            that replaced it is read from its start.
         poll_s: sleep between reads that found nothing new.
     """
-    reader = _Reader(path)
+    reader = _Reader(path, offset)
     try:
         while True:
             # Ask first, read after: if the job was over before the read, the read gets all.
@@ -40,21 +42,27 @@ async def follow_file(path: Path, is_done: Callable[[], bool],
 
 
 class _Reader:
-    """Reads a log file by name, reopening it once it appears or after it was replaced."""
+    """Reads a log file by name, reopening it once it appears or after it was replaced.
 
-    def __init__(self, path: Path):
+    The first file opened is read from ``offset``; a file that replaced it, from its start.
+    """
+
+    def __init__(self, path: Path, offset: int = 0):
         self.path = path
+        self._offset = offset
         self._f: BinaryIO | None = None
 
     def read(self) -> bytes:
         """The next chunk written, or ``b""`` when nothing new is there."""
         if self._f is not None and _replaced(self._f, self.path):
             self.close()
+            self._offset = 0
         if self._f is None:
             try:
                 self._f = open(self.path, "rb")
             except FileNotFoundError:
                 return b""
+            self._f.seek(self._offset)
         return self._f.read(CHUNK)
 
     def close(self) -> None:

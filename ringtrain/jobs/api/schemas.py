@@ -8,6 +8,8 @@ from ringtrain.jobs.models import JobSpec
 from ringtrain.jobs.models.ids import Name
 
 API_PREFIX = "/v1"
+#: What a client may use as the ``Idempotency-Key`` header of ``POST /v1/jobs``.
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 
 class ResizeRequest(BaseModel):

@@ -22,6 +22,8 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--nodes", type=int, required=True, help="number of nodes")
     p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1)")
     p.add_argument("--backend", default="local", help="only `local` so far")
+    p.add_argument("--max-nodes", type=int, help="the most nodes a resize may set; jobs "
+                                                 "needing more are refused (default: no limit)")
     p.set_defaults(func=_create)
     p = sub.add_parser("list", parents=[common], help="list clusters")
     p.set_defaults(func=_list)
@@ -50,7 +52,7 @@ def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
 def _create(args: argparse.Namespace) -> int:
     try:
         spec = ClusterSpec(name=args.name, nodes=args.nodes, slots=args.slots,
-                           backend=args.backend)
+                           backend=args.backend, max_nodes=args.max_nodes)
     except ValidationError as e:
         raise SpecError(validation_errors(e, ClusterSpec), "cluster") from None
     return _show_one(args, connect(url=args.url, token=args.token).create_cluster(spec))

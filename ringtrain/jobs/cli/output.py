@@ -60,7 +60,8 @@ def cluster_text(c: ClusterInfo) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in c.node_counts.model_dump().items())
     return "\n".join([
         f"name:        {c.name}", f"backend:     {c.backend}",
-        f"nodes:       {c.current_nodes} (target {c.target_nodes}), {c.slots} slots each",
+        f"nodes:       {c.current_nodes} (target {c.target_nodes}"
+        + ("" if c.max_nodes is None else f", at most {c.max_nodes}") + f"), {c.slots} slots each",
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
         f"created:     {when(c.created_at)}"])
 

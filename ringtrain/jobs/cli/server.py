@@ -17,8 +17,10 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1; any other needs --token)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    parser.add_argument("--token", help="require `Authorization: Bearer TOKEN` "
-                                        "(default: RINGTRAIN_TOKEN)")
+    parser.add_argument("--token", help="require `Authorization: Bearer TOKEN` (default: "
+                                        "RINGTRAIN_TOKEN, else the home's token file)")
+    parser.add_argument("--public-host", help="the host name remote clients use in their URL; "
+                                              "needed with --host 0.0.0.0")
     parser.set_defaults(func=_serve, output="table")
     sub = parser.add_subparsers(metavar="COMMAND")
     for name, func, help_ in (
@@ -34,7 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
     from ringtrain.jobs.server import serve
 
     logging.getLogger("ringtrain").setLevel(logging.INFO)
-    serve(Home.from_environ(), args.host, args.port, args.token or service_token())
+    serve(Home.from_environ(), args.host, args.port, args.token or service_token(),
+          args.public_host)
     return 0
 
 

@@ -4,12 +4,19 @@ The local executor starts ``python -m ringtrain.jobs.executors.jobrunner <launch
 session of its own, so the attempt outlives the server. The runner reports its phase in
 ``launcher/status.json`` (written atomically); after a server restart that file, together with
 whether this process still lives, tells the new server what became of the attempt.
+
+No process may outlive the attempt: the runner first moves itself into the attempt's cgroup when
+it has one, becomes a child subreaper (so orphans, even those that left its session, stay below
+it), and kills whatever is left below it before it reports the end.
+
 It imports nothing beyond the standard library and ringtrain's own stdlib-only modules (the
 records it exchanges with the executor), to start quickly.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -19,8 +26,13 @@ from typing import Any
 
 from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.records import LaunchSpec, RunnerStatus
+from ringtrain.jobs.executors.records import RESULT_FILE, LaunchSpec, RunnerStatus, RunOutcome
+
+_PR_SET_CHILD_SUBREAPER = 36
+#: The exit code of an attempt whose command could not be started at all (as a shell's).
+EXIT_NOT_STARTED = 127
 
 
 class JobRunner:
@@ -58,15 +70,20 @@ class JobRunner:
         if not command:
             return 0, ""
         prep = self.job_dir / "prep"
-        procs = []
+        children = []
         for k in range(self.launch.node_count):
             with open(prep / f"node.{k}.stdout", "wb") as out, \
                     open(prep / f"node.{k}.stderr", "wb") as err:
                 env = {**os.environ, NODE_INDEX: str(k)}
-                procs.append(subprocess.Popen(["sh", "-c", command], stdout=out, stderr=err,
-                                              stdin=subprocess.DEVNULL, env=env))
-        self._children = procs
-        codes = [p.wait() for p in procs]
+                try:
+                    children.append(subprocess.Popen(["sh", "-c", command], stdout=out,
+                                                     stderr=err, stdin=subprocess.DEVNULL,
+                                                     env=env))
+                except OSError as e:
+                    self._children = children
+                    return EXIT_NOT_STARTED, _not_started(f"job_preparation on node {k}", e)
+        self._children = children
+        codes = [p.wait() for p in children]
         for k, code in enumerate(codes):
             if code != 0:
                 return code, (f"job_preparation failed on node {k} with exit code {code}; "
@@ -78,14 +95,48 @@ class JobRunner:
         total = self.launch.node_count * self.launch.process_count_per_node
         argv = [*self.launch.runner, "-np", str(total), "-H", f"localhost:{total}",
                 "--output-filename", str(self.job_dir / "stdouterr"),
+                "--result-file", str(self.job_dir / RESULT_FILE),
                 "sh", "-c", self.launch.command]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
         self._children = [proc]
         code = proc.wait()
         if code == 0:
             return 0, ""
+        try:
+            outcome = RunOutcome.read(self.job_dir)
+        except RecordError as e:
+            print(f"job runner: {e}", file=sys.stderr)
+            outcome = None
+        if outcome is not None and outcome.cause_exit_code is not None:
+            # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
+            return outcome.cause_exit_code, (f"{outcome.message}; see "
+                                             f"stdouterr/rank.{outcome.cause_rank}/stderr")
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
+
+    def kill_leftovers(self) -> int:
+        """SIGKILL every process still below this runner (daemons the command started), then
+        leave the attempt's cgroup and remove it.
+
+        Returns:
+            How many processes were below the runner.
+        """
+        left = procs.tree_pids(os.getpid())
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.launch.cgroup:
+            try:
+                cgroups.leave_and_remove(Path(self.launch.cgroup))
+            except OSError as e:  # the service removes it when it releases the attempt
+                print(f"job runner: cannot remove the cgroup {self.launch.cgroup} "
+                      f"({e.strerror})", file=sys.stderr)
+        return len(left)
 
     def run(self) -> int:
         """Preparation, then the workers; the outcome goes to the status file."""
@@ -97,8 +148,38 @@ class JobRunner:
         if self.stopping:
             message = "stopped by the service"
             code = code or 1  # a stop is never a success
+        left = self.kill_leftovers()
+        if left:
+            print(f"job runner: killed {left} processes the job left running", file=sys.stderr)
         self.status(Phase.EXITED, code, message)
         return code
+
+
+def _not_started(what: str, e: OSError) -> str:
+    hint = ""
+    if e.errno == errno.E2BIG:
+        hint = ("; the command line or the environment is larger than the kernel passes to a "
+                "program: put a long script in a file of working_dir and run that")
+    return f"could not start {what}: {e.strerror}{hint}"
+
+
+def _become_subreaper() -> None:
+    """Orphans of the job are re-parented to this process instead of init (Linux 3.4+)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as e:
+        print(f"job runner: cannot become a child subreaper ({e}); processes that leave the "
+              "job's session may outlive it", file=sys.stderr)
+
+
+def _enter_cgroup(path: str) -> None:
+    try:
+        cgroups.join(Path(path))
+    except OSError as e:
+        print(f"job runner: cannot enter the cgroup {path} ({e.strerror}); processes that "
+              "leave the job's session may outlive it", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     except RecordError as e:  # the output goes to launcher/launcher.log
         print(f"job runner: {e}", file=sys.stderr)
         return 2
+    if runner.launch.cgroup:
+        _enter_cgroup(runner.launch.cgroup)
+    _become_subreaper()
     signal.signal(signal.SIGTERM, runner.on_signal)
     signal.signal(signal.SIGINT, runner.on_signal)
     return runner.run()

@@ -3,7 +3,10 @@
 Each attempt runs in a job runner process (:mod:`ringtrain.jobs.executors.jobrunner`) started in a
 new session, so it survives the server. Its launch handle records the runner's pid and start time;
 a restarted server uses them to tell whether the attempt still runs, and the status file for how
-it ended.
+it ended. Where cgroup v2 allows it, each attempt also gets a cgroup, which is how its processes
+are killed at its end and on a forced stop, wherever they moved (see
+:mod:`ringtrain.jobs.executors.cgroups`); the runner's process tree and the job's environment
+mark are swept as well, and are all there is without cgroups.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from ringtrain.jobs import proc_stat
 from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import LAUNCH_FILE, LaunchSpec, RunnerHandle, RunnerStatus
@@ -38,11 +41,14 @@ class LocalExecutor:
     Args:
         share: the share holding the job folders.
         runner: the command prefix that launches ranks (horovodrun's flags follow it).
+        use_cgroups: give each attempt a cgroup where this process may create them.
     """
 
-    def __init__(self, share: Share, runner: Sequence[str] = DEFAULT_RUNNER):
+    def __init__(self, share: Share, runner: Sequence[str] = DEFAULT_RUNNER,
+                 use_cgroups: bool = True):
         self.share = share
         self.runner = tuple(runner)
+        self._cgroups = cgroups.JobCgroups.detect(share.root) if use_cgroups else None
         # Runners this process started: polling them reaps them (a dead child is a zombie that
         # /proc would still list). Runners adopted after a restart are watched through /proc.
         self._children: dict[str, subprocess.Popen] = {}
@@ -52,11 +58,12 @@ class LocalExecutor:
         if job.attempt > 0:
             self.share.archive_attempt(job.id, job.attempt - 1)
         launch_file = job_dir / LAUNCH_FILE
+        cgroup = self._create_cgroup(job)
         LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=job.spec.command,
                    node_count=job.spec.node_count,
                    process_count_per_node=job.spec.process_count_per_node,
                    job_preparation=job.spec.job_preparation, runner=self.runner,
-                   nodes=tuple(n.index for n in nodes)).write(launch_file)
+                   nodes=tuple(n.index for n in nodes), cgroup=cgroup).write(launch_file)
         env = python_path_env({**os.environ, **self.share.job_environ(job)})
         with open(job_dir / "launcher" / "launcher.log", "ab") as out:
             proc = subprocess.Popen(
@@ -65,7 +72,7 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._children[job.id] = proc
         log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
-        return RunnerHandle(proc.pid, proc_stat.start_ticks(proc.pid), job.attempt)
+        return RunnerHandle(proc.pid, proc_stat.start_ticks(proc.pid), job.attempt, cgroup)
 
     def load_handle(self, data: dict[str, Any]) -> RunnerHandle:
         return RunnerHandle.from_json(data)
@@ -98,16 +105,32 @@ class LocalExecutor:
             # a second SIGTERM inside a handler that is waiting on children can deadlock it.
             os.kill(group, signal.SIGTERM)
             return
+        if force and launch is not None and launch.cgroup:
+            cgroups.kill(Path(launch.cgroup))
         procs.signal_job(job.id, group, signal.SIGKILL if force else signal.SIGTERM)
 
     def release(self, job: JobInfo, launch: RunnerHandle | None) -> None:
         # Whatever the attempt left running (a daemon a rank forked, say) ends with it.
-        left = procs.signal_job(job.id, self._group(job.id, launch), signal.SIGKILL)
+        left = 0
+        if launch is not None and launch.cgroup:
+            left = cgroups.kill(Path(launch.cgroup))
+        left = max(left, procs.signal_job(job.id, self._group(job.id, launch), signal.SIGKILL))
+        if launch is not None and launch.cgroup:
+            cgroups.remove(Path(launch.cgroup))
         if left:
             log.warning("job %s: killed %d leftover processes", job.id, left)
         proc = self._children.pop(job.id, None)
         if proc is not None:
             proc.wait()
+
+    def _create_cgroup(self, job: JobInfo) -> str | None:
+        if self._cgroups is None:
+            return None
+        try:
+            return str(self._cgroups.create(f"{job.id}-{job.attempt}"))
+        except OSError as e:  # the process tree and the marker still find its processes
+            log.warning("job %s: no cgroup for attempt %d (%s)", job.id, job.attempt, e)
+            return None
 
     def _status(self, job: JobInfo, launch: RunnerHandle) -> Observation | None:
         """What the attempt's status file says, or ``None`` if it said nothing yet.

@@ -1,8 +1,11 @@
 """Finding and signalling a job's processes on this host, through Linux's /proc.
 
-A job's processes are found two ways: its runner's process group (everything it started without a
-new session) and the ``RINGTRAIN_JOB_ID`` variable every one of them inherits, which also finds
-ranks that a launcher moved into sessions of their own.
+Where no cgroup holds a job (:mod:`ringtrain.jobs.executors.cgroups`), its processes are found
+three ways: the job runner's session and process group (everything it started without a new
+session), its descendants (the runner is a child subreaper, so even an orphan that left the
+session stays below it while it lives), and the ``RINGTRAIN_JOB_ID`` variable every process of
+the job inherits. The start time read from /proc tells a live process from a reused pid after a
+server restart.
 """
 
 from __future__ import annotations
@@ -13,11 +16,37 @@ import signal
 from pathlib import Path
 
 from ringtrain.jobs.envvars import JOB_ID
-from ringtrain.jobs.proc_stat import is_alive
+from ringtrain.jobs.proc_stat import is_alive, stat_fields
 
 log = logging.getLogger(__name__)
 
 _PROC = Path("/proc")
+
+
+def tree_pids(leader: int) -> list[int]:
+    """Live processes in ``leader``'s session or process group, or descended from it (never
+    ``leader`` itself nor this process)."""
+    children: dict[int, list[int]] = {}
+    found = set()
+    me = os.getpid()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        fields = stat_fields(pid)
+        if fields is None or fields[0] in ("Z", "X") or pid in (me, leader):
+            continue
+        ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
+        children.setdefault(ppid, []).append(pid)
+        if leader in (pgrp, session):
+            found.add(pid)
+    todo = [leader, *found]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
 
 
 def job_pids(job_id: str) -> list[int]:
@@ -37,18 +66,20 @@ def job_pids(job_id: str) -> list[int]:
     return found
 
 
-def signal_job(job_id: str, pgid: int | None, sig: signal.Signals) -> int:
-    """Send ``sig`` to the job's process group and to every process carrying its marker.
+def signal_job(job_id: str, leader: int | None, sig: signal.Signals) -> int:
+    """Send ``sig`` to the job's processes: those of the live runner ``leader`` (its session,
+    process group and descendants, see :func:`tree_pids`) and every one carrying its marker.
 
     Returns:
-        How many marker-carrying processes were signalled.
+        How many processes besides the runner were signalled.
     """
-    if pgid is not None:
+    pids = set(job_pids(job_id))
+    if leader is not None:
+        pids.update(tree_pids(leader))
         try:
-            os.killpg(pgid, sig)
+            os.killpg(leader, sig)
         except (ProcessLookupError, PermissionError):
             pass
-    pids = job_pids(job_id)
     for pid in pids:
         try:
             os.kill(pid, sig)

@@ -1,11 +1,13 @@
 """What the local executor and its job runners leave each other, as typed records.
 
-Three records cross a process boundary, each as JSON:
+Four records cross a process boundary, each as JSON:
 
 - :class:`RunnerHandle`, the launch handle: the job runner's pid and start time, stored with the
   job so that a restarted server finds the attempt again;
 - :class:`LaunchSpec`, ``launcher/launch.json``: what the job runner is to run;
-- :class:`RunnerStatus`, ``launcher/status.json``: the job runner's phase, and how it ended.
+- :class:`RunnerStatus`, ``launcher/status.json``: the job runner's phase, and how it ended;
+- :class:`RunOutcome`, ``launcher/result.json``: how the ranks ended, as ``ringtrain run
+  --result-file`` reports it (the job runner reads it for the user's own exit code).
 
 A server may meet a handle or status file of a job started before an upgrade, so the field names
 never change, and fields added later need a default. Reading refuses anything else with a
@@ -28,6 +30,7 @@ from ringtrain.jobs.record_file import read_record_file
 
 LAUNCH_FILE = "launcher/launch.json"
 STATUS_FILE = "launcher/status.json"
+RESULT_FILE = "launcher/result.json"
 
 _REQUIRED = object()
 
@@ -41,11 +44,14 @@ class RunnerHandle:
         start_ticks: its start time from /proc, telling it from a later process with the same
             pid; ``None`` if it was gone before the time could be read.
         attempt: the attempt it runs.
+        cgroup: the attempt's cgroup folder, if it has one
+            (:mod:`ringtrain.jobs.executors.cgroups`).
     """
 
     pid: int
     start_ticks: int | None
     attempt: int
+    cgroup: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored with the job."""
@@ -62,7 +68,8 @@ class RunnerHandle:
         data = _object(data, source)
         return cls(pid=_field(data, "pid", int, source),
                    start_ticks=_field(data, "start_ticks", (int, type(None)), source, None),
-                   attempt=_field(data, "attempt", int, source))
+                   attempt=_field(data, "attempt", int, source),
+                   cgroup=_field(data, "cgroup", (str, type(None)), source, None))
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class LaunchSpec:
         job_preparation: the shell command run once per node first, if any.
         runner: the command prefix that launches the ranks (``ringtrain run``'s).
         nodes: the cluster nodes the attempt holds.
+        cgroup: the cgroup folder the runner moves itself into first, if any.
     """
 
     job_dir: str
@@ -88,6 +96,7 @@ class LaunchSpec:
     job_preparation: str | None
     runner: tuple[str, ...]
     nodes: tuple[int, ...]
+    cgroup: str | None = None
 
     def write(self, path: Path) -> None:
         """Write the launch file (before the runner starts, so never read half-written)."""
@@ -112,7 +121,8 @@ class LaunchSpec:
                    job_preparation=_field(data, "job_preparation", (str, type(None)), source,
                                           None),
                    runner=_items(data, "runner", str, source),
-                   nodes=_items(data, "nodes", int, source))
+                   nodes=_items(data, "nodes", int, source),
+                   cgroup=_field(data, "cgroup", (str, type(None)), source, None))
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,46 @@ class RunnerStatus:
             return cls(phase, **fields)
         except ValueError as e:  # fields that contradict each other
             raise RecordError(f"{source}: {e}") from None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """The result file of ``ringtrain run --result-file``: how the ranks of one attempt ended.
+
+    Attributes:
+        exit_code: ``ringtrain run``'s own exit status (1 for any failed rank).
+        message: its summary line, e.g. ``rank 1 on localhost exited with code 7``.
+        cause_rank: the first root cause's rank, if a rank failed.
+        cause_exit_code: that rank's exit code, ``128 + N`` if signal N killed it; ``None``
+            when it has neither (it did not start).
+    """
+
+    exit_code: int
+    message: str
+    cause_rank: int | None
+    cause_exit_code: int | None
+
+    @classmethod
+    def read(cls, job_dir: Path) -> RunOutcome | None:
+        """The outcome ``ringtrain run`` wrote, or ``None`` if it wrote none (it could not start).
+
+        Raises:
+            RecordError: the file is not JSON or lacks a field.
+        """
+        path = job_dir / RESULT_FILE
+        source = f"the result file {path}"
+        data = _read_object(path, source)
+        if data is None:
+            return None
+        causes = _field(data, "root_causes", list, source)
+        first = _object(causes[0], source) if causes else {}
+        code = _field(first, "exit_code", (int, type(None)), source, None)
+        sig = _field(first, "signal", (int, type(None)), source, None)
+        return cls(exit_code=_field(data, "exit_code", int, source),
+                   message=_field(data, "message", str, source),
+                   cause_rank=_field(first, "rank", int, source) if causes else None,
+                   cause_exit_code=code if code is not None else (
+                       None if sig is None else 128 + sig))
 
 
 def _read_object(path: Path, source: str) -> Mapping[str, Any] | None:

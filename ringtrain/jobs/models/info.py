@@ -34,6 +34,7 @@ class ClusterInfo(BaseModel):
     backend: str
     slots: int = Field(description="Process slots per node.")
     target_nodes: int = Field(description="Nodes asked for by create or the last resize.")
+    max_nodes: int | None = Field(None, description="The most nodes a resize may set.")
     current_nodes: int = Field(description="Nodes that exist now, leaving ones included.")
     allocation_state: AllocationState
     node_counts: NodeCounts

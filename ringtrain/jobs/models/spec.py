@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_core import ErrorDetails
@@ -157,6 +158,17 @@ class ClusterSpec(BaseModel):
     nodes: int = Field(ge=0, le=1024, strict=True)
     slots: int = Field(1, ge=1, le=1024, strict=True)
     backend: str = Field("local", pattern=r"^local$", description="Only `local` so far.")
+    max_nodes: int | None = Field(
+        None, ge=0, le=1024, strict=True,
+        description="The most nodes a resize may set; jobs needing more are refused at submit.")
+
+    @field_validator("max_nodes")
+    @classmethod
+    def _max_nodes_at_least_nodes(cls, v: int | None, info: ValidationInfo) -> int | None:
+        nodes = info.data.get("nodes")
+        if v is not None and nodes is not None and v < nodes:
+            raise ValueError(f"must be at least nodes ({nodes})")
+        return v
 
 
 def _matches(pattern: str, value: str) -> bool:

@@ -15,6 +15,7 @@ from ringtrain.jobs.errors import InvalidTransitionError
 class JobState(str, Enum):
     """Where a job is in its life. ``succeeded``, ``failed`` and ``terminated`` are final."""
 
+    STAGING = "staging"  # its working dir is being copied; it queues once that is done
     QUEUED = "queued"
     PREPARING = "preparing"
     RUNNING = "running"
@@ -30,6 +31,8 @@ class JobState(str, Enum):
 
 _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # staging -> failed: the copy failed, or its cluster was deleted meanwhile.
+    _J.STAGING: frozenset({_J.QUEUED, _J.TERMINATED, _J.FAILED}),
     # queued -> failed: its cluster was deleted before it could start.
     _J.QUEUED: frozenset({_J.PREPARING, _J.TERMINATED, _J.FAILED}),
     # preparing/running -> succeeded|failed directly: the job may end between two observations;

@@ -38,7 +38,9 @@ class Store(Protocol):
         ...
 
     def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
-        """Set the target size: add idle nodes, remove idle ones, mark busy ones ``leaving``."""
+        """Set the target size: add idle nodes, remove idle ones, mark busy ones ``leaving``.
+
+        Raises InvalidRequestError past the cluster's ``max_nodes``."""
         ...
 
     def mark_cluster_deleting(self, name: str) -> ClusterInfo:
@@ -49,12 +51,23 @@ class Store(Protocol):
         """Forget a cluster that has no nodes left. Raises ConflictError if it still has some."""
         ...
 
-    def add_job(self, job: JobInfo) -> JobInfo:
-        """Record a new queued job. Raises ConflictError if the id is taken."""
+    def add_job(self, job: JobInfo, idempotency_key: str | None = None) -> JobInfo:
+        """Record a new job, unless one was recorded under ``idempotency_key`` already.
+
+        Returns:
+            The recorded job: ``job``, or the earlier one of the same key (a retried submit).
+
+        Raises:
+            ConflictError: the id is taken.
+        """
         ...
 
     def get_job(self, job_id: str) -> JobInfo:
         """One job."""
+        ...
+
+    def find_job(self, idempotency_key: str) -> JobInfo | None:
+        """The job recorded under an idempotency key, if any."""
         ...
 
     def list_jobs(self, *, experiment: str | None = None, cluster: str | None = None,

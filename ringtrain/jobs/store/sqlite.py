@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ringtrain.jobs.errors import ConflictError, NotFoundError
+from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError
 from ringtrain.jobs.models import (
     AllocationState,
     ClusterInfo,
@@ -30,11 +30,12 @@ from ringtrain.jobs.models import (
     check_node_transition,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
-    target_nodes INTEGER NOT NULL, deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL);
+    target_nodes INTEGER NOT NULL, deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL,
+    max_nodes INTEGER);
 CREATE TABLE IF NOT EXISTS nodes (
     cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL, job_id TEXT,
     PRIMARY KEY (cluster, idx));
@@ -43,9 +44,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
     created_at REAL NOT NULL, started_at REAL, running_at REAL, ended_at REAL, exit_code INTEGER,
     message TEXT NOT NULL DEFAULT '', nodes TEXT NOT NULL DEFAULT '[]', job_dir TEXT NOT NULL,
-    terminate_requested_at REAL, ends_as TEXT, launch TEXT);
+    terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 """
+#: Columns added after version 1, which a database of that version gets on opening.
+_ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"))
 
 
 class SQLiteStore:
@@ -62,6 +65,13 @@ class SQLiteStore:
         self._all_lock = threading.Lock()
         db = self._conn()
         db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
+        with self._tx() as db:  # one process adds the new columns; the others see them
+            for table, column, kind in _ADDED_COLUMNS:
+                if column not in {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            # Unique, so that two submissions with one key can never both be recorded.
+            db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency_key "
+                       "ON jobs (idempotency_key)")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- connections -------------------------------------------------------------------------
@@ -109,8 +119,9 @@ class SQLiteStore:
         with self._tx() as db:
             if db.execute("SELECT 1 FROM clusters WHERE name=?", (spec.name,)).fetchone():
                 raise ConflictError(f"cluster {spec.name!r} already exists")
-            db.execute("INSERT INTO clusters (name, backend, slots, target_nodes, created_at) "
-                       "VALUES (?,?,?,?,?)", (spec.name, spec.backend, spec.slots, spec.nodes, now))
+            db.execute("INSERT INTO clusters (name, backend, slots, target_nodes, created_at, "
+                       "max_nodes) VALUES (?,?,?,?,?,?)",
+                       (spec.name, spec.backend, spec.slots, spec.nodes, now, spec.max_nodes))
             db.executemany("INSERT INTO nodes (cluster, idx, state) VALUES (?,?,?)",
                            [(spec.name, i, NodeState.IDLE.value) for i in range(spec.nodes)])
             return self._cluster(db, spec.name)
@@ -131,8 +142,12 @@ class SQLiteStore:
 
     def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
         with self._tx() as db:
-            if self._cluster_row(db, name)["deleting"]:
+            row = self._cluster_row(db, name)
+            if row["deleting"]:
                 raise ConflictError(f"cluster {name!r} is being deleted; it cannot be resized")
+            if row["max_nodes"] is not None and nodes > row["max_nodes"]:
+                raise InvalidRequestError(f"cluster {name!r} can have at most {row['max_nodes']} "
+                                          f"nodes (its max_nodes), not {nodes}")
             self._resize(db, name, nodes)
             return self._cluster(db, name)
 
@@ -192,7 +207,8 @@ class SQLiteStore:
         else:
             alloc = AllocationState.STEADY
         return ClusterInfo(name=name, backend=row["backend"], slots=row["slots"],
-                           target_nodes=row["target_nodes"], current_nodes=current,
+                           target_nodes=row["target_nodes"], max_nodes=row["max_nodes"],
+                           current_nodes=current,
                            allocation_state=alloc, node_counts=counts,
                            created_at=row["created_at"])
 
@@ -204,19 +220,30 @@ class SQLiteStore:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def add_job(self, job: JobInfo) -> JobInfo:
+    def add_job(self, job: JobInfo, idempotency_key: str | None = None) -> JobInfo:
         with self._tx() as db:
+            if idempotency_key is not None:
+                row = db.execute("SELECT * FROM jobs WHERE idempotency_key=?",
+                                 (idempotency_key,)).fetchone()
+                if row is not None:
+                    return _job(row)
             if db.execute("SELECT 1 FROM jobs WHERE id=?", (job.id,)).fetchone():
                 raise ConflictError(f"job id {job.id!r} already exists")
             db.execute(
                 "INSERT INTO jobs (id, cluster, experiment, spec, state, attempt, created_at, "
-                "message, job_dir) VALUES (?,?,?,?,?,?,?,?,?)",
+                "message, job_dir, idempotency_key) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (job.id, job.cluster, job.spec.experiment, job.spec.model_dump_json(),
-                 job.state.value, job.attempt, job.created_at, job.message, job.job_dir))
+                 job.state.value, job.attempt, job.created_at, job.message, job.job_dir,
+                 idempotency_key))
             return self._job(db, job.id)
 
     def get_job(self, job_id: str) -> JobInfo:
         return self._job(self._conn(), job_id)
+
+    def find_job(self, idempotency_key: str) -> JobInfo | None:
+        row = self._conn().execute("SELECT * FROM jobs WHERE idempotency_key=?",
+                                   (idempotency_key,)).fetchone()
+        return None if row is None else _job(row)
 
     def list_jobs(self, *, experiment: str | None = None, cluster: str | None = None,
                   states: Iterable[JobState] | None = None) -> list[JobInfo]:
@@ -251,6 +278,9 @@ class SQLiteStore:
             elif target == JobState.TERMINATING:
                 sets.update(terminate_requested_at=now,
                             ends_as=(ends_as or JobState.TERMINATED).value)
+            elif job.state == JobState.STAGING:  # staged: queued, or ended before it queued
+                if target.is_terminal():
+                    sets.update(ended_at=now, exit_code=exit_code)
             elif target == JobState.QUEUED:  # a retry
                 self._release_nodes(db, job)
                 sets.update(attempt=job.attempt + 1, launch=None)
