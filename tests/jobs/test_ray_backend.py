@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.errors import InvalidRequestError
+from pydantic import ValidationError
+
+from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.routing import BackendExecutor
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.ray.connection import RayConnection
-from ringtrain.jobs.ray.executor import RayExecutor
+from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
 from ringtrain.jobs.service import JobService
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
@@ -88,6 +90,32 @@ def test_slow_ray_scenarios_in_a_loopback_namespace() -> None:
     if IN_NAMESPACE:
         pytest.skip("this is the namespace already")
     _run_inside("slow")
+
+
+def test_cluster_spec_takes_an_address_for_ray_only() -> None:
+    assert ClusterSpec(name="r", nodes=0, backend="ray", address="10.0.0.5:6379").address
+    with pytest.raises(ValidationError, match="needs an address"):
+        ClusterSpec(name="r", nodes=0, backend="ray")
+    with pytest.raises(ValidationError, match="only a ray cluster has an address"):
+        ClusterSpec(name="l", nodes=1, address="10.0.0.5:6379")
+    with pytest.raises(ValidationError, match="address"):
+        ClusterSpec(name="r", nodes=0, backend="ray", address="host:1; rm -rf /")
+
+
+def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
+    share = Share(tmp_path)
+    ray_executor = RayExecutor(share, RayConnection(), lambda name: "127.0.0.1:1")
+    routing = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False),
+                               "ray": ray_executor}, lambda name: "ray")
+    handle = RayHandle("127.0.0.1:1", "job-1.0", 2, 0, 5.0)
+    assert routing.load_handle(handle.to_json()) == handle
+    assert routing.load_handle({"pid": 7, "start_ticks": None, "attempt": 0}).pid == 7
+    with pytest.raises(RecordError, match="malformed"):
+        routing.load_handle({"placement_group": "job-1.0"})
+    local_only = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False)},
+                                 lambda name: "local")
+    with pytest.raises(RecordError, match="ray backend"):
+        local_only.load_handle(handle.to_json())
 
 
 class RayService:
@@ -239,6 +267,17 @@ def test_restarted_service_finds_the_running_job_again(rays: RayService, tmp_pat
     assert again.run_to_end(job.id).state == JobState.TERMINATED
     wait_for(lambda: _ranks_running(marker) == [], timeout_s=10)
     rays.store = again.store  # the fixture's clean-up reads this one
+
+
+@inside
+def test_placed_job_outlives_the_placement_timeout(ray_cluster, tmp_path: Path) -> None:
+    s = RayService(tmp_path, placement_timeout_s=1.0)
+    s.service.create_cluster(ClusterSpec(name="r", nodes=0, slots=2, backend="ray",
+                                         address=ray_cluster.address))
+    job = s.submit("r", "sleep 4")
+    done = s.run_to_end(job.id, timeout_s=60)
+    assert done.state == JobState.SUCCEEDED, done.message
+    s.store.close()
 
 
 @inside

@@ -165,6 +165,7 @@ class ClusterSpec(BaseModel):
     backend: str = Field("local", pattern=r"^(local|ray)$", description="`local` or `ray`.")
     address: str | None = Field(
         None, max_length=255, pattern=r"^(local|[A-Za-z0-9_.:\[\]-]+)$",
+        validate_default=True,
         description="ray only: the Ray cluster's GCS address (host:port), or `local` for a "
                     "private head started by the service. Its token never goes here.")
     max_nodes: int | None = Field(
@@ -184,7 +185,7 @@ class ClusterSpec(BaseModel):
     def _address_for_ray_only(cls, v: str | None, info: ValidationInfo) -> str | None:
         backend = info.data.get("backend")
         if backend == "ray" and not v:
-            raise ValueError("a ray cluster needs --address HOST:PORT (or --local)")
+            raise ValueError("a ray cluster needs an address: HOST:PORT, or local")
         if backend == "local" and v:
             raise ValueError("only a ray cluster has an address")
         return v

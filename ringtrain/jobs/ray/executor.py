@@ -147,14 +147,15 @@ class RayExecutor:
         if launch is None:
             return Observation(Phase.LOST, message="the service stopped while starting the job")
         ray = self.connection.connect(launch.address)
-        from ray.util import get_placement_group
+        from ray.util import get_placement_group, placement_group_table
 
         try:
             pg = get_placement_group(launch.placement_group)
         except ValueError:
             return Observation(Phase.LOST, message=f"Ray has no placement group "
                                                    f"{launch.placement_group} any more")
-        if not pg.wait(timeout_seconds=0):
+        # The table, not pg.wait(0): a zero wait can time out before Ray answers at all.
+        if placement_group_table(pg).get("state") != "CREATED":
             waited = self.clock() - launch.started_at
             if waited > self.placement_timeout_s:
                 return Observation(Phase.LOST, message=self._unplaced(job, waited))
