@@ -78,11 +78,14 @@ class JobService:
         if spec.backend == "ray":
             spec = self._attach_ray(spec)
         with self.lock:
-            return self._with_ray_nodes(self.store.add_cluster(spec, self.clock()))
+            info = self.store.add_cluster(spec, self.clock())
+        return self._with_ray_nodes(info)
 
     def _attach_ray(self, spec: ClusterSpec) -> ClusterSpec:
         if self.ray is None:
             raise InvalidRequestError("this service runs no ray backend")
+        if spec.name in {c.name for c in self.store.list_clusters()}:  # before starting a head
+            raise ConflictError(f"cluster {spec.name!r} already exists")
         address = spec.address or ""
         if address == LOCAL:
             address = start_private_head(self.share.root.parent / "ray")

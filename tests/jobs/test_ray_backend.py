@@ -34,7 +34,7 @@ from ringtrain.jobs.service import JobService
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
 
-from .conftest import wait_for
+from .conftest import end_unfinished_jobs, pids_running, wait_for
 
 IN_NAMESPACE = os.environ.get("RINGTRAIN_TEST_NETNS") == "1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,24 +168,7 @@ def rays(ray_cluster, tmp_path: Path) -> Iterator[RayService]:
     s.service.create_cluster(ClusterSpec(name="r", nodes=0, slots=2, backend="ray",
                                          address=ray_cluster.address))
     yield s
-    for job in s.store.list_jobs():
-        if not job.state.is_terminal():
-            s.service.terminate(job.id)
-            s.run_to_end(job.id)
-    s.store.close()
-
-
-def _ranks_running(marker: str) -> list[int]:
-    """Processes (on every node: they are all on this machine) whose command line has ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    end_unfinished_jobs(s)
 
 
 def _placement_groups(prefix: str) -> list[dict]:
@@ -232,7 +215,7 @@ def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
     done = rays.run_to_end(job.id)
     assert done.state == JobState.FAILED and done.exit_code == 7
     assert "rank 1 on node 1" in done.message and "stdouterr/rank.1/stderr" in done.message
-    assert _ranks_running("sleep 30") == []
+    assert pids_running("sleep 30") == []
 
 
 @inside
@@ -240,11 +223,11 @@ def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
     marker = f"ringtrain-ray-terminate-{os.getpid()}"
     job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}", process_count_per_node=2)
     rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
+    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
     rays.service.terminate(job.id)
     done = rays.run_to_end(job.id, timeout_s=30)
     assert done.state == JobState.TERMINATED
-    wait_for(lambda: _ranks_running(marker) == [], timeout_s=10)
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
     assert _placement_groups(f"{job.id}.") == []
 
 
@@ -262,10 +245,10 @@ def test_restarted_service_finds_the_running_job_again(rays: RayService, tmp_pat
         again.service.tick()
     assert again.store.get_job(job.id).state == JobState.RUNNING
     assert len(_placement_groups(f"{job.id}.")) == 1  # found, not started twice
-    assert len(_ranks_running(marker)) == 2
+    assert len(pids_running(marker)) == 2
     again.service.terminate(job.id)
     assert again.run_to_end(job.id).state == JobState.TERMINATED
-    wait_for(lambda: _ranks_running(marker) == [], timeout_s=10)
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
     rays.store = again.store  # the fixture's clean-up reads this one
 
 
@@ -294,12 +277,25 @@ def test_unplaceable_job_fails_after_the_placement_timeout(ray_cluster, tmp_path
 
 
 @inside
+def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayService) -> None:
+    rays.service.create_cluster(ClusterSpec(name="big", nodes=0, slots=8, backend="ray",
+                                            address=ray_cluster.address))
+    job = rays.submit("big", "true", process_count_per_node=3)
+    rays.tick_until(job.id, lambda j: j.state == JobState.PREPARING)
+    rays.service.terminate(job.id)
+    done = rays.run_to_end(job.id, timeout_s=10)  # long before the 30 s placement timeout
+    assert done.state == JobState.TERMINATED
+    assert _placement_groups(f"{job.id}.") == []
+
+
+# Last of the module: it removes the shared Ray cluster's worker node.
+@inside
 @pytest.mark.slow
 def test_lost_node_fails_the_job_naming_it(ray_cluster, rays: RayService) -> None:
     marker = f"ringtrain-ray-lost-{os.getpid()}"
     job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}")
     rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(_ranks_running(marker)) == 2, timeout_s=30)
+    wait_for(lambda: len(pids_running(marker)) == 2, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
     killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
@@ -307,4 +303,4 @@ def test_lost_node_fails_the_job_naming_it(ray_cluster, rays: RayService) -> Non
     assert time.monotonic() - killed <= 30
     assert done.state == JobState.FAILED
     assert "was lost: Ray node" in done.message and "127.0.0.1" in done.message
-    wait_for(lambda: _ranks_running(marker) == [], timeout_s=10)
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)

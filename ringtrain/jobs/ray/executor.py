@@ -24,7 +24,7 @@ from typing import Any
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.models import JobInfo, NodeInfo
+from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
 from ringtrain.jobs.ray.connection import RayConnection
 from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
 from ringtrain.jobs.share import Share
@@ -156,6 +156,8 @@ class RayExecutor:
                                                    f"{launch.placement_group} any more")
         # The table, not pg.wait(0): a zero wait can time out before Ray answers at all.
         if placement_group_table(pg).get("state") != "CREATED":
+            if job.state == JobState.TERMINATING:  # nothing of it runs yet
+                return Observation(Phase.LOST, message="stopped before Ray placed it")
             waited = self.clock() - launch.started_at
             if waited > self.placement_timeout_s:
                 return Observation(Phase.LOST, message=self._unplaced(job, waited))

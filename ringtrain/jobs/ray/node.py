@@ -66,7 +66,6 @@ class NodeStatus:
     phase: Phase
     exit_code: int | None = None
     message: str = ""
-    ip: str = ""
 
 
 class NodeRunner:
@@ -83,7 +82,7 @@ class NodeRunner:
         self.ip = ray.util.get_node_ip_address()
         self.port = free_port(self.ip) if plan.node == 0 else 0
         self._lock = threading.Lock()
-        self._status = NodeStatus(Phase.PREPARING, ip=self.ip)
+        self._status = NodeStatus(Phase.PREPARING)
         self._children: list[subprocess.Popen] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -120,13 +119,17 @@ class NodeRunner:
                     pass
 
     def _run(self) -> None:
-        code, message = self._prepare()
-        if code == 0 and not self._stopping:
-            self._status = NodeStatus(Phase.RUNNING, ip=self.ip)
-            code, message = self._ranks()
+        try:
+            code, message = self._prepare()
+            if code == 0 and not self._stopping:
+                self._status = NodeStatus(Phase.RUNNING)
+                code, message = self._ranks()
+        except Exception as e:  # e.g. node 0's actor gone before it gave the rendezvous address
+            self._signal(signal.SIGKILL)
+            code, message = 1, f"node {self.plan.node} ({self.ip}) failed: {e!r}"[:500]
         if self._stopping:
             code, message = code or 1, "stopped by the service"
-        self._status = NodeStatus(Phase.EXITED, code, message, self.ip)
+        self._status = NodeStatus(Phase.EXITED, code, message)
 
     def _prepare(self) -> tuple[int, str]:
         command, k = self.plan.job_preparation, self.plan.node
@@ -201,6 +204,8 @@ class NodeRunner:
                                     start_new_session=True, preexec_fn=_die_with_parent)
         with self._lock:
             self._children.append(proc)
+        if self._stopping:  # a stop that came while it started
+            os.killpg(proc.pid, signal.SIGKILL)
         # PR_SET_PDEATHSIG reaches the shell only; the watchdog kills the whole process group
         # once this actor's process is gone, whatever its ranks started below them.
         subprocess.Popen(["sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), str(proc.pid)],
