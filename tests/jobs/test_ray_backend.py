@@ -102,6 +102,13 @@ def test_cluster_spec_takes_an_address_for_ray_only() -> None:
         ClusterSpec(name="r", nodes=0, backend="ray", address="host:1; rm -rf /")
 
 
+def test_an_address_where_nothing_answers_is_refused_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(InvalidRequestError, match="nothing answers at the Ray address 127.0.0.1:1"):
+        RayConnection().connect("127.0.0.1:1")
+    assert time.monotonic() - started < 1.0
+
+
 def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
     share = Share(tmp_path)
     ray_executor = RayExecutor(share, RayConnection(), lambda name: "127.0.0.1:1")

@@ -34,6 +34,8 @@ from ringtrain.jobs.models.states import Priority
 # Names end up in ids, folder names and environment variable names, so they stay simple.
 IO_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: A Ray cluster's address: ``local``, or HOST:PORT (an IPv6 host in brackets).
+RAY_ADDRESS_PATTERN = r"^(local|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})$"
 
 # Bounds of a spec: far above any real job, and small enough that the largest spec validates in
 # milliseconds (every check below is linear). A spec file or request body holds at most
@@ -164,7 +166,7 @@ class ClusterSpec(BaseModel):
     slots: int = Field(1, ge=1, le=1024, strict=True)
     backend: str = Field("local", pattern=r"^(local|ray)$", description="`local` or `ray`.")
     address: str | None = Field(
-        None, max_length=255, pattern=r"^(local|[A-Za-z0-9_.:\[\]-]+)$",
+        None, max_length=255, pattern=RAY_ADDRESS_PATTERN,
         validate_default=True,
         description="ray only: the Ray cluster's GCS address (host:port), or `local` for a "
                     "private head started by the service. Its token never goes here.")

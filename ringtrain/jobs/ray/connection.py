@@ -64,8 +64,10 @@ class RayConnection:
             InvalidRequestError: ray is missing, the cluster cannot be reached, or this service
                 is attached to another Ray cluster already.
         """
-        ray = import_ray()
         with self._lock:
+            if self.address != address:
+                _probe(address)  # an unreachable address fails at once, before Ray's retries
+            ray = import_ray()
             if ray.is_initialized():
                 # The driver is per process: whoever attached it, it serves one address.
                 current = ray.get_runtime_context().gcs_address
@@ -135,6 +137,23 @@ def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1") -> str:
         raise InvalidRequestError(f"`ray start --head` failed with exit code {code}; see "
                                   f"{log_file}")
     return f"{node_ip}:{port}"
+
+
+def _probe(address: str, timeout_s: float = 0.5) -> None:
+    """Refuse an address where nothing accepts a TCP connection.
+
+    Raises:
+        InvalidRequestError: the address is malformed, or nothing answers there.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise InvalidRequestError(f"nothing answers at the Ray address {address} ({reason}); "
+                                  "give the head's GCS address, HOST:PORT (port 6379 unless "
+                                  "`ray start --head --port` chose another)") from None
 
 
 def free_port(host: str) -> int:
