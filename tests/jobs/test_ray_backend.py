@@ -295,6 +295,22 @@ def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayServi
     assert _placement_groups(f"{job.id}.") == []
 
 
+@inside
+def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_path: Path
+                                                   ) -> None:
+    rc, out, err = cli("cluster", "create", "r", "--backend", "ray", "--address",
+                       ray_cluster.address, "--slots", "2")
+    assert rc == 0, err
+    assert "ray nodes:" in out and out.count(" alive ") == 2
+    spec = tmp_path / "job.yaml"
+    spec.write_text("node_count: 2\ncommand: echo rank $RANK of $WORLD_SIZE\n")
+    rc, out, err = cli("job", "submit", str(spec), "--cluster", "r", "--follow")
+    assert rc == 0, err
+    assert "rank 0 of 2" in out
+    rc, out, err = cli("cluster", "resize", "r", "--nodes", "3")
+    assert rc != 0 and "is a Ray cluster" in err
+
+
 # Last of the module: it removes the shared Ray cluster's worker node.
 @inside
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Create, list, show, resize and delete clusters (the local backend: N nodes of S slots)."""
+"""Create, list, show, resize and delete clusters (local: N nodes of S slots; ray: a Ray cluster)."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def cluster_text(c: ClusterInfo) -> str:
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
         f"created:     {when(c.created_at)}"]
         + ([f"address:     {c.address}"] if c.address else [])
-        + ([f"ray nodes:\n" + table(
+        + (["ray nodes:\n" + table(
             ["node", "address", "state", "cpus free", "gpus free"],
             [[n.node_id[:12], n.address, "alive" if n.alive else "dead",
               f"{n.cpus_free:g}/{n.cpus:g}", f"{n.gpus_free:g}/{n.gpus:g}"]
