@@ -226,6 +226,18 @@ def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
 
 
 @inside
+def test_failed_attempt_is_retried_under_a_new_placement_group(rays: RayService) -> None:
+    once = 'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || { touch $f; exit 3; }'
+    job = rays.submit("r", once, max_retries=1)
+    done = rays.run_to_end(job.id)
+    assert done.state == JobState.SUCCEEDED and done.attempt == 1, done.message
+    job_dir = Path(done.job_dir)
+    assert (job_dir / "stdouterr" / "rank.1" / "stdout").read_text() == "again\n"
+    assert (job_dir / "attempts" / "0" / "stdouterr" / "rank.0").is_dir()  # archived
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
 def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
     marker = f"ringtrain-ray-terminate-{os.getpid()}"
     job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}", process_count_per_node=2)
