@@ -285,14 +285,18 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data; wait until every rank has joined.
 
-    Until then this rank takes part in the others' allreduces with zeros (excluded from averages)
-    and in their allgathers with no rows.
+    Until then this rank takes part in the others' allreduces with zeros (Average still divides
+    by the size of the process set, as in Horovod) and in their allgathers with no rows; their
+    broadcasts, alltoalls, reducescatters and barriers that need it fail on every rank that
+    submitted them.
 
     Returns:
         The rank that joined last.
     """
     del device  # results are plain integers here; Horovod uses it to place a tensor
-    return synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))
+    last = synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))
+    runtime.current().joined()
+    return last
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
