@@ -119,18 +119,36 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                                                 postscale_factor, process_set))
 
 
+class SparseAllreduceHandle(DerivedHandle):
+    """What Horovod's ``sparse_allreduce_async`` returns: call it for the result. It is also a
+    handle, for ``synchronize`` and ``poll``."""
+
+    __slots__ = ()
+
+    def __call__(self) -> torch.Tensor:
+        return self.wait()
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                            op: ReduceOp | None = None,
-                           process_set: ProcessSet = global_process_set) -> Handle:
-    """Start an allreduce of a sparse COO tensor by gathering every rank's indices and values.
+                           process_set: ProcessSet = global_process_set) -> SparseAllreduceHandle:
+    """Start an allreduce of a sparse COO tensor by gathering every member's indices and values
+    (as ``<name>.indices`` and ``<name>.values``), as Horovod does.
 
-    ``synchronize`` returns a coalesced sparse tensor (summed, or averaged with ``Average``).
+    Returns:
+        A handle to call (``handle()``, Horovod's form) or ``synchronize``: it gives a coalesced
+        sparse tensor of ``tensor``'s shape, the sum, or with ``Average`` (the default) the sum
+        divided by the size of ``process_set``.
+
+    Raises:
+        ValueError: ``tensor`` is not sparse COO, or ``op`` is neither Average nor Sum.
     """
     reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
     if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"sparse allreduce supports Average and Sum, got {reduce_op!r}")
     if not tensor.is_sparse:
-        raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async "
+                         "for dense ones")
     sparse = tensor.coalesce()
     base = name or runtime.current().auto_name("sparse_allreduce", process_set.process_set_id)
     indices = allgather_async(sparse.indices().t().contiguous(), name=f"{base}.indices",
@@ -139,11 +157,12 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     members = process_set.size()
 
     def finish(_):
+        # Checked: a peer that passed a larger tensor under this name sent indices out of range
         summed = torch.sparse_coo_tensor(synchronize(indices).t(), synchronize(values),
-                                         size=sparse.shape).coalesce()
+                                         size=sparse.shape, check_invariants=True).coalesce()
         return summed / members if reduce_op is ReduceOp.AVERAGE else summed
 
-    return DerivedHandle(base, [indices, values], finish)
+    return SparseAllreduceHandle(base, [indices, values], finish)
 
 
 # -- allgather ---------------------------------------------------------------------------------
