@@ -68,7 +68,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "jobs.client": ("jobs.common", "leaf"),
     "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
     "jobs.service": ("jobs.common", "leaf"),
-    "data": ("leaf",),
+    "data": ("torch", "models", "leaf"),
     "models": ("leaf",),
     "cli": ("leaf",),
 }

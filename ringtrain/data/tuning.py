@@ -1,0 +1,84 @@
+"""How many loader workers and how deep a prefetch queue: chosen from the machine, not guessed.
+
+A rank needs its next batch decoded in the time one training step takes. With ``d`` ms of CPU
+work per image, batches of ``b`` images and steps of ``s`` ms, that takes ``ceil(d * b / s)``
+workers. The host's cores are shared by its ranks (``hvd.local_size()``), and each rank keeps one
+core for its own training process. Every value here is overridable by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """Loader workers per rank and batches each worker keeps ready (DataLoader's
+    ``prefetch_factor``), with the reason, for logs and ``ringtrain doctor``."""
+
+    workers: int
+    prefetch: int
+    reason: str
+
+
+def cores_per_rank(local_size: int) -> int:
+    """The cores this process may use: its affinity mask divided among the host's ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_size))
+
+
+def choose_loader_settings(*, local_size: int, batch_size: int, decode_ms: float | None = None,
+                           step_ms: float | None = None,
+                           cores: int | None = None) -> LoaderSettings:
+    """Workers and prefetch depth for one rank.
+
+    Args:
+        local_size: Ranks on this host (``hvd.local_size()``).
+        batch_size: Images per batch on this rank.
+        decode_ms: Measured CPU milliseconds to read, decode and crop one image
+            (:func:`measure_decode_ms`); unknown: use every core this rank has.
+        step_ms: Measured milliseconds of one training step without data waits (e.g. with
+            synthetic data); unknown: use every core this rank has.
+        cores: Cores of this rank (default :func:`cores_per_rank`).
+
+    Returns:
+        The settings; at least one worker, so that decoding overlaps training.
+    """
+    cores = cores if cores is not None else cores_per_rank(local_size)
+    budget = max(1, cores - 1)  # one core drives the training step
+    if decode_ms is None or step_ms is None or step_ms <= 0:
+        return LoaderSettings(budget, 2, f"{cores} cores per rank, one kept for training")
+    needed = math.ceil(decode_ms * batch_size / step_ms)
+    workers = max(1, min(budget, needed))
+    # A worker that must cover more than one step's worth of batches keeps a deeper queue, so
+    # that a slow image does not stall the step.
+    prefetch = min(8, max(2, math.ceil(2 * needed / workers)))
+    reason = (f"{decode_ms:.2f} ms/image x {batch_size} images per {step_ms:.1f} ms step needs "
+              f"{needed} worker(s); {budget} core(s) free per rank")
+    return LoaderSettings(workers, prefetch, reason)
+
+
+def measure_decode_ms(dataset: Dataset, samples: int = 16) -> float:
+    """CPU milliseconds to produce one item of ``dataset`` (read, decode, crop), measured here.
+
+    Args:
+        dataset: A map-style data set.
+        samples: Items timed (spread over the data set), after one warm-up item.
+
+    Returns:
+        Mean process CPU time per item, in milliseconds.
+    """
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("cannot measure an empty data set")
+    dataset[0]
+    picks = [i * n // samples for i in range(min(samples, n))]
+    t0 = time.process_time()
+    for i in picks:
+        dataset[i]
+    return (time.process_time() - t0) / len(picks) * 1e3
