@@ -1,0 +1,108 @@
+"""From measurements to advice with numbers, and the trial that tests each piece of advice.
+
+Pure: the numbers come in, the advice goes out, so the rules are tested without training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: A data wait above this fraction of the step counts as a gap worth advice.
+DATA_WAIT_THRESHOLD = 0.05
+#: Exposed communication above this fraction of the step gets its own advice.
+COMMUNICATION_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One configuration to measure: where batches come from and with how many workers.
+
+    ``data`` is ``synthetic`` (a fixed batch on the device), ``torchvision`` (ImageFolder, PIL,
+    DataLoader: the common baseline), ``folder`` (ringtrain's pipeline on the image files),
+    ``packed`` (ringtrain's pipeline on a pre-resized packed file) or ``gpu`` (files decoded with
+    nvjpeg). ``workers`` ``None``: chosen by :func:`ringtrain.data.tuning.choose_loader_settings`.
+    """
+
+    name: str
+    data: str
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the doctor measured before advising.
+
+    ``compute_ms``: the synthetic step (the step without data). ``real``: the mean phases of the
+    baseline trial in ms (``step``, ``data``, ``h2d``, ``communication``, ...).
+    ``decode_ms``: CPU milliseconds per image for ``torchvision``, ``folder`` and ``packed``.
+    """
+
+    batch_size: int
+    cores_per_rank: int
+    baseline_workers: int
+    cuda: bool
+    compute_ms: float
+    real: dict[str, float]
+    decode_ms: dict[str, float]
+    pack_size: int
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One finding: the message, and the trial that tries it (``None``: nothing to try)."""
+
+    message: str
+    trial: TrialSpec | None = None
+
+
+def workers_needed(decode_ms: float, batch_size: int, step_ms: float) -> int:
+    """Workers that decode one batch per step: ``ceil(decode_ms * batch_size / step_ms)``."""
+    return max(1, math.ceil(decode_ms * batch_size / max(step_ms, 1e-6)))
+
+
+def advise(m: Measurements) -> list[Advice]:
+    """The advice for these measurements, most effective first."""
+    advice: list[Advice] = []
+    step = max(m.real.get("step", 0.0), 1e-6)
+    data_frac = m.real.get("data", 0.0) / step
+    budget = max(1, m.cores_per_rank - 1)
+    if data_frac > DATA_WAIT_THRESHOLD:
+        need = workers_needed(m.decode_ms["torchvision"], m.batch_size, m.compute_ms)
+        tail = ("" if need <= budget else
+                f", but a rank has only {m.cores_per_rank} core(s): decode less, not more")
+        advice.append(Advice(
+            f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} "
+            f"ms): decoding takes {m.decode_ms['torchvision']:.2f} ms/image, so a "
+            f"{m.compute_ms:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
+            f"of {m.baseline_workers}{tail}"))
+        if "packed" in m.decode_ms:
+            n = workers_needed(m.decode_ms["packed"], m.batch_size, m.compute_ms)
+            advice.append(Advice(
+                f"pre-resize the data set to {m.pack_size} px (`ringtrain data pack SRC OUT "
+                f"--size {m.pack_size}`) and read it with PackedImages: "
+                f"{m.decode_ms['packed']:.2f} ms/image, {n} worker(s) cover the step",
+                TrialSpec("packed", "packed", min(budget, n))))
+        if m.cuda:
+            advice.append(Advice(
+                "decode on the GPU (nvjpeg, batched): workers only read the files "
+                "(DeviceLoader(..., decoder=GpuDecoder(device)))", TrialSpec("gpu decode", "gpu")))
+        n = workers_needed(m.decode_ms["folder"], m.batch_size, m.compute_ms)
+        advice.append(Advice(
+            f"decode with ringtrain.data (libjpeg-turbo at reduced DCT scale, uint8 crops): "
+            f"{m.decode_ms['folder']:.2f} ms/image instead of {m.decode_ms['torchvision']:.2f}; "
+            f"{min(budget, n)} worker(s)" + ("" if n <= budget else f" of the {n} needed"),
+            TrialSpec("ringtrain folder", "folder", min(budget, n))))
+    if m.cuda and m.real.get("h2d", 0.0) / step > DATA_WAIT_THRESHOLD:
+        advice.append(Advice(
+            f"the host-to-device copy is {m.real['h2d'] / step:.0%} of the step: pin memory "
+            "and prefetch on a side stream (ringtrain.data.loader.DeviceLoader does both)"))
+    comm = m.real.get("communication", 0.0) / step
+    if comm > COMMUNICATION_THRESHOLD:
+        advice.append(Advice(
+            f"exposed allreduce wait is {comm:.0%} of the step: compress gradients "
+            "(compression=hvd.Compression.fp16) or raise the batch size per rank"))
+    if not advice:
+        advice.append(Advice(f"the input pipeline keeps up: data wait is {data_frac:.0%} of the "
+                             "step"))
+    return advice
