@@ -61,7 +61,7 @@ def decode_rgb(data: bytes | memoryview, *, min_height: int = 0,
     from PIL import Image, UnidentifiedImageError
 
     try:
-        return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB"))
+        return np.array(Image.open(io.BytesIO(bytes(data))).convert("RGB"))
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"cannot decode image ({len(data)} bytes): {e}") from e
 
