@@ -50,8 +50,9 @@ class DeviceLoader:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.device = torch.device(device)
-        self.settings = settings or choose_loader_settings(local_size=local_size,
-                                                           batch_size=batch_size)
+        self.settings = settings or choose_loader_settings(
+            local_size=local_size, batch_size=batch_size,
+            cpu_training=self.device.type == "cpu")
         self.dtype = dtype
         self.channels_last = channels_last
         self.mean, self.std = mean, std

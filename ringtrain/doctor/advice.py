@@ -36,10 +36,13 @@ class Measurements:
     ``compute_ms``: the synthetic step (the step without data). ``real``: the mean phases of the
     baseline trial in ms (``step``, ``data``, ``h2d``, ``communication``, ...).
     ``decode_ms``: CPU milliseconds per image for ``torchvision``, ``folder`` and ``packed``.
+    ``budget``: the loader workers a rank can run beside training
+    (:func:`ringtrain.data.tuning.worker_budget`).
     """
 
     batch_size: int
     cores_per_rank: int
+    budget: int
     baseline_workers: int
     cuda: bool
     compute_ms: float
@@ -61,12 +64,16 @@ def workers_needed(decode_ms: float, batch_size: int, step_ms: float) -> int:
     return max(1, math.ceil(decode_ms * batch_size / max(step_ms, 1e-6)))
 
 
+def _workers(n: int) -> str:
+    return f"{n} worker(s)" if n else "decoded in the training process (no spare core)"
+
+
 def advise(m: Measurements) -> list[Advice]:
     """The advice for these measurements, most effective first."""
     advice: list[Advice] = []
     step = max(m.real.get("step", 0.0), 1e-6)
     data_frac = m.real.get("data", 0.0) / step
-    budget = max(1, m.cores_per_rank - 1)
+    budget = m.budget
     if data_frac > DATA_WAIT_THRESHOLD:
         need = workers_needed(m.decode_ms["torchvision"], m.batch_size, m.compute_ms)
         tail = ("" if need <= budget else
@@ -81,7 +88,7 @@ def advise(m: Measurements) -> list[Advice]:
             advice.append(Advice(
                 f"pre-resize the data set to {m.pack_size} px (`ringtrain data pack SRC OUT "
                 f"--size {m.pack_size}`) and read it with PackedImages: "
-                f"{m.decode_ms['packed']:.2f} ms/image, {n} worker(s) cover the step",
+                f"{m.decode_ms['packed']:.2f} ms/image, {_workers(min(budget, n))}",
                 TrialSpec("packed", "packed", min(budget, n))))
         if m.cuda:
             advice.append(Advice(
@@ -91,7 +98,7 @@ def advise(m: Measurements) -> list[Advice]:
         advice.append(Advice(
             f"decode with ringtrain.data (libjpeg-turbo at reduced DCT scale, uint8 crops): "
             f"{m.decode_ms['folder']:.2f} ms/image instead of {m.decode_ms['torchvision']:.2f}; "
-            f"{min(budget, n)} worker(s)" + ("" if n <= budget else f" of the {n} needed"),
+            f"{_workers(min(budget, n))}" + ("" if n <= budget else f" of the {n} needed"),
             TrialSpec("ringtrain folder", "folder", min(budget, n))))
     if m.cuda and m.real.get("h2d", 0.0) / step > DATA_WAIT_THRESHOLD:
         advice.append(Advice(

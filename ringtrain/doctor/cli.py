@@ -75,7 +75,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     import ringtrain.torch as hvd
     from ringtrain.data.image_folder import ImageFolder
-    from ringtrain.data.tuning import cores_per_rank
+    from ringtrain.data.tuning import cores_per_rank, worker_budget
     from ringtrain.doctor import report
     from ringtrain.doctor.advice import Measurements, TrialSpec, advise
     from ringtrain.doctor.trials import Workload, run_trial
@@ -92,28 +92,30 @@ def _doctor(args: argparse.Namespace) -> int:
                   f"({args.batch_size} x {hvd.size()} ranks): lower --batch-size",
                   file=sys.stderr)
         return 2
-    model = _model(args.model, len(classes)).to(device)
+    model = build_model(args.model, len(classes)).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    work = Workload(model, optimizer, device, args.batch_size, args.size, args.steps,
-                    args.warmup, args.folder, args.packed, len(classes), args.bf16)
     cores = cores_per_rank(hvd.local_size())
+    work = Workload(model, optimizer, device, args.batch_size, args.size, args.steps,
+                    args.warmup, args.folder, cores, args.packed, len(classes), args.bf16)
     baseline_workers = args.workers if args.workers is not None else max(1, cores - 1)
     pack_size = round(args.size / 0.875)
 
     synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work)
     baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work)
-    # Rank 0 measures and advises; every rank runs the same trials, so they get its advice.
+    # Every rank measures decoding at once (so cores are as busy as in training); rank 0
+    # advises, and every rank gets its advice, so that all run the same trials.
+    costs = hvd.allgather_object(_decode_costs(args.folder, args.packed, args.size, pack_size))
     advice = None
     if hvd.rank() == 0:
         measurements = Measurements(
-            args.batch_size, cores, baseline_workers, cuda,
-            synthetic.breakdown_ms["step"], baseline.breakdown_ms,
-            _decode_costs(args.folder, args.packed, args.size, pack_size), pack_size)
+            args.batch_size, cores, worker_budget(cores, cpu_training=not cuda),
+            baseline_workers, cuda, synthetic.breakdown_ms["step"], baseline.breakdown_ms,
+            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size)
         advice = advise(measurements)
     advice = hvd.broadcast_object(advice, root_rank=0)
     results = [synthetic, baseline]
@@ -140,7 +142,8 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model(name: str, num_classes: int):
+def build_model(name: str, num_classes: int):
+    """The doctor's model by name: ``resnet50`` or ``small-cnn``."""
     if name == "resnet50":
         from ringtrain.models.resnet import resnet50
 

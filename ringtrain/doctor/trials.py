@@ -23,7 +23,7 @@ from ringtrain.data.loader import DeviceLoader
 from ringtrain.data.packed import PackedImages
 from ringtrain.data.sharding import ShardedSampler
 from ringtrain.data.synthetic import synthetic_batch
-from ringtrain.data.tuning import LoaderSettings, choose_loader_settings
+from ringtrain.data.tuning import LoaderSettings, choose_loader_settings, training_threads
 from ringtrain.doctor.advice import TrialSpec
 from ringtrain.torch.step_profiler import PHASES, StepProfiler
 
@@ -40,6 +40,7 @@ class Workload:
     steps: int
     warmup: int
     folder: Path
+    cores: int
     packed: Path | None = None
     num_classes: int = 1000
     bf16: bool = False
@@ -65,9 +66,19 @@ class TrialResult:
 def run_trial(spec: TrialSpec, work: Workload) -> TrialResult:
     """Train ``work.warmup + work.steps`` steps fed as ``spec`` says; collective over ranks."""
     batches, workers = _batches(spec, work)
+    threads = torch.get_num_threads()
+    if work.device.type == "cpu":  # the training's threads share the cores with the workers
+        torch.set_num_threads(training_threads(work.cores, workers))
+    try:
+        return _train(spec, work, batches, workers)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> TrialResult:
     profiler = StepProfiler(work.device, metrics_dir=False, skip=work.warmup)
     loss_fn = F.cross_entropy
-    start = end = 0.0
+    start = 0.0
     for step, (images, labels) in enumerate(profiler.iterate(itertools.islice(
             batches, work.warmup + work.steps))):
         if step == work.warmup:
@@ -114,7 +125,8 @@ def _batches(spec: TrialSpec, work: Workload) -> tuple[Iterator, int]:
         batch = synthetic_batch(work.batch_size, image_shape=(3, work.size, work.size),
                                 num_classes=work.num_classes, device=work.device)
         return itertools.repeat(batch), 0
-    settings = (choose_loader_settings(local_size=hvd.local_size(), batch_size=work.batch_size)
+    settings = (choose_loader_settings(local_size=hvd.local_size(), batch_size=work.batch_size,
+                                       cores=work.cores, cpu_training=work.device.type == "cpu")
                 if spec.workers is None else LoaderSettings(spec.workers, 2, "given"))
     if spec.data == "torchvision":
         return _torchvision_batches(work, settings.workers), settings.workers

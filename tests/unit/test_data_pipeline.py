@@ -19,7 +19,12 @@ from ringtrain.data.image_folder import ImageFolder
 from ringtrain.data.loader import DeviceLoader
 from ringtrain.data.packed import PackedImages
 from ringtrain.data.sharding import ShardedSampler
-from ringtrain.data.tuning import LoaderSettings, choose_loader_settings, measure_decode_ms
+from ringtrain.data.tuning import (
+    LoaderSettings,
+    choose_loader_settings,
+    measure_decode_ms,
+    training_threads,
+)
 from ringtrain.models.vision import load_torchvision
 from tests.data.images import make_coco, make_folder, photo
 
@@ -142,6 +147,9 @@ def test_loader_settings_follow_cores_ranks_and_decode_cost():
     assert starved.workers == 4 and starved.prefetch == 8
     one_core = choose_loader_settings(local_size=2, batch_size=8, cores=1)
     assert one_core.workers == 1
+    cpu = choose_loader_settings(local_size=2, batch_size=8, cores=1, cpu_training=True)
+    assert cpu.workers == 0 and "in the training process" in cpu.reason
+    assert training_threads(8, 3) == 5 and training_threads(1, 1) == 1
 
 
 def test_measure_decode_ms_is_positive(folder):

@@ -6,7 +6,7 @@ from ringtrain.doctor.advice import Measurements, advise, workers_needed
 
 
 def _m(data: float, step: float = 100.0, cuda: bool = False, comm: float = 0.0) -> Measurements:
-    return Measurements(batch_size=32, cores_per_rank=8, baseline_workers=2, cuda=cuda,
+    return Measurements(batch_size=32, cores_per_rank=8, budget=7, baseline_workers=2, cuda=cuda,
                         compute_ms=step - data, real={"step": step, "data": data,
                                                       "communication": comm, "h2d": 0.0},
                         decode_ms={"torchvision": 5.0, "folder": 2.0, "packed": 0.5},
