@@ -17,7 +17,14 @@ import torch
 from torch.utils.data import Dataset
 
 from ringtrain.data import jpeg
-from ringtrain.data.crop import RATIO, SCALE, Box, center_box, random_resized_crop_box, resized_crop
+from ringtrain.data.crop import (
+    RATIO,
+    SCALE,
+    Box,
+    center_box,
+    random_resized_crop_box,
+    resized_crop,
+)
 
 
 class ImageSource(Protocol):
@@ -71,7 +78,7 @@ class ClassificationImages(Dataset[tuple[torch.Tensor, int]]):
 
     def crop(self, data: bytes | memoryview | np.ndarray) -> torch.Tensor:
         """Decode (if encoded) and crop one image to ``uint8 [3, size, size]``."""
-        rng = self.rng or random._inst  # the module's generator, which DataLoader seeds
+        rng = self.rng or random  # the module's generator, which DataLoader seeds per worker
         if isinstance(data, np.ndarray):
             height, width = data.shape[:2]
             pixels = data

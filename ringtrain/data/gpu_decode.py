@@ -15,7 +15,13 @@ import torch
 from torch.utils.data import Dataset
 
 from ringtrain.data.classification import ImageSource
-from ringtrain.data.crop import RATIO, SCALE, center_box, random_resized_crop_box, resized_crop
+from ringtrain.data.crop import (
+    RATIO,
+    SCALE,
+    center_box,
+    random_resized_crop_box,
+    resized_crop,
+)
 from ringtrain.data.jpeg import decode_jpeg_cuda
 
 
@@ -61,7 +67,7 @@ class GpuDecoder:
         self.size = size
         self.train = train
         self.scale, self.ratio = scale, ratio
-        self.rng = rng or random._inst
+        self.rng = rng or random  # the module's functions: its global generator
 
     def __call__(self, blobs: list[torch.Tensor]) -> torch.Tensor:
         """``uint8 [N, 3, size, size]`` crops of the decoded batch, on the device."""

@@ -31,9 +31,9 @@ def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> 
     """A table of the trials (throughput, ratio to synthetic, gap closed, breakdown), the slowest
     rank of each and the advice."""
     synthetic = results[0]
-    lines = [f"ringtrain doctor: {context['model']} on {context['folder']}, {context['ranks']} "
+    lines = [(f"ringtrain doctor: {context['model']} on {context['folder']}, {context['ranks']} "
              f"rank(s), batch {context['batch_size']} per rank, {context['size']} px, "
-             f"{context['device']}", ""]
+             f"{context['device']}"), ""]
     header = f"{'trial':<18}{'workers':>8}{'img/s':>10}{'x synth':>9}{'gap closed':>11}  "
     lines.append(header + "  ".join(f"{p[:7]:>7}" for p in PHASES) + "  (ms per step)")
     for r in results:

