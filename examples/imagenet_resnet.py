@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    profiler = StepProfiler(device, skip=2)
+    profiler = StepProfiler(device, skip=1)  # the first step allocates and warms up
     for epoch in range(args.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
