@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: A data wait above this fraction of the step counts as a gap worth advice.
-DATA_WAIT_THRESHOLD = 0.05
+#: A gap to synthetic data, a data wait or a slowdown of the compute above this fraction of the
+#: step is worth advice.
+THRESHOLD = 0.05
 #: Exposed communication above this fraction of the step gets its own advice.
 COMMUNICATION_THRESHOLD = 0.10
 
@@ -33,8 +34,8 @@ class TrialSpec:
 class Measurements:
     """What the doctor measured before advising.
 
-    ``compute_ms``: the synthetic step (the step without data). ``real``: the mean phases of the
-    baseline trial in ms (``step``, ``data``, ``h2d``, ``communication``, ...).
+    ``synthetic`` and ``real``: the mean phases, in ms, of the synthetic trial (the step without
+    data) and of the baseline trial (``step``, ``data``, ``h2d``, ``forward_backward``, ...).
     ``decode_ms``: CPU milliseconds per image for ``torchvision``, ``folder`` and ``packed``.
     ``budget``: the loader workers a rank can run beside training
     (:func:`ringtrain.data.tuning.worker_budget`).
@@ -45,7 +46,7 @@ class Measurements:
     budget: int
     baseline_workers: int
     cuda: bool
-    compute_ms: float
+    synthetic: dict[str, float]
     real: dict[str, float]
     decode_ms: dict[str, float]
     pack_size: int
@@ -69,22 +70,37 @@ def _workers(n: int) -> str:
 
 
 def advise(m: Measurements) -> list[Advice]:
-    """The advice for these measurements, most effective first."""
+    """The advice for these measurements, most effective first.
+
+    The gap to synthetic data shows in two places: waiting for batches (``data``), and, where
+    loader workers share the cores with training, a slower ``forward_backward``.
+    """
     advice: list[Advice] = []
     step = max(m.real.get("step", 0.0), 1e-6)
+    compute = m.synthetic.get("step", 0.0)
+    gap = 1 - compute / step
     data_frac = m.real.get("data", 0.0) / step
+    slowdown = (m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0))
     budget = m.budget
-    if data_frac > DATA_WAIT_THRESHOLD:
-        need = workers_needed(m.decode_ms["torchvision"], m.batch_size, m.compute_ms)
-        tail = ("" if need <= budget else
-                f", but a rank has only {m.cores_per_rank} core(s): decode less, not more")
-        advice.append(Advice(
-            f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} "
-            f"ms): decoding takes {m.decode_ms['torchvision']:.2f} ms/image, so a "
-            f"{m.compute_ms:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
-            f"of {m.baseline_workers}{tail}"))
+    if gap > THRESHOLD:
+        if data_frac > THRESHOLD:
+            need = workers_needed(m.decode_ms["torchvision"], m.batch_size, compute)
+            tail = ("" if need <= budget else
+                    f", but a rank has only {m.cores_per_rank} core(s): decode less, not more")
+            advice.append(Advice(
+                f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} "
+                f"ms): decoding takes {m.decode_ms['torchvision']:.2f} ms/image, so a "
+                f"{compute:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
+                f"of {m.baseline_workers}{tail}"))
+        if slowdown / step > THRESHOLD:
+            advice.append(Advice(
+                f"loader workers slow training down: forward+backward takes "
+                f"{m.real['forward_backward']:.1f} ms instead of "
+                f"{m.synthetic['forward_backward']:.1f} ms with synthetic data "
+                f"({slowdown / step:.0%} of the step): {m.baseline_workers} worker(s) share "
+                f"{m.cores_per_rank} core(s) with training; decode less per image"))
         if "packed" in m.decode_ms:
-            n = workers_needed(m.decode_ms["packed"], m.batch_size, m.compute_ms)
+            n = workers_needed(m.decode_ms["packed"], m.batch_size, compute)
             advice.append(Advice(
                 f"pre-resize the data set to {m.pack_size} px (`ringtrain data pack SRC OUT "
                 f"--size {m.pack_size}`) and read it with PackedImages: "
@@ -94,13 +110,13 @@ def advise(m: Measurements) -> list[Advice]:
             advice.append(Advice(
                 "decode on the GPU (nvjpeg, batched): workers only read the files "
                 "(DeviceLoader(..., decoder=GpuDecoder(device)))", TrialSpec("gpu decode", "gpu")))
-        n = workers_needed(m.decode_ms["folder"], m.batch_size, m.compute_ms)
+        n = workers_needed(m.decode_ms["folder"], m.batch_size, compute)
         advice.append(Advice(
             f"decode with ringtrain.data (libjpeg-turbo at reduced DCT scale, uint8 crops): "
             f"{m.decode_ms['folder']:.2f} ms/image instead of {m.decode_ms['torchvision']:.2f}; "
             f"{_workers(min(budget, n))}" + ("" if n <= budget else f" of the {n} needed"),
             TrialSpec("ringtrain folder", "folder", min(budget, n))))
-    if m.cuda and m.real.get("h2d", 0.0) / step > DATA_WAIT_THRESHOLD:
+    if m.cuda and m.real.get("h2d", 0.0) / step > THRESHOLD:
         advice.append(Advice(
             f"the host-to-device copy is {m.real['h2d'] / step:.0%} of the step: pin memory "
             "and prefetch on a side stream (ringtrain.data.loader.DeviceLoader does both)"))
@@ -110,6 +126,6 @@ def advise(m: Measurements) -> list[Advice]:
             f"exposed allreduce wait is {comm:.0%} of the step: compress gradients "
             "(compression=hvd.Compression.fp16) or raise the batch size per rank"))
     if not advice:
-        advice.append(Advice(f"the input pipeline keeps up: data wait is {data_frac:.0%} of the "
-                             "step"))
+        advice.append(Advice(f"the input pipeline keeps up: real data runs at {1 - gap:.0%} of "
+                             f"synthetic data's speed, data wait is {data_frac:.0%} of the step"))
     return advice

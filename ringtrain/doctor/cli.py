@@ -114,7 +114,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if hvd.rank() == 0:
         measurements = Measurements(
             args.batch_size, cores, worker_budget(cores, cpu_training=not cuda),
-            baseline_workers, cuda, synthetic.breakdown_ms["step"], baseline.breakdown_ms,
+            baseline_workers, cuda, synthetic.breakdown_ms, baseline.breakdown_ms,
             {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size)
         advice = advise(measurements)
     advice = hvd.broadcast_object(advice, root_rank=0)

@@ -5,10 +5,15 @@ from __future__ import annotations
 from ringtrain.doctor.advice import Measurements, advise, workers_needed
 
 
-def _m(data: float, step: float = 100.0, cuda: bool = False, comm: float = 0.0) -> Measurements:
+def _m(data: float, step: float = 100.0, cuda: bool = False, comm: float = 0.0,
+       slower: float = 0.0) -> Measurements:
+    """The baseline: ``data`` ms of waiting and forward+backward ``slower`` ms slower than with
+    synthetic data (whose step is ``step - data - slower``)."""
+    compute = step - data - slower
     return Measurements(batch_size=32, cores_per_rank=8, budget=7, baseline_workers=2, cuda=cuda,
-                        compute_ms=step - data, real={"step": step, "data": data,
-                                                      "communication": comm, "h2d": 0.0},
+                        synthetic={"step": compute, "forward_backward": compute},
+                        real={"step": step, "data": data, "communication": comm, "h2d": 0.0,
+                              "forward_backward": compute + slower},
                         decode_ms={"torchvision": 5.0, "folder": 2.0, "packed": 0.5},
                         pack_size=256)
 
@@ -36,4 +41,11 @@ def test_gpu_decode_is_proposed_only_with_cuda():
 def test_a_fed_pipeline_gets_no_trials_and_exposed_allreduce_is_reported():
     advice = advise(_m(data=1.0))
     assert len(advice) == 1 and "keeps up" in advice[0].message and advice[0].trial is None
+    assert "99% of synthetic" in advice[0].message
     assert any("allreduce" in a.message for a in advise(_m(data=1.0, comm=30.0)))
+
+
+def test_workers_that_slow_the_compute_count_as_a_gap():
+    advice = advise(_m(data=2.0, slower=20.0))
+    assert "forward+backward takes 98.0 ms instead of 78.0 ms" in advice[0].message
+    assert [a.trial.data for a in advice if a.trial] == ["packed", "folder"]
