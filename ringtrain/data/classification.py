@@ -38,7 +38,25 @@ class ImageSource(Protocol):
     def read(self, index: int) -> tuple[bytes | memoryview | np.ndarray, int]: ...
 
 
-class ClassificationImages(Dataset[tuple[torch.Tensor, int]]):
+class SourceDataset(Dataset[tuple[torch.Tensor, int]]):
+    """A map-style data set over an image source: its length and class names are the source's.
+
+    Args:
+        source: The images.
+    """
+
+    def __init__(self, source: ImageSource) -> None:
+        self.source = source
+
+    @property
+    def classes(self) -> list[str]:
+        return self.source.classes
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+class ClassificationImages(SourceDataset):
     """``(uint8 [3, size, size] image, label)`` items of an image source, cropped on the CPU.
 
     Args:
@@ -58,19 +76,12 @@ class ClassificationImages(Dataset[tuple[torch.Tensor, int]]):
                  rng: random.Random | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be positive, got {size}")
-        self.source = source
+        super().__init__(source)
         self.size = size
         self.train = train
         self.scale = scale
         self.ratio = ratio
         self.rng = rng
-
-    @property
-    def classes(self) -> list[str]:
-        return self.source.classes
-
-    def __len__(self) -> int:
-        return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.source.read(index)

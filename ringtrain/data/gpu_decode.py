@@ -12,9 +12,8 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from ringtrain.data.classification import ImageSource
+from ringtrain.data.classification import SourceDataset
 from ringtrain.data.crop import (
     RATIO,
     SCALE,
@@ -25,22 +24,12 @@ from ringtrain.data.crop import (
 from ringtrain.data.jpeg import decode_jpeg_cuda
 
 
-class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
+class EncodedImages(SourceDataset):
     """``(uint8 [nbytes] encoded file, label)`` items of an image source that stores JPEGs.
 
     Args:
         source: An image folder of JPEGs or a JPEG-format packed file.
     """
-
-    def __init__(self, source: ImageSource) -> None:
-        self.source = source
-
-    @property
-    def classes(self) -> list[str]:
-        return self.source.classes
-
-    def __len__(self) -> int:
-        return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.source.read(index)

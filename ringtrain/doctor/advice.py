@@ -114,7 +114,7 @@ def advise(m: Measurements) -> list[Advice]:
         advice.append(Advice(
             f"decode with ringtrain.data (libjpeg-turbo at reduced DCT scale, uint8 crops): "
             f"{m.decode_ms['folder']:.2f} ms/image instead of {m.decode_ms['torchvision']:.2f}; "
-            f"{_workers(min(budget, n))}" + ("" if n <= budget else f" of the {n} needed"),
+            f"{_workers(min(budget, n))}" + (f" of the {n} needed" if 0 < budget < n else ""),
             TrialSpec("ringtrain folder", "folder", min(budget, n))))
     if m.cuda and m.real.get("h2d", 0.0) / step > THRESHOLD:
         advice.append(Advice(

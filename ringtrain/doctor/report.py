@@ -13,7 +13,8 @@ _COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward_backward": "#2ca02c",
 
 
 def gap_closed(result: TrialResult, baseline: TrialResult, synthetic: TrialResult) -> float:
-    """The fraction of the baseline's gap to synthetic data that ``result`` closes."""
+    """The fraction of the baseline's gap to synthetic data that ``result`` closes (1: all of
+    it; above 1: it ran faster than ``synthetic``, i.e. within the run's noise)."""
     gap = synthetic.images_per_second - baseline.images_per_second
     if gap <= 0:
         return 1.0
@@ -28,9 +29,9 @@ def as_json(results: list[TrialResult], advice: list[Advice], context: dict) -> 
 
 
 def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> str:
-    """A table of the trials (throughput, ratio to synthetic, gap closed, breakdown), the slowest
-    rank of each and the advice."""
-    synthetic = results[0]
+    """A table of the trials (throughput, ratio to the fastest synthetic run, gap closed,
+    breakdown), the slowest rank of each and the advice."""
+    synthetic = next(r for r in results if r.name == context["ceiling"])
     lines = [(f"ringtrain doctor: {context['model']} on {context['folder']}, {context['ranks']} "
              f"rank(s), batch {context['batch_size']} per rank, {context['size']} px, "
              f"{context['device']}"), ""]
