@@ -16,6 +16,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("ringtrain.jobs.cli", "create, resize and delete job clusters"),
     "server": ("ringtrain.jobs.cli", "run or stop the job service"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
+    "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),
     "env": ("ringtrain.env_report", "print the environment block for bug reports"),
 }
 

@@ -13,7 +13,11 @@ import sys
 
 from ringtrain.errors import RingtrainError
 
-_COMMANDS = ("ringtrain.data.commands.fashion_images",)
+_COMMANDS = (
+    "ringtrain.data.commands.fashion_images",
+    "ringtrain.data.commands.photos",
+    "ringtrain.data.commands.pack",
+)
 
 
 def main(argv: list[str]) -> int:

@@ -47,6 +47,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "jobs.cli": ("ringtrain.jobs.cli",),
     "jobs.service": ("ringtrain.jobs",),
     "data": ("ringtrain.data",),
+    "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
     "cli": ("ringtrain.cli", "ringtrain.env_report"),
 }
@@ -68,7 +69,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "jobs.client": ("jobs.common", "leaf"),
     "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
     "jobs.service": ("jobs.common", "leaf"),
-    "data": ("leaf",),
+    "data": ("torch", "models", "leaf"),
+    "doctor": ("data", "torch", "models", "runner.env", "leaf"),
     "models": ("leaf",),
     "cli": ("leaf",),
 }

@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"folder of the IDX files (default: {DEFAULT_DATA_DIR})")
     p.add_argument("--format", choices=["png", "jpeg"], default="png",
                    help="png (lossless, default) or jpeg (quality 95)")
-    p.add_argument("--limit", type=_positive_int, default=None,
+    p.add_argument("--limit", type=positive_int, default=None,
                    help="write only the first N images of each split (for quick trials)")
     p.set_defaults(func=run)
 
@@ -56,7 +56,7 @@ def _folder_name(label: int) -> str:
     return f"{label}_{CLASSES[label]}".replace("/", "-").replace(" ", "_")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
