@@ -13,7 +13,7 @@ import sys
 
 from ringtrain.errors import RingtrainError
 
-_COMMANDS = ("ringtrain.data.commands.fashion_images",)
+_COMMANDS = ("ringtrain.data.commands.fashion_images", "ringtrain.data.commands.deepforest_coco")
 
 
 def main(argv: list[str]) -> int:
