@@ -8,7 +8,6 @@ processes on this host, so exposing it without authentication would hand the hos
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import logging
 import os
 import socket
@@ -20,34 +19,12 @@ from typing import IO
 
 from fastapi import FastAPI
 
-from ringtrain.errors import ConfigError
 from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.web.exposure import check_bind
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse a non-loopback address without a token.
-
-    Raises:
-        ConfigError: ``host`` is reachable from other machines and ``token`` is empty.
-    """
-    if not is_loopback(host) and not token:
-        raise ConfigError(f"binding the job service to {host} exposes it to the network, and it "
-                          "runs commands on this host: pass --token (or set RINGTRAIN_TOKEN); "
-                          "clients then send `Authorization: Bearer <token>`")
 
 
 def _lock(home: Home) -> IO[str]:
@@ -105,7 +82,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore
 
-    check_bind(host, token)
+    check_bind(host, token, "the job service", "it runs commands on this host")
     home.ensure()
     lock = _lock(home)
     sock = _bind(host, port)

@@ -48,6 +48,8 @@ UNITS: dict[str, tuple[str, ...]] = {
     "jobs.service": ("ringtrain.jobs",),
     "data": ("ringtrain.data",),
     "models": ("ringtrain.models",),
+    "web": ("ringtrain.web",),
+    "serve": ("ringtrain.serve",),
     "cli": ("ringtrain.cli", "ringtrain.env_report"),
 }
 
@@ -67,9 +69,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "jobs.common": ("leaf",),
     "jobs.client": ("jobs.common", "leaf"),
     "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
-    "jobs.service": ("jobs.common", "leaf"),
+    "jobs.service": ("jobs.common", "web", "leaf"),
     "data": ("leaf",),
     "models": ("leaf",),
+    "web": ("leaf",),
+    "serve": ("models", "web", "leaf"),
     "cli": ("leaf",),
 }
 
@@ -78,7 +82,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 STDLIB_ONLY = ("leaf", "engine.config")
 #: Third-party packages a unit must never import, at any depth.
 FORBIDDEN_PACKAGES: dict[str, tuple[str, ...]] = {
-    unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service")
+    unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service", "web")
 }
 
 

@@ -12,7 +12,6 @@ by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stall
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, BinaryIO
@@ -36,6 +35,7 @@ from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, J
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
+from ringtrain.web.exposure import bearer_matches
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
 
@@ -64,8 +64,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     def check_token(request: Request) -> None:
         if token is None:
             return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not bearer_matches(request.headers.get("authorization", ""), token):
             raise AuthError("this server requires `Authorization: Bearer <token>` "
                             "(set RINGTRAIN_TOKEN or pass --token)")
 

@@ -1,0 +1,45 @@
+"""Who may reach a ringtrain server: loopback only, unless it is given a bearer token.
+
+Both of ringtrain's servers act on this host (the job service starts processes, the model server
+spends its cores), so one reachable from other machines must authenticate its clients.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+
+from ringtrain.errors import ConfigError
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, service: str, reason: str) -> None:
+    """Refuse a non-loopback address without a token.
+
+    Args:
+        host: The address the server would bind.
+        token: Its bearer token, if any.
+        service: The server, for the message (``"the job service"``).
+        reason: Why exposing it is dangerous (``"it runs commands on this host"``).
+
+    Raises:
+        ConfigError: ``host`` is reachable from other machines and ``token`` is empty.
+    """
+    if not is_loopback(host) and not token:
+        raise ConfigError(f"binding {service} to {host} exposes it to the network, and {reason}: "
+                          "pass --token (or set RINGTRAIN_TOKEN); clients then send "
+                          "`Authorization: Bearer <token>`")
+
+
+def bearer_matches(authorization: str, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <token>`` (in constant time)."""
+    return secrets.compare_digest(authorization.encode(), f"Bearer {token}".encode())
