@@ -37,9 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("data/trees"),
                    help="folder with train/ and val/ (ringtrain data deepforest-coco OUT)")
-    p.add_argument("--epochs", type=int, default=24, help="epochs (default 24)")
-    p.add_argument("--batch-size", type=int, default=4, help="images per process per step")
-    p.add_argument("--lr", type=float, default=5e-4,
+    p.add_argument("--epochs", type=int, default=20, help="epochs (default 20)")
+    p.add_argument("--batch-size", type=int, default=2, help="images per process per step")
+    p.add_argument("--lr", type=float, default=2e-4,
                    help="AdamW learning rate for one process, scaled by the number of processes")
     p.add_argument("--image-size", type=int, default=256,
                    help="longer image side inside the model (default 256: tiles of 400 px shrink)")

@@ -1,7 +1,8 @@
 """`ringtrain serve MODEL`: serve a trained model over HTTP (KServe v2 protocol, image route).
 
-Exit codes: 0 stopped by a signal; 2 bad input (a model that does not load, a bad flag, an
-address that cannot be bound).
+Exit codes: 2 bad input (a model that does not load, a bad flag, an address that cannot be
+bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the signal, so the
+status is the signal's (143 for SIGTERM in a shell).
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ def main(argv: list[str]) -> int:
     except (RingtrainError, OSError) as e:
         print(f"ringtrain serve: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     return 0
 
 
