@@ -20,7 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from classifier_training import cosine_schedule, evaluate, init_worker, rank_slice, train_epoch
+from classifier_training import (
+    cosine_schedule,
+    evaluate,
+    init_worker,
+    rank_slice,
+    train_epoch,
+)
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 import ringtrain.torch as hvd

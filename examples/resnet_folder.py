@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 
 import torch
-from classifier_training import cosine_schedule, evaluate, init_worker, rank_slice, train_epoch
+from classifier_training import (
+    cosine_schedule,
+    evaluate,
+    init_worker,
+    rank_slice,
+    train_epoch,
+)
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ringtrain.torch as hvd

@@ -28,7 +28,10 @@ from tqdm import tqdm
 
 import ringtrain.torch as hvd
 from ringtrain.data.coco_detection import CocoDetection, collate
-from ringtrain.models.detection import packaged_mobilenet_v2_weights, retinanet_mobilenet_v2
+from ringtrain.models.detection import (
+    packaged_mobilenet_v2_weights,
+    retinanet_mobilenet_v2,
+)
 from ringtrain.models.saved import ModelInfo, save_model
 
 
@@ -39,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder with train/ and val/ (ringtrain data deepforest-coco OUT)")
     p.add_argument("--epochs", type=int, default=20, help="epochs (default 20)")
     p.add_argument("--batch-size", type=int, default=2, help="images per process per step")
-    p.add_argument("--lr", type=float, default=2e-4,
+    p.add_argument("--lr", type=float, default=5e-4,
                    help="AdamW learning rate for one process, scaled by the number of processes")
     p.add_argument("--image-size", type=int, default=256,
                    help="longer image side inside the model (default 256: tiles of 400 px shrink)")

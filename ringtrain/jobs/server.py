@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from fastapi import FastAPI
 from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
-from ringtrain.web.exposure import check_bind
+from ringtrain.web.exposure import bind_socket, check_bind, client_url
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +40,6 @@ def _lock(home: Home) -> IO[str]:
         raise ConflictError(f"a server already runs for {home.root}{where}; "
                             "`ringtrain server stop` stops it") from None
     return f
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def _url_host(host: str) -> str:
-    """How a client on this host reaches a server bound to ``host``."""
-    if host in ("0.0.0.0", "localhost"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
 
 
 def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
@@ -85,7 +67,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     check_bind(host, token, "the job service", "it runs commands on this host")
     home.ensure()
     lock = _lock(home)
-    sock = _bind(host, port)
+    sock = bind_socket(host, port)
     store = SQLiteStore(home.db_path)
     share = Share(home.share_root)
     service = JobService(store, share, LocalExecutor(share))
@@ -107,7 +89,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
 
     app = create_app(service, token=token, home=str(home.root), lifespan=lifespan)
     bound_port = sock.getsockname()[1]
-    info = ServerInfo(pid=os.getpid(), url=f"http://{_url_host(host)}:{bound_port}", host=host,
+    info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port), host=host,
                       port=bound_port, token=token, home=str(home.root), started_at=time.time())
     info.write(home.server_file)
     log.info("ringtrain job service at %s (home %s)", info.url, home.root)

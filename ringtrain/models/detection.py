@@ -13,6 +13,7 @@ ImageNet weights for the backbone come from a file (a ``state_dict`` of torchvis
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,7 +56,7 @@ def load_mobilenet_v2_features(backbone: nn.Module, path: Path) -> None:
     """
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict")
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict")  # noqa: TRY004 - bad file content, not a bad argument
     features = {k: v for k, v in state.items()
                 if k.startswith("features.") and not k.endswith("num_batches_tracked")}
     try:
@@ -118,7 +119,10 @@ def retinanet_mobilenet_v2(num_classes: int, image_size: int = 256, fpn_channels
         sizes=tuple((s, int(s * 2 ** (1 / 3)), int(s * 2 ** (2 / 3))) for s in _ANCHOR_BASE),
         aspect_ratios=((0.5, 1.0, 2.0),) * len(_ANCHOR_BASE),
     )
-    head = RetinaNetHead(fpn_channels, anchors.num_anchors_per_location()[0], num_classes + 1)
+    # Group norm in the head (torchvision's RetinaNet v2): it trains in a fraction of the steps
+    # of the plain head, which matters at a few hundred steps on a CPU.
+    head = RetinaNetHead(fpn_channels, anchors.num_anchors_per_location()[0], num_classes + 1,
+                         norm_layer=partial(nn.GroupNorm, 8))
     return RetinaNet(backbone, num_classes + 1, min_size=image_size, max_size=image_size,
                      anchor_generator=anchors, head=head, score_thresh=score_thresh,
                      detections_per_img=detections_per_img)

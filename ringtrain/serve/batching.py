@@ -153,7 +153,7 @@ class DynamicBatcher:
             started = self._clock()
             try:
                 results = self._run_batch([p.item for p in live])
-            except Exception as e:  # noqa: BLE001 - a failed batch fails its requests, not the server
+            except Exception as e:
                 log.exception("inference failed on a batch of %d", len(live))
                 for p in live:
                     p.future.set_exception(e)

@@ -12,18 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ringtrain.serve.config import ServeConfig
-from ringtrain.web.exposure import check_bind
+from ringtrain.web.exposure import bind_socket, check_bind, client_url
 
 log = logging.getLogger(__name__)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0: a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
 
 
 def serve(model: Path, config: ServeConfig,
@@ -49,9 +40,8 @@ def serve(model: Path, config: ServeConfig,
                "anyone could then spend this host's processors on it")
     predictor = Predictor.load(model, config.device)
     app = create_app(predictor, config)
-    sock = bind(config.host, config.port)
-    host = config.host if config.host not in ("0.0.0.0", "::", "localhost") else "127.0.0.1"
-    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+    sock = bind_socket(config.host, config.port)
+    url = client_url(config.host, sock.getsockname()[1])
     uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.drain_s))
     server = uvicorn.Server(uv)
     if on_ready is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import socket
 
 from ringtrain.errors import ConfigError
 
@@ -43,3 +44,21 @@ def check_bind(host: str, token: str | None, service: str, reason: str) -> None:
 def bearer_matches(authorization: str, token: str) -> bool:
     """Whether an ``Authorization`` header carries ``Bearer <token>`` (in constant time)."""
     return secrets.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one), IPv6 for an address with ':'."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def client_url(host: str, port: int) -> str:
+    """How a client on this host reaches a server bound to ``host:port``."""
+    if host in ("0.0.0.0", "localhost"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

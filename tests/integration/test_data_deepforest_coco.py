@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from ringtrain.data.cli import main as data_main
-from ringtrain.data.commands.deepforest_coco import annotated_photos, deepforest_data_dir
+from ringtrain.data.commands.deepforest_coco import (
+    annotated_photos,
+    deepforest_data_dir,
+)
 from ringtrain.data.voc import read_voc
 
 pytestmark = pytest.mark.skipif(
@@ -83,8 +86,8 @@ def test_keep_labels_and_tiles_of_a_chosen_size(tmp_path: Path) -> None:
 def test_bad_input_is_exit_2_with_a_message(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "ringtrain.data.cli", "deepforest-coco"]
     r = subprocess.run([*cmd, str(tmp_path / "o"), "--val", "nope"], capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=60, check=False)
     assert r.returncode == 2 and "--val nope: no such annotated photo" in r.stderr
     r = subprocess.run([*cmd, str(tmp_path / "o2"), "--tile", "100", "--overlap", "100"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "--overlap (100) must be smaller than --tile" in r.stderr

@@ -18,7 +18,7 @@ from ringtrain.models.saved import ModelInfo, save_model
 from ringtrain.serve.app import create_app
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import Predictor
-from ringtrain.serve.server import bind
+from ringtrain.web.exposure import bind_socket
 
 CLASSES = ["cat", "dog", "fish"]
 # A grey 12x12 input: the smallest size the tutorial CNN takes with a 1x1 map after two blocks.
@@ -52,7 +52,7 @@ def running(predictor: Predictor, config: ServeConfig) -> Iterator[httpx.Client]
     import uvicorn
 
     app = create_app(predictor, config)
-    sock = bind("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
                                            timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -36,7 +36,7 @@ def test_waiting_inputs_join_one_batch_up_to_the_maximum() -> None:
     futures = [batcher.submit(i, timeout_s=10) for i in range(6)]  # queued before the start
     batcher.start()
     assert _results(futures) == [0, 10, 20, 30, 40, 50]
-    assert model.batches[0] == [0, 1, 2, 3] and sum(model.batches, []) == list(range(6))
+    assert model.batches[0] == [0, 1, 2, 3] and [i for b in model.batches for i in b] == list(range(6))
     assert batcher.close(5)
 
 
