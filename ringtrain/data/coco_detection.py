@@ -54,6 +54,10 @@ class CocoDetection(Dataset):
             x, y, w, h = ann["bbox"]
             self._boxes[ann["image_id"]].append(([x, y, x + w, y + h], label_of[ann["category_id"]]))
 
+    def box_count(self, image_id: int) -> int:
+        """How many boxes the image of that id has."""
+        return len(self._boxes[image_id])
+
     def __len__(self) -> int:
         return len(self.images)
 

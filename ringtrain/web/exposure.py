@@ -47,10 +47,18 @@ def bearer_matches(authorization: str, token: str) -> bool:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one), IPv6 for an address with ':'."""
+    """A TCP socket bound to ``host:port`` (port 0: a free one), IPv6 for an address with ':'.
+
+    Its connections send without Nagle's delay. asyncio turns Nagle off only on sockets whose
+    protocol number says TCP, and a socket made with protocol 0 does not: then every response
+    after the first on a kept-alive connection waited for the client's delayed ACK, 40 ms
+    (measured with `ringtrain serve`: 44 ms for `/v2/health/live`, 3 ms with this).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit it on Linux; asyncio sets it again where it can.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     return sock
 
