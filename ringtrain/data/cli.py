@@ -17,6 +17,7 @@ _COMMANDS = (
     "ringtrain.data.commands.fashion_images",
     "ringtrain.data.commands.photos",
     "ringtrain.data.commands.pack",
+    "ringtrain.data.commands.deepforest_coco",
 )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ringtrain.data.commands.arg_types import positive_int
 from ringtrain.data.fashion_mnist import CLASSES, DEFAULT_DATA_DIR, load_fashion_mnist
 
 _SPLITS = {"train": "train", "val": "test"}
@@ -54,10 +55,3 @@ def _folder_name(label: int) -> str:
     """``3_Dress``: the label first, so that sorted folder names (ImageFolder's class order) keep
     Fashion-MNIST's label order; 'T-shirt/top' holds a slash, which a folder name cannot."""
     return f"{label}_{CLASSES[label]}".replace("/", "-").replace(" ", "_")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ringtrain.data.commands.fashion_images import positive_int
+from ringtrain.data.commands.arg_types import positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ringtrain.data.commands.fashion_images import positive_int
+from ringtrain.data.commands.arg_types import positive_int
 from ringtrain.errors import RingtrainError
 
 _SOURCE_SUFFIXES = (".png", ".jpg")
