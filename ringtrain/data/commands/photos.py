@@ -13,13 +13,13 @@ install it with ``pip install --no-deps deepforest``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ringtrain.data.commands.arg_types import positive_int
+from ringtrain.data.commands.deepforest_coco import deepforest_data_dir
 from ringtrain.errors import RingtrainError
 
 _SOURCE_SUFFIXES = (".png", ".jpg")
@@ -67,13 +67,9 @@ def deepforest_photos() -> list[Path]:
     """The photographs in the ``deepforest`` wheel's data folder (found, never imported).
 
     Raises:
-        RingtrainError: deepforest is not installed.
+        ConfigError: deepforest is not installed.
     """
-    spec = importlib.util.find_spec("deepforest")
-    if spec is None or not spec.submodule_search_locations:
-        raise RingtrainError("the deepforest package is not installed: "
-                             "`pip install --no-deps deepforest==2.1.0` brings its photographs")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    folder = deepforest_data_dir()
     # OSBS_029.tif is the same picture as OSBS_029.png: keep the PNGs and JPEGs only.
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _SOURCE_SUFFIXES)
 
