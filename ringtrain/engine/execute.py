@@ -2,7 +2,9 @@
 
 Every rank runs the same responses in the same order (allreduce batches first, then the rest in
 response order); a rank outside an operation's process set skips it, and a rank that has joined
-takes part with zeros.
+takes part with zeros (allreduce, Adasum) or no rows (allgather). Average still divides by the
+size of the process set, joined members included, as Horovod 0.28.1 does (its Average is a sum
+with ``postscale_factor /= process_set.controller->GetSize()``).
 """
 
 from __future__ import annotations
@@ -107,8 +109,7 @@ class Executor:
         first = batch[0].meta
         inflight.wait()
         reduced = time.monotonic()
-        divisor = (len(first.set_ranks) - len(batch[0].joined)
-                   if first.reduce_op is ReduceOp.AVERAGE else 1)
+        divisor = len(first.set_ranks) if first.reduce_op is ReduceOp.AVERAGE else 1
         if inflight.fused:
             torch.split_with_sizes_copy(buf, [t.numel() for t in tensors],
                                         out=[t.view(-1) for t in tensors])
@@ -132,9 +133,11 @@ class Executor:
                                       then=_scaling(outs, first.postscale, divisor))
 
     def _adasum(self, response: Response, request: Request | None) -> torch.Tensor:
-        assert request is not None  # Adasum does not run with joined ranks
-        _wait_ready(request)
-        tensor = request.outputs[0]
+        if request is None:  # joined: zeros, which Adasum adds as nothing
+            tensor = _zeros(response.meta.tensors[0])
+        else:
+            _wait_ready(request)
+            tensor = request.outputs[0]
         n = len(response.set_ranks)
         _scale_(tensor, response.meta.prescale, 1)
         gathered = torch.empty((n * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)

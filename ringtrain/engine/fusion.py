@@ -37,7 +37,7 @@ def nbytes(response: Response) -> int:
 def fusion_key(response: Response) -> tuple:
     m = response.meta
     return (m.tensors[0].dtype, m.tensors[0].device, m.set_ranks, m.reduce_op, m.prescale,
-            m.postscale, response.joined)
+            m.postscale)
 
 
 def plan(responses: Iterable[Response], threshold_bytes: int) -> list[list[Response]]:

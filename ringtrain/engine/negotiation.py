@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from ringtrain.engine.request import RequestMeta
 from ringtrain.op_types import OpType
 
-#: Operations that proceed with joined ranks contributing nothing.
+#: Operations that proceed with joined ranks contributing nothing: zeros to an allreduce (and
+#: Adasum), no rows to an allgather. Horovod 0.28.1 refuses allgather with joined ranks ("not
+#: supported with Join at this time"); here it runs, so sparse allreduces go on too. The others
+#: (broadcast, alltoall, reducescatter, barrier) fail on every submitting rank, as in Horovod.
 JOINABLE_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER})
 
 
@@ -99,14 +102,16 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
         if missing:
             blocked_by_join = [r for r in missing if r in joined]
             if blocked_by_join:
+                root = " (the root)" if first.root_rank in blocked_by_join else ""
                 decision.responses.append(Response(name, first.op, subs, error=(
-                    f"{first.op.value} {name!r} cannot run: rank(s) {blocked_by_join} have "
-                    f"already called join(), and {first.op.value} needs every member")))
+                    f"{first.op.value} {name!r} cannot run: rank(s) {blocked_by_join}{root} "
+                    f"have already called join(), and {first.op.value} needs every member "
+                    "(only allreduce and allgather go on with joined ranks)")))
             else:
                 decision.waiting[name] = Waiting(tuple(sorted(subs)), missing,
                                                  max(m.age_s for m in subs.values()))
             continue
-        error = _disagreement(name, subs, stand_ins)
+        error = _disagreement(name, subs)
         decision.responses.append(
             Response(name, first.op, dict(subs), joined=tuple(sorted(stand_ins)), error=error))
 
@@ -116,7 +121,7 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
     return decision
 
 
-def _disagreement(name: str, subs: dict[int, RequestMeta], joined: set[int]) -> str | None:
+def _disagreement(name: str, subs: dict[int, RequestMeta]) -> str | None:
     """Why the ranks' requests for ``name`` cannot run together, or None if they agree."""
     first = subs[min(subs)]
     op = first.op.value
@@ -146,8 +151,6 @@ def _disagreement(name: str, subs: dict[int, RequestMeta], joined: set[int]) -> 
     if first.op is OpType.BROADCAST and first.root_rank not in first.set_ranks:
         return (f"broadcast {name!r}: root rank {first.root_rank} is not a member of the process "
                 f"set {list(first.set_ranks)}")
-    if first.op is OpType.BROADCAST and first.root_rank in joined:
-        return f"broadcast {name!r}: root rank {first.root_rank} has already called join()"
     if first.op is OpType.ALLTOALL:
         return _alltoall_disagreement(name, subs)
     return None

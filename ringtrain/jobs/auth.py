@@ -12,13 +12,13 @@ port, but its requests name the page's host, which the server refuses.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 import stat
 
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.home import Home
+from ringtrain.web.exposure import is_loopback
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 _WILDCARDS = ("0.0.0.0", "::")
@@ -95,16 +95,6 @@ def allowed_hosts(bind_host: str, port: int, public_host: str | None = None) -> 
     if port == 80:  # a client may leave the default port out
         hosts |= {n.lower() for n in names}
     return frozenset(hosts)
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def is_wildcard(host: str) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -21,27 +20,23 @@ from typing import IO
 from fastapi import FastAPI
 
 from ringtrain.errors import ConfigError
-from ringtrain.jobs.auth import allowed_hosts, home_token, is_loopback, is_wildcard
+from ringtrain.jobs.auth import allowed_hosts, home_token, is_wildcard
 from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.web.exposure import bind_socket, check_bind, client_url
 
 log = logging.getLogger(__name__)
 
 
-def check_bind(host: str, token: str | None, public_host: str | None = None) -> None:
+def check_job_service_bind(host: str, token: str | None, public_host: str | None = None) -> None:
     """Refuse a non-loopback address without a token, and a wildcard one without a public name.
 
     Raises:
         ConfigError: ``host`` is reachable from other machines and ``token`` is empty, or it
             binds every interface and ``public_host`` does not say which name clients use.
     """
-    if is_loopback(host):
-        return
-    if not token:
-        raise ConfigError(f"binding the job service to {host} exposes it to the network, and it "
-                          "runs commands on this host: pass --token (or set RINGTRAIN_TOKEN); "
-                          "clients then send `Authorization: Bearer <token>`")
+    check_bind(host, token, "the job service", "it runs commands on this host")
     if is_wildcard(host) and not public_host:
         raise ConfigError(f"binding the job service to {host} answers on every address of this "
                           "host: pass --public-host NAME, the host name clients put in their URL "
@@ -62,23 +57,6 @@ def _lock(home: Home) -> IO[str]:
         raise ConflictError(f"a server already runs for {home.root}{where}; "
                             "`ringtrain server stop` stops it") from None
     return f
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def _url_host(host: str) -> str:
-    """How a client on this host reaches a server bound to ``host``."""
-    if host in ("0.0.0.0", "localhost"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
 
 
 def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -112,11 +90,11 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore
 
-    check_bind(host, token, public_host)
+    check_job_service_bind(host, token, public_host)
     home.ensure()
     token = token or home_token(home)
     lock = _lock(home)
-    sock = _bind(host, port)
+    sock = bind_socket(host, port)
     store = SQLiteStore(home.db_path)
     share = Share(home.share_root)
     ray = RayConnection(ray_node_ip)
@@ -144,7 +122,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     bound_port = sock.getsockname()[1]
     app = create_app(service, token=token, home=str(home.root), lifespan=lifespan,
                      allowed_hosts=allowed_hosts(host, bound_port, public_host))
-    info = ServerInfo(pid=os.getpid(), url=f"http://{_url_host(host)}:{bound_port}", host=host,
+    info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port), host=host,
                       port=bound_port, token=token, home=str(home.root), started_at=time.time())
     info.write(home.server_file)
     log.info("ringtrain job service at %s (home %s)", info.url, home.root)

@@ -1,18 +1,15 @@
 """The classic small CNN of the Keras/Horovod examples, for 28x28 grey images.
 
-Layers as in Keras' ``cifar10_cnn.py`` recipe: two blocks of two 3x3 ReLU convolutions (32 then
-64 channels; the first of each block pads to keep the size, the second does not), each block
-closed by 2x2 max pooling and dropout 0.25; then a 512-unit ReLU layer, dropout 0.5 and a linear
-layer of class scores. The softmax is left to the loss (``cross_entropy``), which is more stable
-than a softmax layer followed by a log.
+It is :class:`~ringtrain.models.cifar_cnn.CifarCNN` (the Keras ``cifar10_cnn.py`` recipe) sized
+for Fashion-MNIST: one input channel, 28x28 images; same layers, same ``state_dict`` keys.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from ringtrain.models.cifar_cnn import CifarCNN
 
 
-class FashionCNN(nn.Sequential):
+class FashionCNN(CifarCNN):
     """The CNN: ``[N, C, 28, 28]`` images in, ``[N, num_classes]`` logits out.
 
     Args:
@@ -23,22 +20,4 @@ class FashionCNN(nn.Sequential):
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
-        super().__init__(
-            nn.Conv2d(in_channels, 32, 3, padding=1),  # 28x28
-            nn.ReLU(inplace=True),
-            nn.Conv2d(32, 32, 3),  # 26x26
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),  # 13x13
-            nn.Dropout(0.25),
-            nn.Conv2d(32, 64, 3, padding=1),  # 13x13
-            nn.ReLU(inplace=True),
-            nn.Conv2d(64, 64, 3),  # 11x11
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),  # 5x5
-            nn.Dropout(0.25),
-            nn.Flatten(),
-            nn.Linear(64 * 5 * 5, 512),
-            nn.ReLU(inplace=True),
-            nn.Dropout(0.5),
-            nn.Linear(512, num_classes),
-        )
+        super().__init__(num_classes, in_channels, image_size=28)

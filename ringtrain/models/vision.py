@@ -11,9 +11,9 @@ its operators, and then dies registering fake kernels for two of them:
 library itself and, only where it cannot load, defines ``torchvision::nms`` and
 ``torchvision::qnms`` with the pure-PyTorch :func:`nms` below. Everything else in torchvision
 (models, transforms, datasets) then works; its other compiled operators (``roi_align``,
-``deform_conv2d``, ...) and the ``torchvision.ops.nms`` wrapper, which checks for the compiled
-library, still refuse with torchvision's own message. ``torch.ops.torchvision.nms`` reaches the
-fallback.
+``deform_conv2d``, ...) still refuse with torchvision's own message. The Python wrapper
+``torchvision.ops.nms``, which its detectors call and which refuses whenever the compiled library
+is missing, is pointed at the fallback too (:func:`_route_nms_wrapper`).
 """
 
 from __future__ import annotations
@@ -155,7 +155,27 @@ def load_torchvision() -> ModuleType | None:
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     if not _torchvision_has("nms") and not _load_compiled_torchvision_ops(package_dir):
         register_nms_fallback()
-    return importlib.import_module("torchvision")
+    torchvision = importlib.import_module("torchvision")
+    if _fallback_library is not None:
+        _route_nms_wrapper(torchvision)
+    return torchvision
+
+
+def _call_nms_op(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """``torchvision.ops.nms`` without its check for the compiled library."""
+    return torch.ops.torchvision.nms(boxes, scores, iou_threshold)
+
+
+def _route_nms_wrapper(torchvision: ModuleType) -> None:
+    """Point ``torchvision.ops.nms`` (and the module global ``batched_nms`` looks it up in) at
+    the registered operator: the wrapper asserts the compiled library before calling it, so the
+    detectors' post-processing would refuse although the operator exists."""
+    try:
+        boxes = importlib.import_module("torchvision.ops.boxes")
+    except ModuleNotFoundError:
+        return  # a torchvision without ops (a stripped or stub build): nothing to route
+    boxes.nms = _call_nms_op
+    torchvision.ops.nms = _call_nms_op
 
 
 def vision_model(name: str, **kwargs: object) -> nn.Module:

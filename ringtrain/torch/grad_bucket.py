@@ -64,6 +64,8 @@ class GradBucket:
         for p in self.params:
             values = reduced[offset:offset + p.numel()].view(p.shape)
             offset += p.numel()
+            if p.grad is not None and p.grad.is_sparse:
+                continue  # found sparse this step: reduced on its own (sparse_grads)
             if p.grad is None:
                 p.grad = values.clone(memory_format=torch.preserve_format)
             else:

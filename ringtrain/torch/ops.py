@@ -119,18 +119,36 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                                                 postscale_factor, process_set))
 
 
+class SparseAllreduceHandle(DerivedHandle):
+    """What Horovod's ``sparse_allreduce_async`` returns: call it for the result. It is also a
+    handle, for ``synchronize`` and ``poll``."""
+
+    __slots__ = ()
+
+    def __call__(self) -> torch.Tensor:
+        return self.wait()
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                            op: ReduceOp | None = None,
-                           process_set: ProcessSet = global_process_set) -> Handle:
-    """Start an allreduce of a sparse COO tensor by gathering every rank's indices and values.
+                           process_set: ProcessSet = global_process_set) -> SparseAllreduceHandle:
+    """Start an allreduce of a sparse COO tensor by gathering every member's indices and values
+    (as ``<name>.indices`` and ``<name>.values``), as Horovod does.
 
-    ``synchronize`` returns a coalesced sparse tensor (summed, or averaged with ``Average``).
+    Returns:
+        A handle to call (``handle()``, Horovod's form) or ``synchronize``: it gives a coalesced
+        sparse tensor of ``tensor``'s shape, the sum, or with ``Average`` (the default) the sum
+        divided by the size of ``process_set``.
+
+    Raises:
+        ValueError: ``tensor`` is not sparse COO, or ``op`` is neither Average nor Sum.
     """
     reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
     if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"sparse allreduce supports Average and Sum, got {reduce_op!r}")
     if not tensor.is_sparse:
-        raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async "
+                         "for dense ones")
     sparse = tensor.coalesce()
     base = name or runtime.current().auto_name("sparse_allreduce", process_set.process_set_id)
     indices = allgather_async(sparse.indices().t().contiguous(), name=f"{base}.indices",
@@ -139,11 +157,12 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     members = process_set.size()
 
     def finish(_):
+        # Checked: a peer that passed a larger tensor under this name sent indices out of range
         summed = torch.sparse_coo_tensor(synchronize(indices).t(), synchronize(values),
-                                         size=sparse.shape).coalesce()
+                                         size=sparse.shape, check_invariants=True).coalesce()
         return summed / members if reduce_op is ReduceOp.AVERAGE else summed
 
-    return DerivedHandle(base, [indices, values], finish)
+    return SparseAllreduceHandle(base, [indices, values], finish)
 
 
 # -- allgather ---------------------------------------------------------------------------------
@@ -285,14 +304,18 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data; wait until every rank has joined.
 
-    Until then this rank takes part in the others' allreduces with zeros (excluded from averages)
-    and in their allgathers with no rows.
+    Until then this rank takes part in the others' allreduces with zeros (Average still divides
+    by the size of the process set, as in Horovod) and in their allgathers with no rows; their
+    broadcasts, alltoalls, reducescatters and barriers that need it fail on every rank that
+    submitted them.
 
     Returns:
         The rank that joined last.
     """
     del device  # results are plain integers here; Horovod uses it to place a tensor
-    return synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))
+    last = synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))
+    runtime.current().joined()
+    return last
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

@@ -26,6 +26,7 @@ from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.grad_bucket import GradBucket
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
+from ringtrain.torch.sparse_grads import SparseGradients
 
 #: Gradients are submitted in buckets of about this many bytes (DDP's default bucket size).
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -47,26 +48,14 @@ class _DistributedOptimizer:
         # bucket) and by size / factor after it.
         self._prescale = 1.0 / gradient_predivide_factor if op is ReduceOp.AVERAGE else 1.0
         self._postscale = gradient_predivide_factor if op is ReduceOp.AVERAGE else 1.0
-        self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._names = _parameter_names(self.param_groups, named_parameters)
         self._parameter_names = _horovod_parameter_names(self.param_groups, named_parameters)
-        # Units of gradients submitted together: the user's groups (each one grouped
-        # allreduce), then DDP-style buckets of the other gradients. A unit is one bucket per
-        # dtype and device among its parameters.
-        explicit = _parameter_groups(self.param_groups, groups)
-        grouped = {p for group in explicit for p in group}
-        self._units: list[list[GradBucket]] = [
-            [GradBucket(f"grouped.{self._names[b[0]]}", b, self._names) for b in _by_kind(group)]
-            for group in explicit]
-        self._units += [[GradBucket(_bucket_name(bucket, self._names), bucket, self._names)]
-                        for bucket in _buckets([p for p in self._names
-                                                if p.requires_grad and p not in grouped])]
-        self._unit_of = {p: i for i, unit in enumerate(self._units)
-                         for bucket in unit for p in bucket.params}
-        self._bucket_of = {p: bucket for unit in self._units for bucket in unit
-                           for p in bucket.params}
-        self._unit_sizes = [sum(len(b.params) for b in unit) for unit in self._units]
+        # None: sparse gradients go through the buckets as dense ones
+        self._sparse = (None if sparse_as_dense
+                        else SparseGradients(self._names, op, process_set))
+        self._groups = _parameter_groups(self.param_groups, groups)
+        self._plan_units()
         self._put: set[torch.nn.Parameter] = set()  # gradients in their buckets this step
         self._unit_counts: dict[int, int] = {}
         self._inflight: dict[int, list[tuple[GradBucket, Handle, object]]] = {}
@@ -80,6 +69,26 @@ class _DistributedOptimizer:
                 if p.requires_grad:
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
 
+    def _plan_units(self) -> None:
+        """Plan the units of gradients submitted together: the user's groups (each one grouped
+        allreduce), then DDP-style buckets of the other gradients; sparse gradients are in
+        none. A unit is one bucket per dtype and device among its parameters."""
+        sparse = set() if self._sparse is None else self._sparse.params
+        explicit = [[p for p in group if p not in sparse] for group in self._groups]
+        explicit = [group for group in explicit if group]
+        grouped = {p for group in explicit for p in group}
+        self._units: list[list[GradBucket]] = [
+            [GradBucket(f"grouped.{self._names[b[0]]}", b, self._names) for b in _by_kind(group)]
+            for group in explicit]
+        self._units += [[GradBucket(_bucket_name(bucket, self._names), bucket, self._names)]
+                        for bucket in _buckets([p for p in self._names if p.requires_grad
+                                                and p not in grouped and p not in sparse])]
+        self._unit_of = {p: i for i, unit in enumerate(self._units)
+                         for bucket in unit for p in bucket.params}
+        self._bucket_of = {p: bucket for unit in self._units for bucket in unit
+                           for p in bucket.params}
+        self._unit_sizes = [sum(len(b.params) for b in unit) for unit in self._units]
+
     # -- gradient hooks -------------------------------------------------------------------------
 
     def _hook(self, p: torch.nn.Parameter) -> None:
@@ -90,6 +99,9 @@ class _DistributedOptimizer:
         self._delay[p] -= 1
         if self._delay[p] > 0:
             return
+        if self._sparse is not None and p in self._sparse.params:
+            self._sparse.submit(p)
+            return
         self._put_grad(p)
         unit = self._unit_of[p]
         self._unit_counts[unit] = self._unit_counts.get(unit, 0) + 1
@@ -99,11 +111,11 @@ class _DistributedOptimizer:
     def _put_grad(self, p: torch.nn.Parameter) -> None:
         grad = p.grad
         if grad is not None and grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError(
-                    f"parameter {self._names[p]!r} has a sparse gradient; pass "
-                    "sparse_as_dense=True to DistributedOptimizer")
-            grad = p.grad = grad.to_dense()
+            if self._sparse is None:
+                grad = p.grad = grad.to_dense()
+            else:
+                self._sparse.found(p)
+                grad = None  # its slot carries zeros this step, as on every rank
         self._bucket_of[p].put(p, grad, self._prescale, runtime.current().engine.timeline)
         self._put.add(p)
 
@@ -135,18 +147,25 @@ class _DistributedOptimizer:
         for unit in range(len(self._units)):
             if unit not in self._inflight:
                 self._submit_unit(unit)
+        if self._sparse is not None:
+            self._sparse.submit_missing()
         timeline = runtime.current().engine.timeline
         try:
             for unit in range(len(self._units)):
                 for bucket, handle, ctx in self._inflight[unit]:
                     bucket.take(self._compression.decompress(ops.synchronize(handle), ctx),
                                 timeline)
+            if self._sparse is not None:
+                self._sparse.finish()
         finally:
             self._forget_step()
         self._synchronized = True
 
     def _forget_step(self) -> None:
-        """Drop this step's bucket state: nothing submitted, nothing put, full delays."""
+        """Drop this step's bucket state: nothing submitted, nothing put, full delays; plan the
+        buckets again if gradients turned out sparse."""
+        if self._sparse is not None and self._sparse.forget_step():
+            self._plan_units()
         self._inflight.clear()
         self._unit_counts.clear()
         self._put.clear()
@@ -262,7 +281,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``size / factor`` after (for fp16 range).
         num_groups / groups: reduce parameters in this many groups, or in these explicit lists of
             parameters, each group as one grouped allreduce.
-        sparse_as_dense: reduce sparse gradients as dense tensors.
+        sparse_as_dense: reduce sparse gradients as dense tensors. Otherwise each sparse
+            gradient is reduced on its own as Horovod does (an allgather of indices and values,
+            summed, divided by the size for ``Average``).
         process_set: average over these ranks only.
 
     Raises:

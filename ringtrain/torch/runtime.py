@@ -29,12 +29,22 @@ class Runtime:
     process_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     next_set_id: int = 1
     name_counters: dict[int, itertools.count] = field(default_factory=dict)
+    joins: int = 0  # joins completed: unnamed operations are counted afresh after each
 
     def auto_name(self, kind: str, process_set_id: int) -> str:
         """A name for an unnamed operation. Counted per process set: only members submit on a
-        set, so a per-set count advances identically on every member."""
+        set, so a per-set count advances identically on every member, except across a join:
+        the ranks that joined early skipped the operations the others ran meanwhile, so the
+        count starts again once everyone has joined (and the names carry the join's number,
+        never to meet a name still in flight from before it)."""
         counter = self.name_counters.setdefault(process_set_id, itertools.count())
-        return f"{kind}.noname.{process_set_id}.{next(counter)}"
+        after_join = f"join{self.joins}." if self.joins else ""
+        return f"{kind}.noname.{process_set_id}.{after_join}{next(counter)}"
+
+    def joined(self) -> None:
+        """Every rank has joined: start counting unnamed operations afresh (see auto_name)."""
+        self.joins += 1
+        self.name_counters.clear()
 
 
 _runtime: Runtime | None = None

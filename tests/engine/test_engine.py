@@ -1,5 +1,5 @@
-"""The engine, with N ranks as threads of this process: rounds, joins, mismatches, shutdown,
-stalls and failed peers, on real engines whose requests age by a clock the test moves.
+"""The engine, with N ranks as threads of this process: rounds, mismatches, shutdown, stalls and
+failed peers (joins: test_join.py), on real engines whose requests age by a clock the test moves.
 
 Requests are submitted from the test's thread to each rank's engine in turn (submission does not
 block); every wait is bounded.
@@ -9,82 +9,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from ringtrain.engine import engine as engine_module
 from ringtrain.engine.doorbell import NEGOTIATE
-from ringtrain.engine.engine import Engine
-from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import Request, RequestMeta, TensorMeta
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
-from ringtrain.op_types import OpType, ReduceOp
+from ringtrain.op_types import OpType
+from tests.engine.calls import WAIT_S, errors, results, step, submit, wait_until
 
 pytestmark = pytest.mark.timeout(20)
-
-WAIT_S = 5.0
-
-
-def submit(engine: Engine, name: str, tensor: torch.Tensor | None = None,
-           op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
-           root_rank: int = -1, ranks: tuple[int, ...] | None = None) -> Handle:
-    """Submit one operation on ``engine`` over ``ranks`` (the world by default), as the
-    frontend would."""
-    tensors = [] if tensor is None else [tensor.clone()]
-    ranks = tuple(range(engine.size)) if ranks is None else ranks
-    meta = RequestMeta(name=name, op=op, rank=engine.rank, set_ranks=ranks,
-                       tensors=tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type)
-                                     for t in tensors),
-                       reduce_op=reduce_op if op is OpType.ALLREDUCE else None,
-                       root_rank=root_rank)
-    handle = Handle(name)
-    engine.submit(Request(meta=meta, outputs=tensors, handle=handle))
-    return handle
-
-
-def join(engine: Engine) -> Handle:
-    return submit(engine, "join", op=OpType.JOIN)
-
-
-def results(handles: list[Handle]) -> list:
-    """Each handle's result, as a list for tensors."""
-    out = []
-    for handle in handles:
-        value = handle.wait(WAIT_S)
-        out.append(value.tolist() if isinstance(value, torch.Tensor) else value)
-    return out
-
-
-def errors(handles: list[Handle]) -> list[BaseException]:
-    """Each handle's error; fails the test if one succeeded."""
-    out = []
-    for handle in handles:
-        with pytest.raises(RuntimeError) as info:
-            handle.wait(WAIT_S)
-        out.append(info.value)
-    return out
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.002)
-
-
-def step(engines: list[Engine], names: tuple[str, ...], value: Callable[[int], float],
-         ranks: tuple[int, ...] | None = None) -> list:
-    """Every engine given submits ``names`` as one unit (a gradient bucket); the reduced
-    values."""
-    handles = []
-    for engine in engines:
-        with engine.one_round():
-            handles += [submit(engine, n, torch.full((2,), float(value(engine.rank))),
-                               ranks=ranks) for n in names]
-    return results(handles)
 
 
 # -- rounds ---------------------------------------------------------------------------------------
@@ -168,60 +103,6 @@ def test_a_name_in_flight_twice_is_refused(start_engines):
         submit(engines[0], "dup", torch.ones(1))
     second = submit(engines[1], "dup", torch.ones(1))
     assert results([first, second]) == [[2.0], [2.0]]
-
-
-# -- joins ----------------------------------------------------------------------------------------
-
-def test_join_returns_the_last_rank_to_join_and_joined_ranks_stand_in(start_engines, clock):
-    _, engines = start_engines(3)
-    steps: dict[int, list[Handle]] = {}
-    for engine in engines:  # rank r has r + 1 batches; an average counts ranks with data
-        steps[engine.rank] = [submit(engine, f"step.{s}", torch.full((1,), engine.rank + 1.0),
-                                     reduce_op=ReduceOp.AVERAGE) for s in range(engine.rank + 1)]
-    joins = {}
-    for rank in (0, 2, 1):  # rank 1 joins last, by the clock
-        joins[rank] = join(engines[rank])
-        clock.advance(1.0)
-
-    assert results([joins[r] for r in range(3)]) == [1, 1, 1]
-    for rank, handles in steps.items():
-        for s, value in enumerate(results(handles)):
-            with_data = [r + 1.0 for r in range(3) if r >= s]
-            assert value == [pytest.approx(sum(with_data) / len(with_data))]
-    after = [submit(e, "after.join", torch.ones(1)) for e in engines]
-    assert results(after) == [[3.0]] * 3
-
-
-def test_a_broadcast_needs_every_member_and_fails_once_one_has_joined(start_engines, clock):
-    _, engines = start_engines(2)
-    joined = join(engines[1])
-    (error,) = errors([submit(engines[0], "bcast", torch.ones(2), op=OpType.BROADCAST,
-                              root_rank=0)])
-    assert isinstance(error, TensorMismatchError)
-    assert "broadcast 'bcast' cannot run: rank(s) [1] have already called join()" in str(error)
-    clock.advance(1.0)
-    assert results([join(engines[0]), joined]) == [0, 0]
-
-
-def test_units_go_on_while_a_peer_has_joined_and_run_alone_again_after(start_engines, clock):
-    world, engines = start_engines(2)
-    bucket = ("unit.a", "unit.b")
-    step(engines, bucket, lambda r: 1.0)
-    joined = join(engines[1])
-    # rank 1 stands in for this one, so rank 0's engine has seen the join when it completes
-    assert results([submit(engines[0], "sync", torch.ones(1))]) == [[1.0]]
-
-    # rank 1 counts nothing while joined: the unit's counter cannot complete, and it must not
-    # wait for it
-    assert step(engines[:1], bucket, lambda r: 5.0) == [[5.0, 5.0]] * 2
-    clock.advance(1.0)
-    assert results([join(engines[0]), joined]) == [0, 0]
-
-    assert step(engines, bucket, lambda r: r + 1.0) == [[3.0, 3.0]] * 4
-    assert step(engines, bucket, lambda r: r + 2.0) == [[5.0, 5.0]] * 4
-    # the exchange that ran the unit without rank 1 renewed its counters: after at most a
-    # negotiation that still saw the join, the unit has rounds of its own again
-    assert world.doorbell.bells()[-1] != NEGOTIATE
 
 
 # -- mismatches -----------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """An elastic Horovod-style training script for the launcher's elastic tests.
 
-Linear regression on a fixed dataset, in steps of ``GLOBAL_BATCH`` samples, sharded by ``hvd.elastic.ElasticSampler``, gradients
-averaged with ``grouped_allreduce_``, committed every ``COMMIT`` batches. (Not
-``DistributedOptimizer`` yet: restoring it after a failure mid-step needs its
-``load_state_dict`` to drop the failed step's handles, as Horovod's does.) Every rank prints JSON lines of what
+Linear regression on a fixed dataset, in steps of ``GLOBAL_BATCH`` samples, sharded by
+``hvd.elastic.ElasticSampler``, gradients averaged by ``DistributedOptimizer`` (whose
+``load_state_dict`` in a restore drops the failed step, as Horovod's does), committed every
+``COMMIT`` batches. Every rank prints JSON lines of what
 it does (start, batch, commit, reset, epoch, done); the state also carries ``trained``, the
 samples of the committed batches of this epoch (all ranks'), so a test can check that no
 committed sample is trained twice. ``RINGTRAIN_TEST_PAUSE=WORKER:EPOCH:BATCH`` makes that
@@ -57,7 +57,8 @@ def main() -> None:
     x, y = dataset()
     torch.manual_seed(1)
     model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(range(SAMPLES), shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, commits=0,
                                    trained=())
@@ -76,8 +77,6 @@ def main() -> None:
                 idx = shard[b * batch:(b + 1) * batch]
                 optimizer.zero_grad()
                 torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
-                hvd.grouped_allreduce_([p.grad for p in model.parameters()], op=hvd.Average,
-                                       name="gradients")
                 optimizer.step()
                 state.sampler.record_batch(b, batch)
                 state.trained += tuple(i for part in hvd.allgather_object(idx) for i in part)

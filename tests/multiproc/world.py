@@ -101,6 +101,30 @@ class World:
             conn.send((fn, args))
         return self._collect(timeout, fn.__name__)
 
+    def send(self, fn: Callable, *args) -> None:
+        """Start ``fn(*args)`` on every rank without waiting; see :meth:`receive`."""
+        for conn in self._conns:
+            conn.send((fn, args))
+
+    def receive(self, rank: int, timeout: float) -> tuple[str, Any]:
+        """Rank ``rank``'s ``("ok", result)`` or ``("err", traceback)`` of what :meth:`send`
+        started.
+
+        Raises:
+            TimeoutError: nothing came within ``timeout`` seconds.
+        """
+        if not self._conns[rank].poll(timeout):
+            raise TimeoutError(f"rank {rank} did not finish within {timeout} s")
+        try:
+            return self._conns[rank].recv()
+        except EOFError:
+            return "err", "the process exited"
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL rank ``rank``'s process (the world is broken after it: close it)."""
+        self._procs[rank].kill()
+        self._procs[rank].join(10)
+
     @property
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._procs)

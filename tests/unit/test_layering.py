@@ -47,7 +47,10 @@ UNITS: dict[str, tuple[str, ...]] = {
     "jobs.cli": ("ringtrain.jobs.cli",),
     "jobs.service": ("ringtrain.jobs",),
     "data": ("ringtrain.data",),
+    "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
+    "web": ("ringtrain.web",),
+    "serve": ("ringtrain.serve",),
     "cli": ("ringtrain.cli", "ringtrain.env_report"),
 }
 
@@ -67,9 +70,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "jobs.common": ("leaf",),
     "jobs.client": ("jobs.common", "leaf"),
     "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
-    "jobs.service": ("jobs.common", "leaf"),
-    "data": ("leaf",),
+    "jobs.service": ("jobs.common", "web", "leaf"),
+    "data": ("torch", "models", "leaf"),
+    "doctor": ("data", "torch", "models", "runner.env", "leaf"),
     "models": ("leaf",),
+    "web": ("leaf",),
+    "serve": ("models", "web", "leaf"),
     "cli": ("leaf",),
 }
 
@@ -78,7 +84,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 STDLIB_ONLY = ("leaf", "engine.config")
 #: Third-party packages a unit must never import, at any depth.
 FORBIDDEN_PACKAGES: dict[str, tuple[str, ...]] = {
-    unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service")
+    unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service", "web")
 }
 
 

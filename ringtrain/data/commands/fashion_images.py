@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ringtrain.data.commands.arg_types import positive_int
 from ringtrain.data.fashion_mnist import CLASSES, DEFAULT_DATA_DIR, load_fashion_mnist
 
 _SPLITS = {"train": "train", "val": "test"}
@@ -25,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"folder of the IDX files (default: {DEFAULT_DATA_DIR})")
     p.add_argument("--format", choices=["png", "jpeg"], default="png",
                    help="png (lossless, default) or jpeg (quality 95)")
-    p.add_argument("--limit", type=_positive_int, default=None,
+    p.add_argument("--limit", type=positive_int, default=None,
                    help="write only the first N images of each split (for quick trials)")
     p.set_defaults(func=run)
 
@@ -54,10 +55,3 @@ def _folder_name(label: int) -> str:
     """``3_Dress``: the label first, so that sorted folder names (ImageFolder's class order) keep
     Fashion-MNIST's label order; 'T-shirt/top' holds a slash, which a folder name cannot."""
     return f"{label}_{CLASSES[label]}".replace("/", "-").replace(" ", "_")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value

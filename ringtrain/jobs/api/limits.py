@@ -1,71 +1,21 @@
-"""A bound on request bodies, enforced before anything parses them.
+"""The job service's bound on request bodies (see :mod:`ringtrain.web.body_limit`).
 
-FastAPI decodes and validates a body on the event loop, so one huge body would stall every other
-request, ``/v1/health`` included. Bodies are small (the largest is a job spec, itself bounded by
-``MAX_SPEC_BYTES``): a larger one is answered 413 without being read to its end.
+Bodies are small (the largest is a job spec, itself bounded by ``MAX_SPEC_BYTES``).
 """
 
 from __future__ import annotations
 
-import json
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from ringtrain.jobs.models.spec import MAX_SPEC_BYTES
+from ringtrain.web import body_limit
 
 # A spec's JSON is a little larger than its YAML (escapes), and the body wraps it.
 MAX_BODY_BYTES = 2 * MAX_SPEC_BYTES
 
 
-class BodyLimit:
-    """ASGI middleware: 413 for a body over ``max_bytes``, declared or streamed (chunked).
+class BodyLimit(body_limit.BodyLimit):
+    """413 for a body over ``max_bytes`` (default :data:`MAX_BODY_BYTES`)."""
 
-    The body (at most ``max_bytes``) is read before the app runs and handed to it as it came;
-    later ``receive`` calls (a streaming response waiting for a disconnect) go to the server.
-
-    Args:
-        app: the application.
-        max_bytes: the largest body accepted.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
-            return
-        messages: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send: Send) -> None:
-        limit = f"{self.max_bytes >> 20} MiB"
-        body = json.dumps({"detail": f"request body larger than {limit}; a job spec names files, "
-                                     "it does not hold them",
-                           "errors": [{"field": "(body)", "message": f"at most {limit}"}]}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        super().__init__(app, max_bytes, hint="a job spec names files, it does not hold them")

@@ -1,0 +1,131 @@
+"""From measurements to advice with numbers, and the trial that tests each piece of advice.
+
+Pure: the numbers come in, the advice goes out, so the rules are tested without training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: A gap to synthetic data, a data wait or a slowdown of the compute above this fraction of the
+#: step is worth advice.
+THRESHOLD = 0.05
+#: Exposed communication above this fraction of the step gets its own advice.
+COMMUNICATION_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One configuration to measure: where batches come from and with how many workers.
+
+    ``data`` is ``synthetic`` (a fixed batch on the device), ``torchvision`` (ImageFolder, PIL,
+    DataLoader: the common baseline), ``folder`` (ringtrain's pipeline on the image files),
+    ``packed`` (ringtrain's pipeline on a pre-resized packed file) or ``gpu`` (files decoded with
+    nvjpeg). ``workers`` ``None``: chosen by :func:`ringtrain.data.tuning.choose_loader_settings`.
+    """
+
+    name: str
+    data: str
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the doctor measured before advising.
+
+    ``synthetic`` and ``real``: the mean phases, in ms, of the synthetic trial (the step without
+    data) and of the baseline trial (``step``, ``data``, ``h2d``, ``forward_backward``, ...).
+    ``decode_ms``: CPU milliseconds per image for ``torchvision``, ``folder`` and ``packed``.
+    ``budget``: the loader workers a rank can run beside training
+    (:func:`ringtrain.data.tuning.worker_budget`).
+    """
+
+    batch_size: int
+    cores_per_rank: int
+    budget: int
+    baseline_workers: int
+    cuda: bool
+    synthetic: dict[str, float]
+    real: dict[str, float]
+    decode_ms: dict[str, float]
+    pack_size: int
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One finding: the message, and the trial that tries it (``None``: nothing to try)."""
+
+    message: str
+    trial: TrialSpec | None = None
+
+
+def workers_needed(decode_ms: float, batch_size: int, step_ms: float) -> int:
+    """Workers that decode one batch per step: ``ceil(decode_ms * batch_size / step_ms)``."""
+    return max(1, math.ceil(decode_ms * batch_size / max(step_ms, 1e-6)))
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker(s)" if n else "decoded in the training process (no spare core)"
+
+
+def advise(m: Measurements) -> list[Advice]:
+    """The advice for these measurements, most effective first.
+
+    The gap to synthetic data shows in two places: waiting for batches (``data``), and, where
+    loader workers share the cores with training, a slower ``forward_backward``.
+    """
+    advice: list[Advice] = []
+    step = max(m.real.get("step", 0.0), 1e-6)
+    compute = m.synthetic.get("step", 0.0)
+    gap = 1 - compute / step
+    data_frac = m.real.get("data", 0.0) / step
+    slowdown = (m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0))
+    budget = m.budget
+    if gap > THRESHOLD:
+        if data_frac > THRESHOLD:
+            need = workers_needed(m.decode_ms["torchvision"], m.batch_size, compute)
+            tail = ("" if need <= budget else
+                    f", but a rank has only {m.cores_per_rank} core(s): decode less, not more")
+            advice.append(Advice(
+                f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} "
+                f"ms): decoding takes {m.decode_ms['torchvision']:.2f} ms/image, so a "
+                f"{compute:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
+                f"of {m.baseline_workers}{tail}"))
+        if slowdown / step > THRESHOLD:
+            advice.append(Advice(
+                f"loader workers slow training down: forward+backward takes "
+                f"{m.real['forward_backward']:.1f} ms instead of "
+                f"{m.synthetic['forward_backward']:.1f} ms with synthetic data "
+                f"({slowdown / step:.0%} of the step): {m.baseline_workers} worker(s) share "
+                f"{m.cores_per_rank} core(s) with training; decode less per image"))
+        if "packed" in m.decode_ms:
+            n = workers_needed(m.decode_ms["packed"], m.batch_size, compute)
+            advice.append(Advice(
+                f"pre-resize the data set to {m.pack_size} px (`ringtrain data pack SRC OUT "
+                f"--size {m.pack_size}`) and read it with PackedImages: "
+                f"{m.decode_ms['packed']:.2f} ms/image, {_workers(min(budget, n))}",
+                TrialSpec("packed", "packed", min(budget, n))))
+        if m.cuda:
+            advice.append(Advice(
+                "decode on the GPU (nvjpeg, batched): workers only read the files "
+                "(DeviceLoader(..., decoder=GpuDecoder(device)))", TrialSpec("gpu decode", "gpu")))
+        n = workers_needed(m.decode_ms["folder"], m.batch_size, compute)
+        advice.append(Advice(
+            f"decode with ringtrain.data (libjpeg-turbo at reduced DCT scale, uint8 crops): "
+            f"{m.decode_ms['folder']:.2f} ms/image instead of {m.decode_ms['torchvision']:.2f}; "
+            f"{_workers(min(budget, n))}" + (f" of the {n} needed" if 0 < budget < n else ""),
+            TrialSpec("ringtrain folder", "folder", min(budget, n))))
+    if m.cuda and m.real.get("h2d", 0.0) / step > THRESHOLD:
+        advice.append(Advice(
+            f"the host-to-device copy is {m.real['h2d'] / step:.0%} of the step: pin memory "
+            "and prefetch on a side stream (ringtrain.data.loader.DeviceLoader does both)"))
+    comm = m.real.get("communication", 0.0) / step
+    if comm > COMMUNICATION_THRESHOLD:
+        advice.append(Advice(
+            f"exposed allreduce wait is {comm:.0%} of the step: compress gradients "
+            "(compression=hvd.Compression.fp16) or raise the batch size per rank"))
+    if not advice:
+        advice.append(Advice(f"the input pipeline keeps up: real data runs at {1 - gap:.0%} of "
+                             f"synthetic data's speed, data wait is {data_frac:.0%} of the step"))
+    return advice

@@ -1,0 +1,208 @@
+"""`ringtrain doctor FOLDER`: synthetic vs real data side by side, where the time goes, what to do.
+
+Runs under any launcher (``ringtrain run -np 2 python -m ringtrain.doctor FOLDER``, or as a job's
+command); ``ringtrain doctor -np 2 FOLDER`` launches itself that way. Each rank trains
+``--steps`` steps of the model on: synthetic data (the ceiling), torchvision's ImageFolder +
+DataLoader (the common baseline), then each fix the advice proposes (ringtrain's decoder, a
+packed pre-resized copy, GPU decoding), and reports throughput, the gap to synthetic data, the
+step breakdown averaged over ranks, the slowest rank and how much of the gap each fix closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_MODELS = ("resnet50", "small-cnn")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ringtrain doctor", description=__doc__.splitlines()[0],
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("folder", type=Path, help="image folder in ImageNet's layout (FOLDER/<class>/)")
+    p.add_argument("-np", "--num-proc", type=int, default=None,
+                   help="launch this many ranks on this host with `ringtrain run`")
+    p.add_argument("--model", choices=_MODELS, default="resnet50",
+                   help="resnet50 (the reference, default) or small-cnn (CPU-sized)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step (32)")
+    p.add_argument("--size", type=int, default=224, help="crop side in pixels (224)")
+    p.add_argument("--steps", type=int, default=20, help="measured steps per trial (20)")
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (3)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="loader workers of the baseline (default: cores per rank - 1)")
+    p.add_argument("--packed", type=Path, default=None,
+                   help="a packed copy of FOLDER (`ringtrain data pack`); default: made in "
+                        "--work-dir when the advice asks for one")
+    p.add_argument("--work-dir", type=Path, default=Path("doctor"),
+                   help="where the chart and a packed copy go (./doctor)")
+    p.add_argument("--no-try", action="store_true", help="advise without trying the advice")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    args = p.parse_args(argv)
+    if min(args.batch_size, args.size, args.steps) < 1 or args.warmup < 0:
+        p.error("--batch-size, --size and --steps must be positive, --warmup not negative")
+    if args.num_proc is not None and args.num_proc < 1:
+        p.error("-np must be positive")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """Run the doctor on this rank, or launch ``-np`` ranks of it."""
+    from ringtrain.runner.env import read_worker_env
+
+    args = parse_args(argv)
+    if args.num_proc is not None and read_worker_env().launcher == "none":
+        rest = list(argv)
+        i = rest.index("-np") if "-np" in rest else rest.index("--num-proc")
+        del rest[i:i + 2]
+        command = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(args.num_proc),
+                   sys.executable, "-m", "ringtrain.doctor", *rest]
+        return subprocess.run(command, check=False).returncode
+    from ringtrain.errors import RingtrainError
+
+    try:
+        return _doctor(args)
+    except RingtrainError as e:  # a folder that is not an image folder, a bad packed copy
+        print(f"ringtrain doctor: {e}", file=sys.stderr)
+        return 2
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import torch
+
+    import ringtrain.torch as hvd
+    from ringtrain.data.image_folder import ImageFolder
+    from ringtrain.data.tuning import cores_per_rank, worker_budget
+    from ringtrain.doctor import report
+    from ringtrain.doctor.advice import Measurements, TrialSpec, advise
+    from ringtrain.doctor.trials import Workload, run_trial
+
+    hvd.init()
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{hvd.local_rank()}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    folder = ImageFolder(args.folder)
+    classes = folder.classes
+    if len(folder) < args.batch_size * hvd.size():
+        if hvd.rank() == 0:
+            print(f"ringtrain doctor: {args.folder} has fewer images than one step needs "
+                  f"({args.batch_size} x {hvd.size()} ranks): lower --batch-size",
+                  file=sys.stderr)
+        hvd.shutdown()
+        return 2
+    model = build_model(args.model, len(classes)).to(device)
+    if cuda:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    cores = cores_per_rank(hvd.local_size())
+    work = Workload(model, optimizer, device, args.batch_size, args.size, args.steps,
+                    args.warmup, args.folder, cores, args.packed, len(classes), args.bf16)
+    baseline_workers = args.workers if args.workers is not None else max(1, cores - 1)
+    pack_size = round(args.size / 0.875)
+
+    synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work)
+    baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work)
+    # Every rank measures decoding at once (so cores are as busy as in training); rank 0
+    # advises, and every rank gets its advice, so that all run the same trials.
+    costs = hvd.allgather_object(_decode_costs(args.folder, args.packed, args.size, pack_size))
+    advice = None
+    if hvd.rank() == 0:
+        measurements = Measurements(
+            args.batch_size, cores, worker_budget(cores, cpu_training=not cuda),
+            baseline_workers, cuda, synthetic.breakdown_ms, baseline.breakdown_ms,
+            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size)
+        advice = advise(measurements)
+    advice = hvd.broadcast_object(advice, root_rank=0)
+    results = [synthetic, baseline]
+    for item in [] if args.no_try else advice:
+        if item.trial is None:
+            continue
+        if item.trial.data == "packed" and work.packed is None:
+            work.packed = _pack(args.folder, args.work_dir / f"packed-{pack_size}", pack_size)
+        results.append(run_trial(item.trial, work))
+    if len(results) > 2:
+        # Synthetic data once more at the end: the faster of the two runs is the ceiling, so
+        # that load drifting during the run does not pass for a gap closed.
+        results.append(run_trial(TrialSpec("synthetic (again)", "synthetic"), work))
+    ceiling = max((r for r in results if r.data == "synthetic"),
+                  key=lambda r: r.images_per_second)
+    for r in results:
+        if r.data != "synthetic":
+            r.gap_closed = report.gap_closed(r, baseline, ceiling)
+    if hvd.rank() == 0:
+        context = {"model": args.model, "folder": str(args.folder), "ranks": hvd.size(),
+                   "ceiling": ceiling.name,
+                   "batch_size": args.batch_size, "size": args.size, "device": str(device),
+                   "cores_per_rank": cores}
+        chart = args.work_dir / "breakdown.png"
+        report.write_chart(results, chart)
+        if args.output == "json":
+            print(json.dumps({**report.as_json(results, advice, context), "chart": str(chart)}))
+        else:
+            print(report.as_text(results, advice, context) + f"\n\nchart: {chart}")
+    hvd.shutdown()
+    return 0
+
+
+def build_model(name: str, num_classes: int):
+    """The doctor's model by name: ``resnet50`` or ``small-cnn``."""
+    if name == "resnet50":
+        from ringtrain.models.resnet import resnet50
+
+        return resnet50(num_classes=num_classes)
+    from ringtrain.models.small_cnn import SmallCNN
+
+    return SmallCNN(num_classes)
+
+
+def _decode_costs(folder: Path, packed: Path | None, size: int, pack_size: int) -> dict:
+    """CPU ms per image for the baseline, ringtrain's decoder and a packed copy (a sample of 32
+    images packed into a temporary folder when no packed copy is given)."""
+    from torch.utils.data import Subset
+
+    from ringtrain.data.classification import ClassificationImages
+    from ringtrain.data.image_folder import ImageFolder
+    from ringtrain.data.packed import PackedImages, write_packed
+    from ringtrain.data.tuning import measure_decode_ms
+    from ringtrain.doctor.trials import torchvision_dataset
+
+    source = ImageFolder(folder)
+    sample = sorted(random.Random(0).sample(range(len(source)), min(32, len(source))))
+    costs = {
+        "torchvision": measure_decode_ms(Subset(torchvision_dataset(folder, size), sample)),
+        "folder": measure_decode_ms(Subset(ClassificationImages(source, size), sample)),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        if packed is None:
+            packed = Path(tmp) / "sample"
+            write_packed((source.read(i) for i in sample), packed, classes=source.classes,
+                         size=pack_size)
+        costs["packed"] = measure_decode_ms(ClassificationImages(PackedImages(packed), size))
+    return costs
+
+
+def _pack(folder: Path, out: Path, size: int) -> Path:
+    """A packed copy of ``folder`` made by local rank 0 of each host (reused when present)."""
+    import ringtrain.torch as hvd
+    from ringtrain.data.image_folder import ImageFolder
+    from ringtrain.data.packed import write_packed
+
+    if hvd.local_rank() == 0 and not (out / "meta.json").exists():
+        source = ImageFolder(folder)
+        write_packed((source.read(i) for i in range(len(source))), out,
+                     classes=source.classes, size=size)
+    hvd.barrier()
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""The doctor's report: text for people, JSON for programs, a PNG chart of the breakdowns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ringtrain.doctor.advice import Advice
+from ringtrain.doctor.trials import TrialResult
+from ringtrain.torch.step_profiler import PHASES
+
+_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward_backward": "#2ca02c",
+            "communication": "#9467bd", "optimizer": "#1f77b4", "other": "#7f7f7f"}
+
+
+def gap_closed(result: TrialResult, baseline: TrialResult, synthetic: TrialResult) -> float:
+    """The fraction of the baseline's gap to synthetic data that ``result`` closes (1: all of
+    it; above 1: it ran faster than ``synthetic``, i.e. within the run's noise)."""
+    gap = synthetic.images_per_second - baseline.images_per_second
+    if gap <= 0:
+        return 1.0
+    return (result.images_per_second - baseline.images_per_second) / gap
+
+
+def as_json(results: list[TrialResult], advice: list[Advice], context: dict) -> dict:
+    """Everything measured and advised, for ``-o json``."""
+    return {**context, "trials": [r.to_json() for r in results],
+            "advice": [{"message": a.message, "tried": a.trial.name if a.trial else None}
+                       for a in advice]}
+
+
+def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> str:
+    """A table of the trials (throughput, ratio to the fastest synthetic run, gap closed,
+    breakdown), the slowest rank of each and the advice."""
+    synthetic = next(r for r in results if r.name == context["ceiling"])
+    lines = [(f"ringtrain doctor: {context['model']} on {context['folder']}, {context['ranks']} "
+             f"rank(s), batch {context['batch_size']} per rank, {context['size']} px, "
+             f"{context['device']}"), ""]
+    header = f"{'trial':<18}{'workers':>8}{'img/s':>10}{'x synth':>9}{'gap closed':>11}  "
+    lines.append(header + "  ".join(f"{p[:7]:>7}" for p in PHASES) + "  (ms per step)")
+    for r in results:
+        ratio = r.images_per_second / synthetic.images_per_second
+        closed = "" if r.gap_closed is None else f"{r.gap_closed:.0%}"
+        lines.append(f"{r.name:<18}{r.workers:>8}{r.images_per_second:>10.1f}{ratio:>9.2f}"
+                     f"{closed:>11}  " + "  ".join(f"{r.breakdown_ms[p]:>7.1f}" for p in PHASES))
+    lines.append("")
+    for r in results:
+        steps = ", ".join(f"{ms:.1f}" for ms in r.step_ms_per_rank)
+        lines.append(f"{r.name}: slowest rank {r.slowest_rank} (step ms by rank: {steps})")
+    lines += ["", "advice:"] + [f"  - {a.message}" + (f" [tried: {a.trial.name}]" if a.trial
+                                                       else "") for a in advice]
+    return "\n".join(lines)
+
+
+def write_chart(results: list[TrialResult], path: Path) -> None:
+    """A stacked bar per trial: its mean step split into phases, with its throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.6 * len(results)))
+    names = [r.name for r in results][::-1]
+    left = [0.0] * len(results)
+    for phase in PHASES:
+        widths = [r.breakdown_ms[phase] for r in results][::-1]
+        ax.barh(names, widths, left=left, color=_COLOURS[phase], label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    for y, r in enumerate(results[::-1]):
+        ax.text(left[y], y, f" {r.images_per_second:.0f} img/s", va="center", fontsize=8)
+    ax.set_xlabel("ms per step (mean over ranks)")
+    ax.set_xlim(0, max(left) * 1.25)
+    ax.legend(loc="lower right", fontsize=7)
+    ax.set_title("ringtrain doctor: step breakdown per configuration")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,158 @@
+"""One trial: train a few steps of one data configuration with the step profiler on.
+
+Every rank runs the same trials in the same order (they are collective: the optimizer averages
+gradients); the per-rank results are gathered on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import ringtrain.torch as hvd
+from ringtrain.data.classification import ClassificationImages
+from ringtrain.data.gpu_decode import EncodedImages, GpuDecoder
+from ringtrain.data.image_folder import ImageFolder
+from ringtrain.data.loader import DeviceLoader
+from ringtrain.data.packed import PackedImages
+from ringtrain.data.sharding import ShardedSampler
+from ringtrain.data.synthetic import synthetic_batch
+from ringtrain.data.tuning import (
+    LoaderSettings,
+    choose_loader_settings,
+    training_threads,
+)
+from ringtrain.doctor.advice import TrialSpec
+from ringtrain.torch.step_profiler import PHASES, StepProfiler
+
+
+@dataclass
+class Workload:
+    """What every trial trains: the model, its optimizer and the shape of the work."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    batch_size: int
+    size: int
+    steps: int
+    warmup: int
+    folder: Path
+    cores: int
+    packed: Path | None = None
+    num_classes: int = 1000
+    bf16: bool = False
+
+
+@dataclass
+class TrialResult:
+    """A trial's throughput and its step breakdown (mean over steps, then over ranks)."""
+
+    name: str
+    data: str
+    workers: int
+    images_per_second: float
+    breakdown_ms: dict[str, float]
+    step_ms_per_rank: list[float]
+    slowest_rank: int
+    gap_closed: float | None = field(default=None)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def run_trial(spec: TrialSpec, work: Workload) -> TrialResult:
+    """Train ``work.warmup + work.steps`` steps fed as ``spec`` says; collective over ranks."""
+    batches, workers = _batches(spec, work)
+    threads = torch.get_num_threads()
+    if work.device.type == "cpu":  # the training's threads share the cores with the workers
+        torch.set_num_threads(training_threads(work.cores, workers))
+    try:
+        return _train(spec, work, batches, workers)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> TrialResult:
+    profiler = StepProfiler(work.device, metrics_dir=False, skip=work.warmup)
+    for images, labels in profiler.iterate(itertools.islice(batches,
+                                                            work.warmup + work.steps)):
+        with profiler.phase("h2d"):
+            images = images.to(work.device, non_blocking=True)
+            labels = labels.to(work.device, non_blocking=True)
+        with profiler.phase("forward_backward"), torch.autocast(
+                work.device.type, dtype=torch.bfloat16, enabled=work.bf16):
+            F.cross_entropy(work.model(images), labels).backward()
+        profiler.optimizer_step(work.optimizer)
+        work.optimizer.zero_grad()
+    profiler.close()
+    mine = profiler.summary()
+    every = hvd.allgather_object(mine, name=f"doctor.{spec.name}")
+    # The measured steps back to back: each starts where the previous one ended.
+    wall_s = max(s["step_ms"] * s["steps"] for s in every) / 1e3
+    breakdown = {p: sum(s[f"{p}_ms"] for s in every) / len(every) for p in PHASES}
+    breakdown["step"] = sum(s["step_ms"] for s in every) / len(every)
+    per_rank = [s["step_ms"] for s in every]
+    return TrialResult(spec.name, spec.data, workers,
+                       work.steps * work.batch_size * len(every) / wall_s, breakdown, per_rank,
+                       max(range(len(per_rank)), key=per_rank.__getitem__))
+
+
+def _forever(loader: Iterable, sampler) -> Iterator:
+    """``loader``'s epochs one after another, each with its own order (``sampler.set_epoch``)."""
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        yield from loader
+
+
+def _batches(spec: TrialSpec, work: Workload) -> tuple[Iterator, int]:
+    """Endless batches for ``spec`` and the number of loader workers behind them."""
+    if spec.data == "synthetic":
+        batch = synthetic_batch(work.batch_size, image_shape=(3, work.size, work.size),
+                                num_classes=work.num_classes, device=work.device)
+        return itertools.repeat(batch), 0
+    settings = (choose_loader_settings(local_size=hvd.local_size(), batch_size=work.batch_size,
+                                       cores=work.cores, cpu_training=work.device.type == "cpu")
+                if spec.workers is None else LoaderSettings(spec.workers, 2, "given"))
+    if spec.data == "torchvision":
+        return _torchvision_batches(work, settings.workers), settings.workers
+    source = (PackedImages(work.packed) if spec.data == "packed" and work.packed is not None
+              else ImageFolder(work.folder))
+    sampler = ShardedSampler(source, work.batch_size, last_batch="drop")
+    if spec.data == "gpu":
+        dataset, decoder = EncodedImages(source), GpuDecoder(work.device, work.size)
+    else:
+        dataset, decoder = ClassificationImages(source, work.size), None
+    loader = DeviceLoader(dataset, work.batch_size, sampler=sampler, device=work.device,
+                          settings=settings, decoder=decoder)
+    return _forever(loader, sampler), settings.workers
+
+
+def torchvision_dataset(folder: Path, size: int):
+    """The common baseline: torchvision's ImageFolder with PIL decoding and the classic
+    RandomResizedCrop, flip, ToTensor, Normalize transforms."""
+    from ringtrain.models.vision import load_torchvision
+
+    load_torchvision()
+    from torchvision import datasets, transforms
+
+    return datasets.ImageFolder(str(folder), transforms.Compose([
+        transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
+
+
+def _torchvision_batches(work: Workload, workers: int) -> Iterator:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dataset = torchvision_dataset(work.folder, work.size)
+    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    loader = DataLoader(dataset, batch_size=work.batch_size, sampler=sampler, drop_last=True,
+                        num_workers=workers, persistent_workers=workers > 0,
+                        pin_memory=work.device.type == "cuda")
+    return _forever(loader, sampler)

@@ -1,0 +1,63 @@
+"""Heartbeats: which ranks' processes still run, for a round that waits on a rank that stopped.
+
+A collective blocks until every member takes part, and a member whose process is stopped
+(SIGSTOP, a debugger, a frozen host) never does, nor closes its connections: the collective
+would wait for the backend's timeout (hours). So while a rank's engine has work (a round in
+progress or requests waiting), its pending watch adds one to the rank's counter in the
+rendezvous store about once a second. A rank stuck in a round past the stall shutdown time reads
+its peers' counters; peers whose counter has not moved for that long are named in the error that
+fails its operations. A live peer in the same round keeps beating, so a collective that is just
+slow is not mistaken for a stopped rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ringtrain.engine.doorbell import Doorbell
+
+
+def _key(rank: int) -> str:
+    return f"alive.{rank}"
+
+
+class Liveness:
+    """This rank's heartbeat, and what it has seen of its peers'.
+
+    Args:
+        rank: this rank.
+        size: the number of ranks.
+        doorbell: the store counters every rank shares.
+        clock: the monotonic clock silences are measured by.
+    """
+
+    def __init__(self, rank: int, size: int, doorbell: Doorbell, clock: Callable[[], float]):
+        self._rank = rank
+        self._size = size
+        self._doorbell = doorbell
+        self._clock = clock
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved)
+
+    def beat(self) -> None:
+        """Show that this rank's process runs."""
+        self._doorbell.count(_key(self._rank))
+
+    def silent(self, period_s: float) -> list[int]:
+        """Peers whose heartbeat has not moved for ``period_s``, as far as this and earlier calls
+        saw (the first call only starts watching)."""
+        now = self._clock()
+        silent = []
+        for rank in range(self._size):
+            if rank == self._rank:
+                continue
+            value = self._doorbell.read(_key(rank))
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != value:
+                self._seen[rank] = (value, now)
+            elif now - seen[1] >= period_s:
+                silent.append(rank)
+        return silent
+
+    def forget(self) -> None:
+        """A round ended: the next stuck round starts watching afresh."""
+        self._seen.clear()

@@ -1,0 +1,158 @@
+"""A trained model on disk: ``model.pt`` (a ``state_dict``) and ``model.json`` (how to rebuild it).
+
+The weights load with ``torch.load(weights_only=True)``, which runs no code from the file; the
+JSON names the architecture (a key of :data:`ARCHITECTURES`), the arguments of its builder, the
+task and class names, and how an image becomes the model's input. Training scripts write both on
+rank 0 with :func:`save_model`; ``ringtrain serve`` reads them with :func:`load_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ringtrain.errors import RingtrainError
+
+WEIGHTS_FILE = "model.pt"
+METADATA_FILE = "model.json"
+
+
+class SavedModelError(RingtrainError, ValueError):
+    """A saved model is missing a file, names an unknown architecture, or its weights do not fit."""
+
+
+def _retinanet(**kwargs: Any) -> nn.Module:
+    from ringtrain.models.detection import retinanet_mobilenet_v2
+
+    return retinanet_mobilenet_v2(**kwargs)
+
+
+def _cifar_cnn(**kwargs: Any) -> nn.Module:
+    from ringtrain.models.cifar_cnn import CifarCNN
+
+    return CifarCNN(**kwargs)
+
+
+def _fashion_cnn(**kwargs: Any) -> nn.Module:
+    from ringtrain.models.fashion_cnn import FashionCNN
+
+    return FashionCNN(**kwargs)
+
+
+def _vision(**kwargs: Any) -> nn.Module:
+    from ringtrain.models.vision import vision_model
+
+    return vision_model(**kwargs)
+
+
+#: Architecture name -> builder taking :attr:`ModelInfo.kwargs`.
+ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
+    "retinanet_mobilenet_v2": _retinanet,
+    "cifar_cnn": _cifar_cnn,
+    "fashion_cnn": _fashion_cnn,
+    "torchvision": _vision,  # kwargs: name="resnet18", num_classes=...
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``model.json`` holds.
+
+    Attributes:
+        arch: A key of :data:`ARCHITECTURES`.
+        task: ``classification`` (logits ``[N, classes]``) or ``detection`` (torchvision's list
+            of ``{"boxes", "labels", "scores"}``, labels from 1).
+        classes: Class names; a label ``k`` names ``classes[k]`` (classification) or
+            ``classes[k - 1]`` (detection).
+        kwargs: Arguments of the builder.
+        input_shape: ``[C, H, W]`` of one input image (detection: ``[3, -1, -1]``, any size).
+        mean: Per-channel mean subtracted after scaling pixels to ``[0, 1]``.
+        std: Per-channel deviation divided by after that.
+        extra: Anything else the trainer recorded (epoch, metrics).
+    """
+
+    arch: str
+    task: Literal["classification", "detection"]
+    classes: list[str]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    input_shape: list[int] = field(default_factory=lambda: [3, -1, -1])
+    mean: list[float] = field(default_factory=lambda: [0.0])
+    std: list[float] = field(default_factory=lambda: [1.0])
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def save_model(directory: Path, model: nn.Module, info: ModelInfo) -> Path:
+    """Write ``model.pt`` and ``model.json`` into ``directory`` (created).
+
+    Returns:
+        The weights file's path.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / WEIGHTS_FILE
+    torch.save(model.state_dict(), path)
+    (directory / METADATA_FILE).write_text(json.dumps(asdict(info), indent=2))
+    return path
+
+
+def read_info(path: Path) -> tuple[Path, ModelInfo]:
+    """Find and read the metadata of a saved model.
+
+    Args:
+        path: The model's folder, or its weights file (``model.json`` then lies beside it, or a
+            JSON of the same stem does).
+
+    Returns:
+        The weights file and the metadata.
+
+    Raises:
+        SavedModelError: Either file is missing or the JSON is not a model's metadata.
+    """
+    path = Path(path)
+    if path.is_dir():
+        weights, meta = path / WEIGHTS_FILE, path / METADATA_FILE
+    else:
+        weights = path
+        meta = path.with_suffix(".json")
+        meta = meta if meta.is_file() else path.parent / METADATA_FILE
+    for p in (weights, meta):
+        if not p.is_file():
+            raise SavedModelError(f"{p} does not exist: a saved model is a folder with "
+                                  f"{WEIGHTS_FILE} and {METADATA_FILE} (see save_model)")
+    try:
+        info = ModelInfo(**json.loads(meta.read_text()))
+    except (ValueError, TypeError) as e:
+        raise SavedModelError(f"{meta} is not a model's metadata: {e}") from None
+    if info.arch not in ARCHITECTURES:
+        raise SavedModelError(f"{meta} names architecture {info.arch!r}; this ringtrain knows "
+                              f"{', '.join(sorted(ARCHITECTURES))}")
+    return weights, info
+
+
+def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
+    """Rebuild a saved model and load its weights, in eval mode.
+
+    Args:
+        path: As :func:`read_info`.
+        device: Where the model goes.
+
+    Returns:
+        The model and its metadata.
+
+    Raises:
+        SavedModelError: As :func:`read_info`, or the weights do not fit the architecture.
+    """
+    weights, info = read_info(path)
+    model = ARCHITECTURES[info.arch](**info.kwargs)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise SavedModelError(f"{weights} does not load into {info.arch}: {e}") from None
+    return model.to(device).eval(), info

@@ -1,0 +1,164 @@
+"""Dynamic batching: inputs of concurrent requests run through the model together.
+
+Requests put their inputs on a bounded queue and get a ``concurrent.futures.Future`` each. One
+worker thread (inference never runs on the event loop) takes the first waiting input, waits up
+to ``max_wait_s`` for more to join it, up to ``max_batch_size``, runs the batch and completes the
+futures. A full queue refuses at once (:class:`QueueFullError`, which the server answers 503)
+rather than grow; an input whose request has already timed out or gone is skipped, not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ringtrain.errors import RingtrainError
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(RingtrainError):
+    """The queue holds as many inputs as it may: the server is saturated, try again shortly."""
+
+
+class ClosedError(RingtrainError):
+    """The batcher is draining for shutdown and takes no new input."""
+
+
+@dataclass
+class _Pending:
+    item: Any
+    future: Future
+    deadline: float
+
+
+class DynamicBatcher:
+    """Groups inputs into batches for ``run_batch`` on a worker thread.
+
+    Args:
+        run_batch: Takes a list of inputs, returns one result per input, in order.
+        max_batch_size: Most inputs per batch (1: no batching).
+        max_wait_s: How long a batch's first input waits for others.
+        queue_size: Inputs waiting at most.
+        on_batch: Called after each batch with its size and run time in seconds (metrics).
+        clock: Monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, run_batch: Callable[[list[Any]], list[Any]], max_batch_size: int,
+                 max_wait_s: float, queue_size: int,
+                 on_batch: Callable[[int, float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queue: queue.Queue[_Pending] = queue.Queue(maxsize=queue_size)
+        self._on_batch = on_batch
+        self._clock = clock
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="batcher", daemon=True)
+
+    @property
+    def depth(self) -> int:
+        """Inputs waiting now."""
+        return self._queue.qsize()
+
+    @property
+    def accepting(self) -> bool:
+        """False once :meth:`close` began."""
+        return not self._closing.is_set()
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def submit(self, item: Any, timeout_s: float) -> Future:
+        """Queue one input.
+
+        Args:
+            item: The input.
+            timeout_s: After this many seconds the input is no longer worth running.
+
+        Returns:
+            A future of its result (an exception if the batch failed or it timed out first).
+
+        Raises:
+            QueueFullError: The queue is full.
+            ClosedError: The batcher is draining.
+        """
+        if self._closing.is_set():
+            raise ClosedError("the server is shutting down and takes no new requests")
+        pending = _Pending(item, Future(), self._clock() + timeout_s)
+        try:
+            self._queue.put_nowait(pending)
+        except queue.Full:
+            raise QueueFullError(f"the queue holds {self._queue.maxsize} inputs; try again "
+                                 "shortly") from None
+        return pending.future
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop taking input, let the worker finish what is queued, wait for it.
+
+        Returns:
+            Whether the worker finished within ``timeout_s`` (else what is left fails).
+        """
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        finished = not self._thread.is_alive()
+        while True:  # anything the worker did not reach
+            try:
+                pending = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if pending.future.set_running_or_notify_cancel():
+                pending.future.set_exception(ClosedError("the server stopped before this ran"))
+        return finished
+
+    def _next_batch(self) -> list[_Pending]:
+        try:
+            first = self._queue.get(timeout=0.05)
+        except queue.Empty:
+            return []
+        batch = [first]
+        until = self._clock() + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            left = until - self._clock()
+            try:
+                batch.append(self._queue.get(timeout=left) if left > 0
+                             else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _work(self) -> None:
+        while not (self._closing.is_set() and self._queue.empty()):
+            batch = self._next_batch()
+            now = self._clock()
+            live = []
+            for pending in batch:
+                if not pending.future.set_running_or_notify_cancel():
+                    continue  # its request gave up (timeout, client gone)
+                if now > pending.deadline:
+                    pending.future.set_exception(TimeoutError("timed out waiting in the queue"))
+                    continue
+                live.append(pending)
+            if not live:
+                continue
+            started = self._clock()
+            try:
+                results = self._run_batch([p.item for p in live])
+            except Exception as e:
+                log.exception("inference failed on a batch of %d", len(live))
+                for p in live:
+                    p.future.set_exception(e)
+                continue
+            if self._on_batch is not None:
+                self._on_batch(len(live), self._clock() - started)
+            for p, result in zip(live, results):
+                p.future.set_result(result)

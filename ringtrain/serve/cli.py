@@ -1,0 +1,72 @@
+"""`ringtrain serve MODEL`: serve a trained model over HTTP (KServe v2 protocol, image route).
+
+Exit codes: 2 bad input (a model that does not load, a bad flag, an address that cannot be
+bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the signal, so the
+status is the signal's (143 for SIGTERM in a shell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ringtrain.errors import RingtrainError
+from ringtrain.serve.config import ServeConfig
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; the only place the server reads environment variables."""
+    d = ServeConfig()
+    p = argparse.ArgumentParser(prog="ringtrain serve", description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path,
+                   help="a saved model: its folder (model.pt + model.json) or its model.pt")
+    p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}; "
+                   "anything else needs --token)")
+    p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0: free)")
+    p.add_argument("--token", default=os.environ.get("RINGTRAIN_TOKEN"),
+                   help="bearer token clients must send (default: RINGTRAIN_TOKEN)")
+    p.add_argument("--name", default=d.model_name,
+                   help=f"the model's name in /v2/models/NAME (default {d.model_name})")
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size,
+                   help=f"most inputs per model call; 1 turns batching off "
+                        f"(default {d.max_batch_size})")
+    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms,
+                   help=f"how long a batch waits to fill (default {d.max_wait_ms:g})")
+    p.add_argument("--queue-size", type=int, default=d.queue_size,
+                   help=f"inputs waiting at most; beyond: 503 (default {d.queue_size})")
+    p.add_argument("--timeout", type=float, default=d.timeout_s,
+                   help=f"seconds before a request gets 504 (default {d.timeout_s:g})")
+    p.add_argument("--max-body-mib", type=float, default=d.max_body_bytes / (1 << 20),
+                   help="largest request body in MiB (default 16)")
+    p.add_argument("--drain", type=float, default=d.drain_s,
+                   help=f"seconds requests in flight get on stop (default {d.drain_s:g})")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``ringtrain serve``."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from ringtrain.serve.server import serve
+
+    try:
+        config = ServeConfig(
+            host=args.host, port=args.port, token=args.token or None, model_name=args.name,
+            device=args.device, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+            queue_size=args.queue_size, timeout_s=args.timeout,
+            max_body_bytes=int(args.max_body_mib * (1 << 20)), drain_s=args.drain)
+        serve(args.model, config, on_ready=lambda url: print(
+            f"serving {args.model} as {config.model_name!r} at {url} "
+            f"(docs: {url}/docs)", flush=True))
+    except (RingtrainError, OSError) as e:
+        print(f"ringtrain serve: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

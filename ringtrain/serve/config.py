@@ -1,0 +1,57 @@
+"""``ServeConfig``: how ``ringtrain serve`` serves, validated once where it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Settings of one model server.
+
+    Attributes:
+        host: Address to bind; loopback unless ``token`` is set.
+        port: Port; 0 picks a free one.
+        token: Bearer token every request must carry (required off loopback).
+        model_name: The name in ``/v2/models/{name}``.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        max_batch_size: Most inputs run together; 1 turns batching off.
+        max_wait_ms: How long the first input of a batch waits for others to join it.
+        queue_size: Inputs waiting at most; beyond it requests are refused with 503.
+        timeout_s: A request not answered by then gets 504 (its input is dropped if not begun).
+        max_body_bytes: Larger request bodies get 413 unread.
+        drain_s: On stop, how long requests already accepted may take to finish.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = None
+    model_name: str = "model"
+    device: str = "cpu"
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+    queue_size: int = 256
+    timeout_s: float = 10.0
+    max_body_bytes: int = 16 << 20
+    drain_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not 0 <= self.port <= 65535:
+            bad.append(f"port {self.port} is not in 0..65535")
+        if self.max_batch_size < 1:
+            bad.append(f"max batch size {self.max_batch_size} must be at least 1")
+        if self.max_wait_ms < 0:
+            bad.append(f"max wait {self.max_wait_ms} ms must not be negative")
+        if self.queue_size < 1:
+            bad.append(f"queue size {self.queue_size} must be at least 1")
+        if self.timeout_s <= 0 or self.drain_s < 0:
+            bad.append("the request timeout must be positive and the drain time not negative")
+        if self.max_body_bytes < 1024:
+            bad.append(f"max body {self.max_body_bytes} bytes is below 1 KiB")
+        if not self.model_name or "/" in self.model_name:
+            bad.append(f"model name {self.model_name!r} must be non-empty, without '/'")
+        if bad:
+            raise ConfigError("; ".join(bad))

@@ -1,0 +1,55 @@
+"""Running the model server: bind, serve with uvicorn until SIGTERM/SIGINT, drain, exit.
+
+On a stop signal uvicorn stops accepting connections and lets the requests in flight finish (up
+to ``drain_s``); the app's lifespan then lets the batcher run what is still queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from ringtrain.serve.config import ServeConfig
+from ringtrain.web.exposure import bind_socket, check_bind, client_url
+
+log = logging.getLogger(__name__)
+
+
+def serve(model: Path, config: ServeConfig,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Load ``model`` and serve it until a stop signal.
+
+    Args:
+        model: A saved model (folder or weights file; see :mod:`ringtrain.models.saved`).
+        config: The server's settings.
+        on_ready: Called with the server's URL once it listens.
+
+    Raises:
+        ConfigError: A non-loopback host without a token.
+        SavedModelError: The model cannot be loaded.
+        OSError: The address cannot be bound.
+    """
+    import uvicorn
+
+    from ringtrain.serve.app import create_app
+    from ringtrain.serve.predictor import Predictor
+
+    check_bind(config.host, config.token, "the model server",
+               "anyone could then spend this host's processors on it")
+    predictor = Predictor.load(model, config.device)
+    app = create_app(predictor, config)
+    sock = bind_socket(config.host, config.port)
+    url = client_url(config.host, sock.getsockname()[1])
+    uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.drain_s))
+    server = uvicorn.Server(uv)
+    if on_ready is not None:
+        startup = server.startup
+
+        async def announce(sockets: list[socket.socket] | None = None) -> None:
+            await startup(sockets)
+            on_ready(url)
+
+        server.startup = announce  # type: ignore[method-assign]
+    server.run(sockets=[sock])

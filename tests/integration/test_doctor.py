@@ -1,0 +1,76 @@
+"""`ringtrain doctor` end to end on 2 Gloo ranks, `ringtrain data photos`, and the ImageNet
+example on tiny data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.data.images import make_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "HOROVOD_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+@pytest.mark.slow
+def test_doctor_on_two_ranks_measures_advises_and_draws(tmp_path):
+    folder = make_folder(tmp_path / "train", classes=2, per_class=16, width=160, height=128)
+    out = _run(["-m", "ringtrain.cli", "doctor", "-np", "2", str(folder), "--model",
+                "small-cnn", "--size", "32", "--batch-size", "4", "--steps", "3", "--warmup",
+                "1", "--work-dir", str(tmp_path / "doc"), "-o", "json"], tmp_path)
+    line = next(x for x in out.stdout.splitlines() if "{" in x)
+    report = json.loads(line[line.index("{"):])
+    names = [t["name"] for t in report["trials"]]
+    assert names[:2] == ["synthetic", "torchvision"] and report["ranks"] == 2
+    for trial in report["trials"]:
+        assert trial["images_per_second"] > 0 and len(trial["step_ms_per_rank"]) == 2
+        phases = sum(v for k, v in trial["breakdown_ms"].items() if k != "step")
+        assert abs(phases - trial["breakdown_ms"]["step"]) < 0.01 * trial["breakdown_ms"]["step"]
+    assert report["advice"] and all(a["message"] for a in report["advice"])
+    tried = {a["tried"] for a in report["advice"]} - {None}
+    assert tried <= set(names)
+    assert (tmp_path / "doc" / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_doctor_refuses_a_missing_folder(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "doctor",
+                             str(tmp_path / "nope")], capture_output=True, text=True, check=False,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert result.returncode == 2 and "not a folder" in result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepforest") is None,
+                    reason="the deepforest wheel is not installed")
+def test_photos_command_writes_jpeg_crops_of_real_photographs(tmp_path):
+    _run(["-m", "ringtrain.cli", "data", "photos", str(tmp_path / "p"), "--count", "12",
+          "--size", "64x48"], tmp_path)
+    files = sorted((tmp_path / "p" / "train").rglob("*.jpg"))
+    assert len(files) == 12 and len({f.parent for f in files}) >= 2
+    from PIL import Image
+
+    assert Image.open(files[0]).size == (64, 48)
+    assert len(list((tmp_path / "p" / "val").rglob("*.jpg"))) == 1
+
+
+def test_imagenet_example_trains_on_image_files(tmp_path):
+    folder = make_folder(tmp_path / "train", classes=2, per_class=4)
+    out = _run([str(ROOT / "examples" / "imagenet_resnet.py"), "--data", str(folder),
+                "--batch-size", "4", "--size", "32", "--steps", "3", "--output-dir",
+                str(tmp_path / "model")], tmp_path)
+    epoch = json.loads(out.stdout.strip().splitlines()[-1])
+    assert epoch["img_per_s"] > 0 and epoch["step_breakdown_ms"]["forward_backward_ms"] > 0
+    assert (tmp_path / "model" / "resnet50.pt").exists()

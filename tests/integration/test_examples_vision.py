@@ -1,0 +1,94 @@
+"""The detection and classification examples on tiny settings: they train, evaluate, and leave a
+model that `ringtrain serve` loads (``torch.load(weights_only=True)`` + ``model.json``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringtrain.data.cli import main as data_main
+from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR
+from ringtrain.models.saved import load_model
+from ringtrain.models.vision import load_torchvision
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+needs_fashion = pytest.mark.skipif(
+    not (DEFAULT_DATA_DIR / "train-images-idx3-ubyte.gz").exists(),
+    reason="Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
+needs_vision = pytest.mark.skipif(load_torchvision() is None, reason="needs torchvision")
+needs_deepforest = pytest.mark.skipif(importlib.util.find_spec("deepforest") is None,
+                                      reason="needs the deepforest wheel's files")
+
+
+def _run(args: list[str]) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "HOROVOD_"))}
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                            timeout=280, env=env, check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    lines = [line[line.index("{"):] for line in result.stdout.splitlines() if '{"example"' in line]
+    assert len(lines) == 1, result.stdout
+    return json.loads(lines[0])
+
+
+@needs_fashion
+def test_cifar_cnn_on_padded_fashion_checkpoints_and_saves_a_servable_model(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    metrics = _run([str(EXAMPLES / "cifar_cnn.py"), "--epochs", "1", "--limit-train", "512",
+                    "--limit-val", "200", "--output-dir", str(out)])
+    assert metrics["world_size"] == 1 and 0.1 < float(metrics["val_accuracy"]) <= 1
+    checkpoint = torch.load(out / "checkpoint-1.pt", weights_only=True)
+    assert checkpoint["epoch"] == 1 and "optimizer" in checkpoint
+    model, info = load_model(out)
+    assert info.arch == "cifar_cnn" and info.input_shape == [1, 32, 32]
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 10)
+
+
+@needs_fashion
+@pytest.mark.slow
+def test_cifar_cnn_two_workers_checkpoint_on_rank_0_only(tmp_path: Path) -> None:
+    metrics = _run(["-m", "ringtrain.cli", "run", "-np", "2", sys.executable,
+                    str(EXAMPLES / "cifar_cnn.py"), "--epochs", "1", "--limit-train", "256",
+                    "--limit-val", "100", "--output-dir", str(tmp_path)])
+    assert metrics["world_size"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1.pt", "model.json",
+                                                          "model.pt"]
+
+
+@needs_fashion
+@needs_vision
+def test_resnet_on_an_image_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "images"
+    assert data_main(["fashion-images", str(folder), "--limit", "60", "--format", "jpeg"]) == 0
+    metrics = _run([str(EXAMPLES / "resnet_folder.py"), "--data", str(folder), "--epochs", "1",
+                    "--image-size", "32", "--batch-size", "16", "--workers", "0",
+                    "--output-dir", str(tmp_path / "out")])
+    assert metrics["arch"] == "resnet18" and 0 <= float(metrics["val_accuracy"]) <= 1
+    model, info = load_model(tmp_path / "out")
+    assert info.mean == [0.485, 0.456, 0.406] and len(info.classes) == 10
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+
+
+@needs_deepforest
+@needs_vision
+@pytest.mark.slow
+def test_retinanet_trains_evaluates_with_pycocotools_and_saves(tmp_path: Path) -> None:
+    data = tmp_path / "trees"
+    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    out = tmp_path / "out"
+    metrics = _run([str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
+                    "--limit-train", "2", "--image-size", "96", "--output-dir", str(out)])
+    assert metrics["epochs"] == 1 and 0 <= float(metrics["map_50"]) <= 1
+    history = json.loads((out / "metrics.json").read_text())
+    assert [h["epoch"] for h in history] == [1] and {"map", "map_50", "recall_100"} <= set(
+        history[0])
+    model, info = load_model(out)
+    assert info.task == "detection" and info.classes == ["Tree"]
+    (detections,) = model([torch.rand(3, 80, 80)])
+    assert set(detections) == {"boxes", "labels", "scores"}

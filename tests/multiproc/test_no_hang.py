@@ -1,0 +1,170 @@
+"""No hang, ever: a rank that diverges (another operation or another name), exits, or is stopped
+(SIGSTOP) in the middle of each kind of collective, join included, ends every surviving rank's
+wait within the configured time, with an error that says which rank and why.
+
+The worlds run with a short stall time (``HOROVOD_STALL_CHECK_TIME_SECONDS``,
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) to keep this fast; the defaults are Horovod's (a warning
+after 60 s, no shutdown).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+from tests.multiproc.world import World, WorkerError
+
+STALL_S = 2.0
+_KNOBS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "0.5",
+          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_S)}
+#: What a survivor may take beyond the stall time: a probe period to notice, one to report.
+_SLACK_S = 4.0
+_ASYNC_KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
+                "reducescatter")
+_KINDS = _ASYNC_KINDS + ("barrier", "join")
+
+
+def _start(kind: str, name: str) -> Callable[[], object]:
+    """Submit one collective of ``kind``; return what waits for it."""
+    n = hvd.size()
+    if kind == "barrier":
+        return hvd.barrier  # synchronous only, and unnamed
+    if kind == "join":
+        return hvd.join
+    handle = {
+        "allreduce": lambda: hvd.allreduce_async(torch.ones(2), name=name),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce_async([torch.ones(2), torch.ones(3)],
+                                                                 name=name),
+        "allgather": lambda: hvd.allgather_async(torch.ones(1, 2), name=name),
+        "broadcast": lambda: hvd.broadcast_async(torch.ones(2), root_rank=0, name=name),
+        "alltoall": lambda: hvd.alltoall_async(torch.ones(n), name=name),
+        "reducescatter": lambda: hvd.reducescatter_async(torch.ones(n), name=name),
+    }[kind]()
+    return lambda: hvd.synchronize(handle)
+
+
+def _outcome(wait: Callable[[], object]) -> str:
+    try:
+        wait()
+        return "no error"
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.fixture(scope="module")
+def stall_world() -> Iterator[World]:
+    world = World(2, env=_KNOBS)
+    yield world
+    world.close()
+
+
+def _another_operation_under_the_same_name() -> dict[str, str]:
+    r = hvd.rank()
+    out = {}
+    for i, kind in enumerate(_ASYNC_KINDS):
+        other = _ASYNC_KINDS[(i + 1) % len(_ASYNC_KINDS)]
+        out[kind] = _outcome(_start(kind if r == 0 else other, f"diverge.{kind}"))
+    # rank 0 joins; rank 1 broadcasts, which needs it, then joins too
+    out["join"] = _outcome(hvd.join if r == 0 else _start("broadcast", "diverge.join"))
+    if r == 1:
+        out["joined"] = hvd.join()
+    out["after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="diverge.after").item()
+    return out
+
+
+def test_another_operation_under_the_same_name_fails_at_once_on_every_rank(stall_world):
+    results = stall_world.run(_another_operation_under_the_same_name, timeout=30)
+    for out in results:
+        for kind in _ASYNC_KINDS:
+            # (a grouped allreduce differs from an allreduce in its number of tensors)
+            assert out[kind].startswith(f"TensorMismatchError: {kind.split('_')[-1]} "
+                                        f"'diverge.{kind}': ranks disagree on the"), out[kind]
+            assert "(rank 0: " in out[kind] and "; rank 1: " in out[kind], out[kind]
+        assert out["after"] == 2.0
+    rank0, rank1 = results
+    assert rank0["join"] == "no error" and rank1["joined"] == 1  # once every rank has joined
+    assert ("broadcast 'diverge.join' cannot run: rank(s) [0] (the root) have already called "
+            "join()") in rank1["join"]
+
+
+def _other_names() -> dict:
+    r = hvd.rank()
+    started = time.monotonic()
+    waits = {kind: _start(kind, f"{'ab'[r]}.{kind}") for kind in _ASYNC_KINDS}
+    out = {}
+    if r == 0:  # a barrier rank 1 never reaches, while rank 1 waits for its own operations
+        out["barrier"] = _outcome(hvd.barrier)
+    out.update({kind: _outcome(wait) for kind, wait in waits.items()})
+    out["seconds"] = time.monotonic() - started
+    hvd.shutdown()  # the stall stopped every rank's engine: start a fresh one
+    hvd.init()
+    return out
+
+
+def test_operations_no_peer_submits_end_in_a_stall_error_naming_the_missing_rank(stall_world):
+    for r, out in enumerate(stall_world.run(_other_names, timeout=60)):
+        assert out.pop("seconds") < STALL_S + _SLACK_S
+        assert set(out) == set(_ASYNC_KINDS) | ({"barrier"} if r == 0 else set())
+        for kind, outcome in out.items():
+            assert outcome.startswith(f"StallError: stalled for more than {STALL_S:g} s"), outcome
+        # every rank's error lists every stalled name and who it waits for
+        for kind in _ASYNC_KINDS:
+            assert f"a.{kind}: submitted by ranks [0], waiting for ranks [1]" in out[kind]
+            assert f"b.{kind}: submitted by ranks [1], waiting for ranks [0]" in out[kind]
+
+
+def _exit_in_the_middle(kind: str) -> str:
+    if hvd.rank() == 1:
+        time.sleep(0.3)  # rank 0 is waiting in the collective by now
+        os._exit(1)
+    started = time.monotonic()
+    outcome = _outcome(_start(kind, f"exit.{kind}"))
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_rank_that_exits_in_the_middle_of_a_collective_fails_its_peer(kind):
+    world = World(2, env=_KNOBS)
+    try:
+        with pytest.raises(WorkerError) as info:
+            world.run(_exit_in_the_middle, kind, timeout=STALL_S + _SLACK_S + 10)
+    finally:
+        world.close()
+    survivor, dead = info.value.results
+    assert dead == "the process exited"
+    seconds, outcome = survivor.split(" s: ", 1)
+    assert float(seconds) < _SLACK_S
+    assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, most likely "
+                              "because another rank failed or exited"), outcome
+
+
+def _stop_in_the_middle() -> str:
+    if hvd.rank() == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    started = time.monotonic()
+    outcome = _outcome(_start("allreduce", "stopped"))
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_fails_its_peer_naming_it_after_the_stall_time():
+    world = World(2, env=_KNOBS)
+    try:
+        world.send(_stop_in_the_middle)
+        status, survivor = world.receive(0, timeout=STALL_S + _SLACK_S + 10)
+    finally:
+        world.kill(1)
+        world.close()
+    assert status == "ok", survivor
+    seconds, outcome = survivor.split(" s: ", 1)
+    assert float(seconds) < STALL_S + _SLACK_S
+    assert outcome.startswith(f"StallError: rank(s) [1] stopped responding: no heartbeat for "
+                              f"{STALL_S:g} s while rank 0 waited"), outcome

@@ -1,0 +1,87 @@
+"""StepProfiler on one process: phases add up to the step, metrics lines, cost per step."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from ringtrain.torch.step_profiler import PHASES, StepProfiler, default_metrics_dir
+
+
+def _train(profiler: StepProfiler, steps: int, pause: float) -> float:
+    """``steps`` steps of sleeps in each phase; returns the wall time per step, in ms."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def batches():
+        for _ in range(steps):
+            time.sleep(pause)
+            yield torch.randn(8, 4)
+
+    t0 = time.perf_counter()
+    for x in profiler.iterate(batches()):
+        with profiler.phase("h2d"):
+            time.sleep(pause)
+        with profiler.phase("forward_backward"):
+            model(x).sum().backward()
+            time.sleep(2 * pause)
+        profiler.optimizer_step(optimizer)
+        optimizer.zero_grad()
+        time.sleep(pause / 2)  # unmarked: "other"
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def test_phases_add_up_to_the_measured_step(tmp_path):
+    profiler = StepProfiler(metrics_dir=tmp_path, rank=3)
+    wall_ms = _train(profiler, 10, 0.004)
+    profiler.close()
+    s = profiler.summary()
+    assert s["steps"] == 10
+    assert abs(sum(s[f"{p}_ms"] for p in PHASES) - s["step_ms"]) < 1e-3 * s["step_ms"]
+    assert abs(s["step_ms"] - wall_ms) < 0.05 * wall_ms
+    assert s["data_ms"] >= 3.5 and s["h2d_ms"] >= 3.5 and s["forward_backward_ms"] >= 7
+    assert s["other_ms"] >= 1.5 and s["communication_ms"] == 0  # a plain optimizer: no wait
+    lines = (tmp_path / "steps.rank3.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == list(range(10))
+    assert all(r["rank"] == 3 and {f"{p}_ms" for p in PHASES} <= r.keys() for r in records)
+
+
+def test_profiling_costs_well_under_one_percent_of_a_10_ms_step():
+    profiler = StepProfiler(metrics_dir=False, rank=0)
+    steps = 2000
+    t0 = time.perf_counter()
+    for _ in profiler.iterate(range(steps)):
+        with profiler.phase("h2d"):
+            pass
+        with profiler.phase("forward_backward"):
+            pass
+        with profiler.phase("optimizer"):
+            pass
+    profiler.close()
+    per_step_ms = (time.perf_counter() - t0) / steps * 1e3
+    assert per_step_ms < 0.1, f"{per_step_ms:.3f} ms of profiling per step"
+
+
+def test_skip_leaves_warmup_out_of_the_summary():
+    profiler = StepProfiler(metrics_dir=False, rank=0, skip=3)
+    for _ in profiler.iterate(range(5)):
+        pass
+    profiler.close()
+    assert profiler.summary()["steps"] == 2
+
+
+def test_unknown_phase_is_refused():
+    with pytest.raises(ValueError, match="phase must be one of"), StepProfiler(
+            metrics_dir=False, rank=0).phase("other"):
+        pass
+
+
+def test_metrics_dir_comes_from_the_job_environment(tmp_path):
+    assert default_metrics_dir({}) is None
+    assert default_metrics_dir({"RINGTRAIN_JOB_DIR": "/s/jobs/7"}).as_posix() == "/s/jobs/7/metrics"
+    assert default_metrics_dir({"RINGTRAIN_METRICS_DIR": str(tmp_path),
+                                "RINGTRAIN_JOB_DIR": "/x"}) == tmp_path
