@@ -1,10 +1,14 @@
-"""Job service latency on the local backend: submit-to-running and log-follow lag.
+"""Job service latency: submit-to-running and log-follow lag, on the local or the ray backend.
 
 Prints one JSON line of medians in seconds. Peers: the same command started by a bare
 ``subprocess.Popen``, and by ``ringtrain run`` directly, so the service's own share of the
 latency is visible. Runs in a temporary RINGTRAIN_HOME with its own server.
 
-    python benchmarks/jobs_latency.py [--reps 5]
+    python benchmarks/jobs_latency.py [--reps 5] [--ray-address HOST:PORT]
+
+With ``--ray-address`` the jobs run on a one-node job cluster of that (idle) Ray cluster; Ray
+must bind an address the service reaches (here: loopback, inside a network namespace, see
+docs/jobs.md "Ray clusters").
 """
 
 from __future__ import annotations
@@ -92,12 +96,15 @@ def follow_lag(client, lines: int = 60, every_s: float = 0.05) -> tuple[list[flo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--ray-address", help="run the jobs on the Ray cluster at HOST:PORT")
     args = p.parse_args(argv)
+    backend = "ray" if args.ray_address else "local"
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as tmp:
         home = Home(Path(tmp) / "home")
         client = connect(home)
         try:
-            client.create_cluster(ClusterSpec(name="bench", nodes=1, slots=1))
+            client.create_cluster(ClusterSpec(name="bench", nodes=1, slots=1, backend=backend,
+                                              address=args.ray_address))
             to_running, to_command = service_latency(client, args.reps)
             lags, end_after = follow_lag(client)
             bare = peer_subprocess(args.reps)
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     lags.sort()
     median = statistics.median
     print(json.dumps({
-        "benchmark": "jobs_latency", "backend": "local", "reps": args.reps,
+        "benchmark": "jobs_latency", "backend": backend, "reps": args.reps,
         "submit_to_running_s": round(median(to_running), 3),
         "submit_to_command_s": round(median(to_command), 3),
         "peer_ringtrain_run_to_command_s": round(median(run), 3),

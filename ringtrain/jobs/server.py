@@ -60,7 +60,7 @@ def _lock(home: Home) -> IO[str]:
 
 
 def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-          public_host: str | None = None) -> None:
+          public_host: str | None = None, ray_node_ip: str | None = None) -> None:
     """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
 
     Args:
@@ -70,6 +70,8 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
         token: the bearer token clients must send (required off loopback); by default the
             home's own (:func:`ringtrain.jobs.auth.home_token`).
         public_host: the name remote clients use in their URL (required for a wildcard host).
+        ray_node_ip: the address the service announces to Ray clusters (Ray's choice if
+            ``None``; ``127.0.0.1`` where only loopback exists).
 
     Raises:
         ConfigError: a non-loopback host without a token, or a wildcard one without a name.
@@ -81,6 +83,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
 
     from ringtrain.jobs.api.app import create_app
     from ringtrain.jobs.executors.local import LocalExecutor
+    from ringtrain.jobs.executors.routing import BackendExecutor
+    from ringtrain.jobs.ray.connection import RayConnection
+    from ringtrain.jobs.ray.executor import RayExecutor
     from ringtrain.jobs.service import JobService
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore
@@ -92,7 +97,12 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     sock = bind_socket(host, port)
     store = SQLiteStore(home.db_path)
     share = Share(home.share_root)
-    service = JobService(store, share, LocalExecutor(share))
+    ray = RayConnection(ray_node_ip)
+    executor = BackendExecutor(
+        {"local": LocalExecutor(share),
+         "ray": RayExecutor(share, ray, lambda name: store.get_cluster(name).address or "")},
+        lambda name: store.get_cluster(name).backend)
+    service = JobService(store, share, executor, ray=ray)
     stop = threading.Event()
 
     @asynccontextmanager

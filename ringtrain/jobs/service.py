@@ -26,6 +26,7 @@ from ringtrain.jobs.errors import (
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager
@@ -47,11 +48,14 @@ class JobService:
         share: the job folders.
         executor: runs attempts.
         clock: seconds since the epoch (injectable for tests).
+        ray: the service's Ray connection, for clusters of the ``ray`` backend (``None``: such
+            clusters are refused).
     """
 
     def __init__(self, store: Store, share: Share, executor: Executor,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None):
         self.store = store
+        self.ray = ray
         self.share = share
         self.scheduler = Scheduler(store, executor, clock)
         self.clock = clock
@@ -62,17 +66,49 @@ class JobService:
     # -- clusters ----------------------------------------------------------------------------
 
     def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
-        """Create a cluster. Raises ConflictError if the name is taken."""
+        """Create a cluster.
+
+        A ``ray`` cluster is attached first (its private head started, for address ``local``);
+        with ``nodes`` 0 it gets as many nodes as Ray has alive machines.
+
+        Raises:
+            ConflictError: the name is taken.
+            InvalidRequestError: a ray cluster that cannot be reached or started.
+        """
+        if spec.backend == "ray":
+            spec = self._attach_ray(spec)
         with self.lock:
-            return self.store.add_cluster(spec, self.clock())
+            info = self.store.add_cluster(spec, self.clock())
+        return self._with_ray_nodes(info)
+
+    def _attach_ray(self, spec: ClusterSpec) -> ClusterSpec:
+        if self.ray is None:
+            raise InvalidRequestError("this service runs no ray backend")
+        if spec.name in {c.name for c in self.store.list_clusters()}:  # before starting a head
+            raise ConflictError(f"cluster {spec.name!r} already exists")
+        address = spec.address or ""
+        if address == LOCAL:
+            address = start_private_head(self.share.root.parent / "ray")
+        alive = [n for n in self.ray.nodes(address) if n.alive]
+        return spec.model_copy(update={"address": address,
+                                       "nodes": spec.nodes or len(alive)})
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""
         return self.store.list_clusters()
 
     def get_cluster(self, name: str) -> ClusterInfo:
-        """One cluster. Raises NotFoundError."""
-        return self.store.get_cluster(name)
+        """One cluster (for a ray cluster, with Ray's node table). Raises NotFoundError."""
+        return self._with_ray_nodes(self.store.get_cluster(name))
+
+    def _with_ray_nodes(self, info: ClusterInfo) -> ClusterInfo:
+        if info.backend != "ray" or self.ray is None or not info.address:
+            return info
+        try:
+            return info.model_copy(update={"ray_nodes": self.ray.nodes(info.address)})
+        except InvalidRequestError as e:  # the record stands; Ray's view is missing
+            log.warning("cluster %s: %s", info.name, e)
+            return info
 
     def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
         """Change a cluster's size; busy nodes leave only after their job ends.
@@ -80,10 +116,15 @@ class JobService:
         Raises:
             NotFoundError: no such cluster.
             ConflictError: it is being deleted.
-            InvalidRequestError: ``nodes`` is negative.
+            InvalidRequestError: ``nodes`` is negative, or the cluster is a Ray cluster.
         """
         if nodes < 0:
             raise InvalidRequestError(f"nodes must be 0 or more (got {nodes})")
+        if self.store.get_cluster(name).backend == "ray":
+            raise InvalidRequestError(
+                f"cluster {name} is a Ray cluster: its machines are Ray's to add or remove "
+                "(`ray start --address ...` on a new machine, or the Ray autoscaler); delete and "
+                "create the ringtrain cluster again to change how many nodes its jobs may hold")
         with self.lock:
             info = self.store.resize_cluster(name, nodes)
         self.wake.set()

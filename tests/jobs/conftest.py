@@ -193,6 +193,33 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: flo
     pytest.fail(f"condition not met within {timeout_s} s")
 
 
+def pids_running(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker`` (this one excepted)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def end_unfinished_jobs(ticked: Any) -> None:
+    """Terminate the jobs a test left unfinished, tick them to their end, close the store.
+
+    Args:
+        ticked: a test's service wrapper, with ``store``, ``service`` and ``run_to_end(job_id)``.
+    """
+    for job in ticked.store.list_jobs():
+        if not job.state.is_terminal():
+            ticked.service.terminate(job.id)
+            ticked.run_to_end(job.id)
+    ticked.store.close()
+
+
 @contextmanager
 def flipping(target: Path, secret: Path) -> Iterator[None]:
     """While in the block, ``target`` flips between a plain file and a symlink to ``secret``

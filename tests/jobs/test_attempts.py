@@ -26,7 +26,7 @@ from ringtrain.jobs.service import JobService
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
 
-from .conftest import CLI, wait_for
+from .conftest import CLI, end_unfinished_jobs, pids_running, wait_for
 
 HAS_CGROUPS = cgroups.JobCgroups.detect(Path("/probe")) is not None
 
@@ -62,25 +62,7 @@ def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service]
         pytest.skip("no writable cgroup v2 hierarchy here")
     s = Service(tmp_path, use_cgroups)
     yield s
-    for job in s.store.list_jobs():
-        if not job.state.is_terminal():
-            s.service.terminate(job.id)
-            s.run_to_end(job.id)
-    s.store.close()
-
-
-def _pids_running(marker: str) -> list[int]:
-    """Processes whose command line contains ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                found.append(int(entry.name))
-    return found
+    end_unfinished_jobs(s)
 
 
 @pytest.fixture
@@ -88,7 +70,7 @@ def escapee() -> Iterator[str]:
     """A `sleep` argument no other process has; whatever still runs it is killed afterwards."""
     marker = f"45.{secrets.randbelow(10**9):09d}"
     yield marker
-    for pid in _pids_running(f"sleep {marker}"):
+    for pid in pids_running(f"sleep {marker}"):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -103,17 +85,17 @@ def test_a_process_that_left_the_job_ends_with_it(service: Service, escapee: str
     job = service.submit(_escape(escapee))
     done = service.run_to_end(job.id)
     assert done.state.value == "succeeded", done.message
-    wait_for(lambda: not _pids_running(f"sleep {escapee}"), timeout_s=5)
+    wait_for(lambda: not pids_running(f"sleep {escapee}"), timeout_s=5)
 
 
 def test_terminate_kills_a_process_that_left_the_job(service: Service, escapee: str) -> None:
     job = service.submit(_escape(escapee) + "; sleep 120")
     log = Path(job.job_dir) / "stdouterr/rank.0/stdout"
     service.tick_until(job.id, lambda _: log.exists() and b"started" in log.read_bytes())
-    assert _pids_running(f"sleep {escapee}")
+    assert pids_running(f"sleep {escapee}")
     service.service.terminate(job.id)
     assert service.run_to_end(job.id).state.value == "terminated"
-    wait_for(lambda: not _pids_running(f"sleep {escapee}"), timeout_s=5)
+    wait_for(lambda: not pids_running(f"sleep {escapee}"), timeout_s=5)
 
 
 @pytest.mark.skipif(not HAS_CGROUPS, reason="no writable cgroup v2 hierarchy here")

@@ -1,4 +1,4 @@
-"""Create, list, show, resize and delete clusters (the local backend: N nodes of S slots)."""
+"""Create, list, show, resize and delete clusters (local: N nodes of S slots; ray: a Ray cluster)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,17 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     sub = parser.add_subparsers(metavar="COMMAND")
     p = sub.add_parser("create", parents=[common], help="create a cluster")
     p.add_argument("name")
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
-    p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1)")
-    p.add_argument("--backend", default="local", help="only `local` so far")
+    p.add_argument("--nodes", type=int, help="number of nodes (required for local; ray: how "
+                                             "many Ray machines jobs may hold, default all)")
+    p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1; "
+                                                        "ray: CPUs a job may use per machine)")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local (default): process slots on the service's host; ray: a Ray "
+                        "cluster (token from RAY_AUTH_TOKEN in the service's environment)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", help="ray: the Ray cluster's address, HOST:PORT")
+    where.add_argument("--local", action="store_true",
+                       help="ray: the service starts a private Ray head on its own host")
     p.add_argument("--max-nodes", type=int, help="the most nodes a resize may set; jobs "
                                                  "needing more are refused (default: no limit)")
     p.set_defaults(func=_create)
@@ -50,9 +58,13 @@ def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
+    if args.nodes is None and args.backend == "local":
+        raise SpecError([{"field": "nodes", "message": "a local cluster needs --nodes N"}],
+                        "cluster")
     try:
-        spec = ClusterSpec(name=args.name, nodes=args.nodes, slots=args.slots,
-                           backend=args.backend, max_nodes=args.max_nodes)
+        spec = ClusterSpec(name=args.name, nodes=args.nodes or 0, slots=args.slots,
+                           backend=args.backend, max_nodes=args.max_nodes,
+                           address="local" if args.local else args.address)
     except ValidationError as e:
         raise SpecError(validation_errors(e, ClusterSpec), "cluster") from None
     return _show_one(args, connect(url=args.url, token=args.token).create_cluster(spec))

@@ -63,7 +63,13 @@ def cluster_text(c: ClusterInfo) -> str:
         f"nodes:       {c.current_nodes} (target {c.target_nodes}"
         + ("" if c.max_nodes is None else f", at most {c.max_nodes}") + f"), {c.slots} slots each",
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
-        f"created:     {when(c.created_at)}"])
+        f"created:     {when(c.created_at)}"]
+        + ([f"address:     {c.address}"] if c.address else [])
+        + (["ray nodes:\n" + table(
+            ["node", "address", "state", "cpus free", "gpus free"],
+            [[n.node_id[:12], n.address, "alive" if n.alive else "dead",
+              f"{n.cpus_free:g}/{n.cpus:g}", f"{n.gpus_free:g}/{n.gpus:g}"]
+             for n in c.ray_nodes])] if c.ray_nodes else []))
 
 
 def jobs_table(jobs: list[JobInfo]) -> str:

@@ -21,6 +21,8 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                                         "RINGTRAIN_TOKEN, else the home's token file)")
     parser.add_argument("--public-host", help="the host name remote clients use in their URL; "
                                               "needed with --host 0.0.0.0")
+    parser.add_argument("--ray-node-ip", help="the address this service announces to Ray "
+                                              "clusters (default: Ray's choice)")
     parser.set_defaults(func=_serve, output="table")
     sub = parser.add_subparsers(metavar="COMMAND")
     for name, func, help_ in (
@@ -37,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("ringtrain").setLevel(logging.INFO)
     serve(Home.from_environ(), args.host, args.port, args.token or service_token(),
-          args.public_host)
+          args.public_host, args.ray_node_ip)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Specs (what was requested), states with their transition tables, and infos (what is)."""
 
-from ringtrain.jobs.models.info import ClusterInfo, FileInfo, JobInfo, NodeCounts, NodeInfo
+from ringtrain.jobs.models.info import ClusterInfo, FileInfo, JobInfo, NodeCounts, NodeInfo, RayNodeInfo
 from ringtrain.jobs.models.spec import ClusterSpec, JobSpec, parse_job_spec
 from ringtrain.jobs.models.specfile import load_job_spec
 from ringtrain.jobs.models.states import (
@@ -14,6 +14,6 @@ from ringtrain.jobs.models.states import (
 
 __all__ = [
     "AllocationState", "ClusterInfo", "ClusterSpec", "FileInfo", "JobInfo", "JobSpec", "JobState",
-    "NodeCounts", "NodeInfo", "NodeState", "Priority", "check_job_transition",
+    "NodeCounts", "NodeInfo", "NodeState", "Priority", "RayNodeInfo", "check_job_transition",
     "check_node_transition", "load_job_spec", "parse_job_spec",
 ]

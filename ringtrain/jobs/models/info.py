@@ -27,6 +27,18 @@ class NodeCounts(BaseModel):
     unusable: int = 0
 
 
+class RayNodeInfo(BaseModel):
+    """One machine of a Ray cluster, as Ray's node table shows it."""
+
+    node_id: str
+    address: str
+    alive: bool
+    cpus: float = Field(description="CPUs the node has.")
+    cpus_free: float = Field(description="CPUs no task, actor or placement group holds.")
+    gpus: float = 0.0
+    gpus_free: float = 0.0
+
+
 class ClusterInfo(BaseModel):
     """A cluster as it stands: its target size, allocation state and node states."""
 
@@ -39,6 +51,9 @@ class ClusterInfo(BaseModel):
     allocation_state: AllocationState
     node_counts: NodeCounts
     created_at: float
+    address: str | None = Field(None, description="ray only: the Ray cluster's address.")
+    ray_nodes: list[RayNodeInfo] = Field(
+        default_factory=list, description="ray only: Ray's node table when it was asked.")
 
 
 class JobInfo(BaseModel):

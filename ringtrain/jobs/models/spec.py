@@ -34,6 +34,8 @@ from ringtrain.jobs.models.states import Priority
 # Names end up in ids, folder names and environment variable names, so they stay simple.
 IO_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: A Ray cluster's address: ``local``, or HOST:PORT (an IPv6 host in brackets).
+RAY_ADDRESS_PATTERN = r"^(local|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})$"
 
 # Bounds of a spec: far above any real job, and small enough that the largest spec validates in
 # milliseconds (every check below is linear). A spec file or request body holds at most
@@ -150,14 +152,24 @@ class JobSpec(BaseModel):
 
 
 class ClusterSpec(BaseModel):
-    """A cluster as requested: N nodes of S process slots each, on one backend."""
+    """A cluster as requested: N nodes of S process slots each, on one backend.
+
+    ``local`` nodes are process slots on the service's host; ``ray`` nodes are machines of a Ray
+    cluster at ``address`` (``local``: a private Ray head the service starts), where ``nodes`` is
+    how many of them jobs may hold at once and ``slots`` the CPUs each job may use per node.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Name
     nodes: int = Field(ge=0, le=1024, strict=True)
     slots: int = Field(1, ge=1, le=1024, strict=True)
-    backend: str = Field("local", pattern=r"^local$", description="Only `local` so far.")
+    backend: str = Field("local", pattern=r"^(local|ray)$", description="`local` or `ray`.")
+    address: str | None = Field(
+        None, max_length=255, pattern=RAY_ADDRESS_PATTERN,
+        validate_default=True,
+        description="ray only: the Ray cluster's GCS address (host:port), or `local` for a "
+                    "private head started by the service. Its token never goes here.")
     max_nodes: int | None = Field(
         None, ge=0, le=1024, strict=True,
         description="The most nodes a resize may set; jobs needing more are refused at submit.")
@@ -168,6 +180,16 @@ class ClusterSpec(BaseModel):
         nodes = info.data.get("nodes")
         if v is not None and nodes is not None and v < nodes:
             raise ValueError(f"must be at least nodes ({nodes})")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address_for_ray_only(cls, v: str | None, info: ValidationInfo) -> str | None:
+        backend = info.data.get("backend")
+        if backend == "ray" and not v:
+            raise ValueError("a ray cluster needs an address: HOST:PORT, or local")
+        if backend == "local" and v:
+            raise ValueError("only a ray cluster has an address")
         return v
 
 

@@ -35,7 +35,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
     target_nodes INTEGER NOT NULL, deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL,
-    max_nodes INTEGER);
+    max_nodes INTEGER, address TEXT);
 CREATE TABLE IF NOT EXISTS nodes (
     cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL, job_id TEXT,
     PRIMARY KEY (cluster, idx));
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 """
 #: Columns added after version 1, which a database of that version gets on opening.
-_ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"))
+_ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"),
+                  ("clusters", "address", "TEXT"))
 
 
 class SQLiteStore:
@@ -120,8 +121,9 @@ class SQLiteStore:
             if db.execute("SELECT 1 FROM clusters WHERE name=?", (spec.name,)).fetchone():
                 raise ConflictError(f"cluster {spec.name!r} already exists")
             db.execute("INSERT INTO clusters (name, backend, slots, target_nodes, created_at, "
-                       "max_nodes) VALUES (?,?,?,?,?,?)",
-                       (spec.name, spec.backend, spec.slots, spec.nodes, now, spec.max_nodes))
+                       "max_nodes, address) VALUES (?,?,?,?,?,?,?)",
+                       (spec.name, spec.backend, spec.slots, spec.nodes, now, spec.max_nodes,
+                        spec.address))
             db.executemany("INSERT INTO nodes (cluster, idx, state) VALUES (?,?,?)",
                            [(spec.name, i, NodeState.IDLE.value) for i in range(spec.nodes)])
             return self._cluster(db, spec.name)
@@ -210,7 +212,7 @@ class SQLiteStore:
                            target_nodes=row["target_nodes"], max_nodes=row["max_nodes"],
                            current_nodes=current,
                            allocation_state=alloc, node_counts=counts,
-                           created_at=row["created_at"])
+                           created_at=row["created_at"], address=row["address"])
 
     def _set_node(self, db: sqlite3.Connection, node: NodeInfo, state: NodeState,
                   job_id: str | None) -> None:

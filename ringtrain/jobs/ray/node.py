@@ -1,0 +1,220 @@
+"""One node of a job on Ray: the actor that runs a node's preparation and its ranks.
+
+The Ray executor places one :class:`NodeRunner` actor in each bundle of the job's placement
+group. Each runs the spec's ``job_preparation`` for its node, then starts its
+``process_count_per_node`` ranks with the torchrun-style variables that ``ringtrain.torch.init()``
+reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 serves
+the rendezvous store at the first bundle's node address, on a port the first node's actor picks.
+Logs go straight into the job's folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``),
+written line by line, so ``job logs --follow`` reads them as they come.
+
+Ranks run in sessions of their own and get SIGKILL when the actor's process dies
+(``PR_SET_PDEATHSIG``): a lost node, or a killed actor, leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ringtrain.jobs.envvars import NODE_INDEX
+from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
+from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.ray.connection import free_port
+
+_PR_SET_PDEATHSIG = 1
+# Args: the actor's pid, the process group of one rank (or preparation). Ends with the group.
+_WATCHDOG = ('while kill -0 "$1" 2>/dev/null && kill -0 -- "-$2" 2>/dev/null; do sleep 0.5; '
+             'done; kill -KILL -- "-$2" 2>/dev/null; exit 0')
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node of an attempt runs.
+
+    Attributes:
+        job_dir: the job's folder on the share (as this node sees it).
+        node: the node's place in the job, 0..node_count-1 (its bundle index).
+        node_count: nodes of the job.
+        process_count_per_node: ranks on each node.
+        command: the shell command every rank runs.
+        job_preparation: the shell command this node runs first, if any.
+        environ: the job's variables (spec environment, job id, folders, inputs and outputs).
+        first_node: the actor name of node 0, which serves the rendezvous address.
+    """
+
+    job_dir: str
+    node: int
+    node_count: int
+    process_count_per_node: int
+    command: str
+    job_preparation: str | None
+    environ: dict[str, str] = field(default_factory=dict)
+    first_node: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded)."""
+
+    phase: Phase
+    exit_code: int | None = None
+    message: str = ""
+
+
+class NodeRunner:
+    """The Ray actor of one node of one attempt (``ray.remote`` is applied by the executor).
+
+    Args:
+        plan: what the node runs.
+    """
+
+    def __init__(self, plan: NodePlan):
+        import ray  # inside a Ray worker: present
+
+        self.plan = plan
+        self.ip = ray.util.get_node_ip_address()
+        self.port = free_port(self.ip) if plan.node == 0 else 0
+        self._lock = threading.Lock()
+        self._status = NodeStatus(Phase.PREPARING)
+        self._children: list[subprocess.Popen] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """The address rank 0 serves the rendezvous store at (node 0's actor only)."""
+        return self.ip, self.port
+
+    def run(self) -> None:
+        """Start preparation and then the ranks in the background (at most once)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="node-runner",
+                                                daemon=True)
+                self._thread.start()
+
+    def status(self) -> NodeStatus:
+        """Where the node is."""
+        return self._status
+
+    def stop(self, force: bool) -> None:
+        """SIGTERM (``force``: SIGKILL) every process the node started, by process group."""
+        self._stopping = True
+        self._signal(signal.SIGKILL if force else signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            if child.poll() is None:
+                try:
+                    os.killpg(child.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _run(self) -> None:
+        try:
+            code, message = self._prepare()
+            if code == 0 and not self._stopping:
+                self._status = NodeStatus(Phase.RUNNING)
+                code, message = self._ranks()
+        except Exception as e:  # e.g. node 0's actor gone before it gave the rendezvous address
+            self._signal(signal.SIGKILL)
+            code, message = 1, f"node {self.plan.node} ({self.ip}) failed: {e!r}"[:500]
+        if self._stopping:
+            code, message = code or 1, "stopped by the service"
+        self._status = NodeStatus(Phase.EXITED, code, message)
+
+    def _prepare(self) -> tuple[int, str]:
+        command, k = self.plan.job_preparation, self.plan.node
+        if not command:
+            return 0, ""
+        prep = Path(self.plan.job_dir) / "prep"
+        env = {**self._base_env(), NODE_INDEX: str(k)}
+        try:
+            proc = self._spawn(command, env, prep / f"node.{k}.stdout", prep / f"node.{k}.stderr")
+        except OSError as e:
+            return EXIT_NOT_STARTED, f"could not start job_preparation on node {k}: {e.strerror}"
+        code = proc.wait()
+        if code != 0:
+            return code, (f"job_preparation failed on node {k} ({self.ip}) with exit code {code}; "
+                          f"see prep/node.{k}.stderr")
+        return 0, ""
+
+    def _ranks(self) -> tuple[int, str]:
+        import ray
+
+        plan = self.plan
+        master = ray.get_actor(plan.first_node)
+        master_addr, master_port = ray.get(master.rendezvous.remote(), timeout=60)
+        ppn, size = plan.process_count_per_node, plan.node_count * plan.process_count_per_node
+        procs = []
+        for local in range(ppn):
+            rank = plan.node * ppn + local
+            env = {**self._base_env(), "RANK": str(rank), "WORLD_SIZE": str(size),
+                   "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ppn),
+                   "GROUP_RANK": str(plan.node), "MASTER_ADDR": master_addr,
+                   "MASTER_PORT": str(master_port)}
+            logs = Path(plan.job_dir) / "stdouterr" / f"rank.{rank}"
+            logs.mkdir(parents=True, exist_ok=True)
+            try:
+                procs.append((rank, self._spawn(plan.command, env, logs / "stdout",
+                                                logs / "stderr")))
+            except OSError as e:
+                self._signal(signal.SIGKILL)
+                return EXIT_NOT_STARTED, f"could not start rank {rank}: {e.strerror}"
+        return self._wait(procs)
+
+    def _wait(self, procs: list[tuple[int, subprocess.Popen]]) -> tuple[int, str]:
+        """Wait for the node's ranks; the first to fail stops the others."""
+        pending = dict(procs)
+        while pending:
+            for rank, proc in list(pending.items()):
+                try:
+                    code = proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                del pending[rank]
+                if code != 0:
+                    self._signal(signal.SIGKILL)
+                    for other in pending.values():
+                        other.wait()
+                    shown = 128 - code if code < 0 else code  # a signal, as a shell shows it
+                    return shown, (f"rank {rank} on node {self.plan.node} ({self.ip}) exited "
+                                   f"with code {shown}; see stdouterr/rank.{rank}/stderr")
+        return 0, ""
+
+    def _base_env(self) -> dict[str, str]:
+        bin_dir = os.path.dirname(sys.executable)  # `python` in a command is the actor's
+        env = {**os.environ, **self.plan.environ, "PYTHONUNBUFFERED": "1"}
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+        return env
+
+    def _spawn(self, command: str, env: dict[str, str], stdout: Path,
+               stderr: Path) -> subprocess.Popen:
+        with open(stdout, "ab") as out, open(stderr, "ab") as err:
+            proc = subprocess.Popen(["sh", "-c", command], cwd=Path(self.plan.job_dir) / "wd",
+                                    env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+        with self._lock:
+            self._children.append(proc)
+        if self._stopping:  # a stop that came while it started
+            os.killpg(proc.pid, signal.SIGKILL)
+        # PR_SET_PDEATHSIG reaches the shell only; the watchdog kills the whole process group
+        # once this actor's process is gone, whatever its ranks started below them.
+        subprocess.Popen(["sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), str(proc.pid)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        return proc
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGKILL when the actor's thread that started it
+    # (which waits for it) goes away, e.g. with a killed actor or raylet.
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

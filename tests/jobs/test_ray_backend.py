@@ -1,0 +1,341 @@
+"""The ray backend on a real two-node Ray cluster on this machine: gang placement across both
+nodes, a two-node training job, terminate, a service restart, a placement timeout, a lost node.
+
+Ray binds the machine's network address unless told otherwise, and here servers may use loopback
+only, so every Ray test runs inside a network namespace that has only ``lo``: the two
+``test_..._in_a_loopback_namespace`` tests re-run this module under ``unshare -n`` (as root) with
+``RINGTRAIN_TEST_NETNS=1``, where the scenario tests run; outside it they skip. The Ray cluster
+(``ray.cluster_utils.Cluster``: a head and one worker node, two CPUs each, node address
+127.0.0.1) is shared by the module; the service is the real one (SQLite store, share, routing
+executor) ticked by the test, without HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pydantic import ValidationError
+
+from ringtrain.jobs.errors import InvalidRequestError, RecordError
+from ringtrain.jobs.executors.local import LocalExecutor
+from ringtrain.jobs.executors.routing import BackendExecutor
+from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
+from ringtrain.jobs.ray.connection import RayConnection
+from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
+from ringtrain.jobs.service import JobService
+from ringtrain.jobs.share import Share
+from ringtrain.jobs.store import SQLiteStore
+
+from .conftest import end_unfinished_jobs, pids_running, wait_for
+
+IN_NAMESPACE = os.environ.get("RINGTRAIN_TEST_NETNS") == "1"
+ROOT = Path(__file__).resolve().parents[2]
+inside = pytest.mark.skipif(not IN_NAMESPACE, reason=(
+    "runs inside a loopback-only network namespace, started by "
+    "test_ray_scenarios_in_a_loopback_namespace"))
+
+# Every rank joins the world, sums its rank + 1 over all ranks and says where it ran.
+ALLREDUCE = ("python -c \"import torch, ringtrain.torch as hvd; hvd.init(); "
+             "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
+             "print('sum', int(s.item()), 'rank', hvd.rank(), 'of', hvd.size(), flush=True); "
+             "import time; time.sleep(2)\"")
+
+
+def _namespace_problem() -> str | None:
+    """Why this host cannot run a loopback-only network namespace, or ``None``."""
+    if os.geteuid() != 0:
+        return "needs root for `unshare -n`"
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return "needs `unshare` and `ip` (util-linux, iproute2)"
+    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"network namespaces are not available here: {probe.stderr.strip()}"
+    return None
+
+
+def _run_inside(marks: str) -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    problem = _namespace_problem()
+    if problem:
+        pytest.skip(problem)
+    env = {**os.environ, "RINGTRAIN_TEST_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks,
+                   "-k", "not in_a_loopback_namespace", str(Path(__file__))]
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                           *pytest_argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=280)
+    report = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"the Ray scenarios failed inside the namespace:\n{report}"
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, report
+
+
+def test_ray_scenarios_in_a_loopback_namespace() -> None:
+    if IN_NAMESPACE:
+        pytest.skip("this is the namespace already")
+    _run_inside("not slow")
+
+
+@pytest.mark.slow
+def test_slow_ray_scenarios_in_a_loopback_namespace() -> None:
+    if IN_NAMESPACE:
+        pytest.skip("this is the namespace already")
+    _run_inside("slow")
+
+
+def test_cluster_spec_takes_an_address_for_ray_only() -> None:
+    assert ClusterSpec(name="r", nodes=0, backend="ray", address="10.0.0.5:6379").address
+    with pytest.raises(ValidationError, match="needs an address"):
+        ClusterSpec(name="r", nodes=0, backend="ray")
+    with pytest.raises(ValidationError, match="only a ray cluster has an address"):
+        ClusterSpec(name="l", nodes=1, address="10.0.0.5:6379")
+    with pytest.raises(ValidationError, match="address"):
+        ClusterSpec(name="r", nodes=0, backend="ray", address="host:1; rm -rf /")
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(InvalidRequestError, match="nothing answers at the Ray address 127.0.0.1:1"):
+        RayConnection().connect("127.0.0.1:1")
+    assert time.monotonic() - started < 1.0
+
+
+def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
+    share = Share(tmp_path)
+    ray_executor = RayExecutor(share, RayConnection(), lambda name: "127.0.0.1:1")
+    routing = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False),
+                               "ray": ray_executor}, lambda name: "ray")
+    handle = RayHandle("127.0.0.1:1", "job-1.0", 2, 0, 5.0)
+    assert routing.load_handle(handle.to_json()) == handle
+    assert routing.load_handle({"pid": 7, "start_ticks": None, "attempt": 0}).pid == 7
+    with pytest.raises(RecordError, match="malformed"):
+        routing.load_handle({"placement_group": "job-1.0"})
+    local_only = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False)},
+                                 lambda name: "local")
+    with pytest.raises(RecordError, match="ray backend"):
+        local_only.load_handle(handle.to_json())
+
+
+class RayService:
+    """A job service with the routing executor, attached to a Ray cluster, ticked by the test."""
+
+    def __init__(self, root: Path, placement_timeout_s: float = 30.0):
+        self.store = SQLiteStore(root / "jobs.sqlite")
+        share = Share(root / "share")
+        self.ray = RayConnection("127.0.0.1")
+        self.executor = RayExecutor(share, self.ray,
+                                    lambda name: self.store.get_cluster(name).address or "",
+                                    placement_timeout_s=placement_timeout_s)
+        routing = BackendExecutor({"local": LocalExecutor(share), "ray": self.executor},
+                                  lambda name: self.store.get_cluster(name).backend)
+        self.service = JobService(self.store, share, routing, ray=self.ray)
+
+    def submit(self, cluster: str, command: str, **spec: object) -> JobInfo:
+        return self.service.submit(cluster, parse_job_spec({"node_count": 2, "command": command,
+                                                            **spec}))
+
+    def tick_until(self, job_id: str, predicate, timeout_s: float = 60.0) -> JobInfo:
+        def check():
+            self.service.tick()
+            job = self.store.get_job(job_id)
+            return job if predicate(job) else None
+        return wait_for(check, timeout_s=timeout_s, every_s=0.2)
+
+    def run_to_end(self, job_id: str, timeout_s: float = 90.0) -> JobInfo:
+        return self.tick_until(job_id, lambda j: j.state.is_terminal(), timeout_s)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[object]:
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 << 20}
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    yield cluster
+    import ray
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture
+def rays(ray_cluster, tmp_path: Path) -> Iterator[RayService]:
+    s = RayService(tmp_path)
+    s.service.create_cluster(ClusterSpec(name="r", nodes=0, slots=2, backend="ray",
+                                         address=ray_cluster.address))
+    yield s
+    end_unfinished_jobs(s)
+
+
+def _placement_groups(prefix: str) -> list[dict]:
+    from ray.util import placement_group_table
+
+    return [pg for pg in placement_group_table().values()
+            if pg["name"].startswith(prefix) and pg["state"] != "REMOVED"]
+
+
+@inside
+def test_cluster_show_has_ray_node_table_and_resize_is_refused(rays: RayService) -> None:
+    info = rays.service.get_cluster("r")
+    assert info.backend == "ray" and info.target_nodes == 2  # every alive Ray machine
+    assert [n.alive for n in info.ray_nodes] == [True, True]
+    assert {n.cpus for n in info.ray_nodes} == {2.0}
+    with pytest.raises(InvalidRequestError, match="Ray cluster"):
+        rays.service.resize_cluster("r", 3)
+
+
+@inside
+def test_two_node_job_spreads_over_both_machines_and_trains(rays: RayService) -> None:
+    job = rays.submit("r", ALLREDUCE, job_preparation="echo prepared node $RINGTRAIN_NODE_INDEX",
+                      outputs=["model"])
+    started = time.monotonic()
+    running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    assert time.monotonic() - started < 30
+    (pg,) = _placement_groups(f"{job.id}.")
+    assert pg["strategy"] == "STRICT_SPREAD"
+    assert len(set(pg["bundles_to_node_id"].values())) == 2  # one bundle on each machine
+    done = rays.run_to_end(job.id)
+    assert done.state == JobState.SUCCEEDED, done.message
+    job_dir = Path(running.job_dir)
+    for rank in range(2):
+        out = (job_dir / "stdouterr" / f"rank.{rank}" / "stdout").read_text()
+        assert f"sum 3 rank {rank} of 2" in out
+    for node in range(2):
+        assert (job_dir / "prep" / f"node.{node}.stdout").read_text() == f"prepared node {node}\n"
+    assert _placement_groups(f"{job.id}.") == []  # released with the attempt
+
+
+@inside
+def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
+    job = rays.submit("r", 'if [ "$RANK" = 1 ]; then echo boom >&2; exit 7; fi; sleep 30')
+    done = rays.run_to_end(job.id)
+    assert done.state == JobState.FAILED and done.exit_code == 7
+    assert "rank 1 on node 1" in done.message and "stdouterr/rank.1/stderr" in done.message
+    assert pids_running("sleep 30") == []
+
+
+@inside
+def test_failed_attempt_is_retried_under_a_new_placement_group(rays: RayService) -> None:
+    once = 'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || { touch $f; exit 3; }'
+    job = rays.submit("r", once, max_retries=1)
+    done = rays.run_to_end(job.id)
+    assert done.state == JobState.SUCCEEDED and done.attempt == 1, done.message
+    job_dir = Path(done.job_dir)
+    assert (job_dir / "stdouterr" / "rank.1" / "stdout").read_text() == "again\n"
+    assert (job_dir / "attempts" / "0" / "stdouterr" / "rank.0").is_dir()  # archived
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
+def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
+    marker = f"ringtrain-ray-terminate-{os.getpid()}"
+    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}", process_count_per_node=2)
+    rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
+    rays.service.terminate(job.id)
+    done = rays.run_to_end(job.id, timeout_s=30)
+    assert done.state == JobState.TERMINATED
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
+def test_restarted_service_finds_the_running_job_again(rays: RayService, tmp_path: Path) -> None:
+    import ray
+
+    marker = f"ringtrain-ray-restart-{os.getpid()}"
+    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}")
+    rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    ray.shutdown()  # the old service's driver goes; detached actors and the group stay
+    rays.store.close()
+    again = RayService(tmp_path)
+    for _ in range(5):
+        again.service.tick()
+    assert again.store.get_job(job.id).state == JobState.RUNNING
+    assert len(_placement_groups(f"{job.id}.")) == 1  # found, not started twice
+    assert len(pids_running(marker)) == 2
+    again.service.terminate(job.id)
+    assert again.run_to_end(job.id).state == JobState.TERMINATED
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
+    rays.store = again.store  # the fixture's clean-up reads this one
+
+
+@inside
+def test_placed_job_outlives_the_placement_timeout(ray_cluster, tmp_path: Path) -> None:
+    s = RayService(tmp_path, placement_timeout_s=1.0)
+    s.service.create_cluster(ClusterSpec(name="r", nodes=0, slots=2, backend="ray",
+                                         address=ray_cluster.address))
+    job = s.submit("r", "sleep 4")
+    done = s.run_to_end(job.id, timeout_s=60)
+    assert done.state == JobState.SUCCEEDED, done.message
+    s.store.close()
+
+
+@inside
+def test_unplaceable_job_fails_after_the_placement_timeout(ray_cluster, tmp_path: Path) -> None:
+    s = RayService(tmp_path, placement_timeout_s=2.0)
+    s.service.create_cluster(ClusterSpec(name="big", nodes=0, slots=8, backend="ray",
+                                         address=ray_cluster.address))
+    job = s.submit("big", "true", process_count_per_node=3)  # 3 CPUs; the machines have 2
+    done = s.run_to_end(job.id, timeout_s=30)
+    assert done.state == JobState.FAILED
+    assert "Ray could not place 2 nodes of 3 free CPUs each" in done.message
+    assert _placement_groups(f"{job.id}.") == []
+    s.store.close()
+
+
+@inside
+def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayService) -> None:
+    rays.service.create_cluster(ClusterSpec(name="big", nodes=0, slots=8, backend="ray",
+                                            address=ray_cluster.address))
+    job = rays.submit("big", "true", process_count_per_node=3)
+    rays.tick_until(job.id, lambda j: j.state == JobState.PREPARING)
+    rays.service.terminate(job.id)
+    done = rays.run_to_end(job.id, timeout_s=10)  # long before the 30 s placement timeout
+    assert done.state == JobState.TERMINATED
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
+def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_path: Path
+                                                   ) -> None:
+    rc, out, err = cli("cluster", "create", "r", "--backend", "ray", "--address",
+                       ray_cluster.address, "--slots", "2")
+    assert rc == 0, err
+    assert "ray nodes:" in out and out.count(" alive ") == 2
+    spec = tmp_path / "job.yaml"
+    spec.write_text("node_count: 2\ncommand: echo rank $RANK of $WORLD_SIZE\n")
+    rc, out, err = cli("job", "submit", str(spec), "--cluster", "r", "--follow")
+    assert rc == 0, err
+    assert "rank 0 of 2" in out
+    rc, out, err = cli("cluster", "resize", "r", "--nodes", "3")
+    assert rc != 0 and "is a Ray cluster" in err
+
+
+# Last of the module: it removes the shared Ray cluster's worker node.
+@inside
+@pytest.mark.slow
+def test_lost_node_fails_the_job_naming_it(ray_cluster, rays: RayService) -> None:
+    marker = f"ringtrain-ray-lost-{os.getpid()}"
+    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}")
+    rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    wait_for(lambda: len(pids_running(marker)) == 2, timeout_s=30)
+    (worker,) = ray_cluster.worker_nodes
+    killed = time.monotonic()
+    ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
+    done = rays.run_to_end(job.id, timeout_s=60)
+    assert time.monotonic() - killed <= 30
+    assert done.state == JobState.FAILED
+    assert "was lost: Ray node" in done.message and "127.0.0.1" in done.message
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
