@@ -58,9 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "sparse_tiles_left_out)")
     p.add_argument("--limit-train", type=int, default=0,
                    help="train on the first N tiles only (0: all), for quick tests")
+    p.add_argument("--score-thresh", type=float, default=0.05,
+                   help="the saved model drops detections scoring below this (default 0.05; "
+                        "a model trained for seconds scores everything lower)")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or args.image_size < 32:
         p.error("--epochs, --batch-size, --lr must be positive and --image-size at least 32")
+    if not 0 <= args.score_thresh < 1:
+        p.error(f"--score-thresh must be in [0, 1) (got {args.score_thresh})")
     return args
 
 
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
                         collate_fn=collate)
     weights = backbone_weights(args.random_init)
-    kwargs = {"num_classes": len(train_set.classes), "image_size": args.image_size}
+    kwargs = {"num_classes": len(train_set.classes), "image_size": args.image_size,
+              "score_thresh": args.score_thresh}
     model = retinanet_mobilenet_v2(backbone_weights=weights, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr * hvd.size(), weight_decay=1e-4)

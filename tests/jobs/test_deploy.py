@@ -97,11 +97,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, st
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(600)  # with the module's job: processes that import torch, on a busy host
 def test_two_replicas_serve_survive_a_restart_and_stop(
         trained: tuple[Home, str], cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
     home, job_id = trained
     monkeypatch.setenv("RINGTRAIN_HOME", str(home.root))
-    rc, out, err = cli("job", "deploy", job_id, "--replicas", "2", "--wait", "120", "-o", "json")
+    rc, out, err = cli("job", "deploy", job_id, "--replicas", "2", "--wait", "300", "-o", "json")
     assert rc == 0, err
     deployment = json.loads(out)
     assert deployment["state"] == "ready" and deployment["serves"] == job_id
