@@ -177,3 +177,20 @@ def test_serve_job_id_fetches_the_model_and_names_a_port_in_use(trained: tuple[H
     result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "serve", "nosuch-abcdef"],
                             capture_output=True, text=True, env=env, timeout=120, check=False)
     assert result.returncode == 2 and "no job with id 'nosuch-abcdef'" in result.stderr
+
+
+def test_a_replica_that_cannot_load_the_model_fails_the_deployment_and_says_why(
+        trained: tuple[Home, str], cli: CLI, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    home, _ = trained
+    monkeypatch.setenv("RINGTRAIN_HOME", str(home.root))
+    broken = ('cd "$RINGTRAIN_OUTPUT_MODEL" && echo \'{"arch": "nonesuch"}\' > model.json '
+              '&& echo junk > model.pt')
+    rc, out, _ = cli("job", "submit", spec_file(tmp_path, "broken", node_count=1, command=broken,
+                                                outputs=["model"]), "--cluster", "local",
+                     "--follow")
+    assert rc == 0
+    rc, out, err = cli("job", "deploy", out.splitlines()[0], "--wait", "120")
+    assert rc == 1 and "state:       failed" in out
+    assert "end of replica 0's stderr" in err and "ringtrain serve:" in err
+    assert "is not a model's metadata" in err
