@@ -22,7 +22,11 @@ from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundEr
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, FileInfo, JobInfo, parse_job_spec
-from ringtrain.jobs.models.deployment import DeploymentState, deployment_state, servable_model
+from ringtrain.jobs.models.deployment import (
+    DeploymentState,
+    deployment_state,
+    servable_model,
+)
 
 from .conftest import CLI, wait_for
 from .test_e2e import spec_file
