@@ -31,8 +31,8 @@ DRAIN_S = 3
 # free loopback port and announces it in its endpoint file, named by its rank. `--token ''`: a
 # token in the service's own environment is the job service's, not one for model clients.
 SERVE_COMMAND = (
-    f'exec python -m ringtrain.cli serve "${envvars.input_var("model")}" --host 127.0.0.1 --port 0 --token \'\' '
-    f'--drain {DRAIN_S} --ready-file '
+    f'exec python -m ringtrain.cli serve "${envvars.input_var("model")}" --host 127.0.0.1 '
+    f"--port 0 --token '' --drain {DRAIN_S} --ready-file "
     f'"${envvars.output_var(ENDPOINTS_OUTPUT)}/{ENDPOINT_FILE.format(rank="$HOROVOD_RANK")}"')
 
 

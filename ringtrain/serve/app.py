@@ -1,7 +1,8 @@
 """The model server's routes: the Open Inference Protocol (KServe v2), an image route, metrics.
 
 ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}`` (metadata),
-``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (tensors in JSON), ``POST
+``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (tensors in JSON, or as raw bytes
+with the binary tensor data extension, see :mod:`ringtrain.serve.tensors`), ``POST
 /v2/models/{name}/image`` (a JPEG or PNG body: classes or boxes), ``/metrics`` (Prometheus),
 ``/docs``. Every input goes through the :class:`~ringtrain.serve.batching.DynamicBatcher`, whose
 worker thread runs the model: the event loop only parses and answers. Errors are JSON
@@ -198,7 +199,8 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
 
     @r.get("/v2")
     def server_metadata() -> dict[str, Any]:
-        return {"name": "ringtrain", "version": __version__, "extensions": []}
+        return {"name": "ringtrain", "version": __version__,
+                "extensions": ["binary_tensor_data"]}
 
     @r.get("/v2/models/{name}")
     def model_metadata(name: str) -> ModelMetadata:
