@@ -94,8 +94,8 @@ class CocoDetection(Dataset):
         """
         root = Path(root)
         if not (root / SPLIT_ANNOTATIONS).is_file():
-            raise DatasetFileError(f"{root / SPLIT_ANNOTATIONS} does not exist: build the data "
-                                   f"set first, e.g. `ringtrain data deepforest-coco {root.parent}`")
+            raise DatasetFileError(f"{root / SPLIT_ANNOTATIONS} does not exist: build the data set "
+                                   f"first, e.g. `ringtrain data deepforest-coco {root.parent}`")
         return cls(root / SPLIT_IMAGES, root / SPLIT_ANNOTATIONS, flip=flip,
                    first_label=first_label)
 

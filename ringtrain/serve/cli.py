@@ -4,8 +4,8 @@ MODEL is a saved model's folder or weights file, or the id of a job that saved o
 (fetched through the job service, :mod:`ringtrain.serve.job_model`).
 
 Exit codes: 2 bad input (a model that does not load or cannot be fetched, a bad flag, an address
-that cannot be bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the signal, so the
-status is the signal's (143 for SIGTERM in a shell).
+that cannot be bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the
+signal, so the status is the signal's (143 for SIGTERM in a shell).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Submit, list, show, follow, download, terminate and delete training jobs; deploy their models."""
+"""Submit, list, show, follow, download, terminate, delete and deploy training jobs."""
 
 from __future__ import annotations
 
