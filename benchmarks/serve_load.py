@@ -7,7 +7,10 @@ Prints one JSON line: per mode and phase the throughput, p50/p99 latency and the
 (failures are anything but 200 and 503), plus the model's own latency on one input measured in
 this process.
 
-    python benchmarks/serve_load.py [--model DIR] [--clients 32] [--duration 10]
+    python benchmarks/serve_load.py [--model DIR] [--clients 32] [--duration 10] [--binary]
+
+``--binary`` sends the input as raw bytes after the JSON (KServe v2's binary tensor data
+extension) and asks for the output the same way, instead of numbers in JSON.
 
 Without ``--model`` it serves the Fashion-MNIST CNN (random weights: the speed does not depend on
 them). Goals (issue 12): batched throughput ≥ 3× unbatched at no worse p99; p99 at low load ≤ 2×
@@ -69,7 +72,21 @@ def start_server(model_dir: Path, flags: list[str]) -> tuple[subprocess.Popen, s
     return proc, line.split(" at ")[1].split()[0]
 
 
-async def drive(url: str, body: bytes, clients: int, duration: float) -> dict[str, object]:
+def request_body(x: torch.Tensor, binary: bool) -> tuple[bytes, dict[str, str]]:
+    """An inference request for ``x``: numbers in JSON, or its raw bytes after the JSON."""
+    spec: dict[str, object] = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
+    if not binary:
+        body = json.dumps({"inputs": [{**spec, "data": x.flatten().tolist()}]}).encode()
+        return body, {"content-type": "application/json"}
+    raw = x.numpy().tobytes()
+    header = json.dumps({"inputs": [{**spec, "parameters": {"binary_data_size": len(raw)}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return header + raw, {"content-type": "application/octet-stream",
+                          "inference-header-content-length": str(len(header))}
+
+
+async def drive(url: str, body: bytes, headers: dict[str, str], clients: int,
+                duration: float) -> dict[str, object]:
     """``clients`` closed-loop clients for ``duration`` seconds."""
     latencies: list[float] = []
     codes: dict[str, int] = {}
@@ -81,7 +98,7 @@ async def drive(url: str, body: bytes, clients: int, duration: float) -> dict[st
                 t = time.perf_counter()
                 try:
                     r = await client.post("/v2/models/model/infer", content=body,
-                                          headers={"content-type": "application/json"})
+                                          headers=headers)
                     code = str(r.status_code)
                 except httpx.HTTPError as e:
                     code = type(e).__name__
@@ -110,17 +127,17 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per saturation phase")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--binary", action="store_true",
+                   help="tensors as raw bytes (binary extension) instead of JSON numbers")
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or fashion_cnn(Path(tmp))
         _, info = load_model(model_dir)
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, *info.input_shape],
-                                       "datatype": "FP32",
-                                       "data": torch.rand(info.input_shape).flatten().tolist()}]
-                           }).encode()
+        body, headers = request_body(torch.rand(1, *info.input_shape), args.binary)
         own_s = model_latency_s(model_dir)
         result: dict[str, object] = {"benchmark": "serve_load", "model": info.arch,
+                                     "tensors": "binary" if args.binary else "json",
                                      "model_latency_ms": round(own_s * 1000, 3)}
         modes = {"batched": ["--max-batch-size", str(args.max_batch_size),
                              "--max-wait-ms", str(args.max_wait_ms)],
@@ -128,10 +145,11 @@ def main() -> int:
         for mode, flags in modes.items():
             proc, url = start_server(model_dir, flags)
             try:
-                asyncio.run(drive(url, body, 4, 1.0))  # warm-up
+                asyncio.run(drive(url, body, headers, 4, 1.0))  # warm-up
                 result[mode] = {
-                    "low": asyncio.run(drive(url, body, 1, args.duration / 2)),
-                    "saturated": asyncio.run(drive(url, body, args.clients, args.duration)),
+                    "low": asyncio.run(drive(url, body, headers, 1, args.duration / 2)),
+                    "saturated": asyncio.run(drive(url, body, headers, args.clients,
+                                                   args.duration)),
                 }
             finally:
                 proc.terminate()

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 import ringtrain.torch as hvd
-from ringtrain.data.coco_detection import CocoDetection, collate
+from ringtrain.data.coco import CocoDetection, collate
 from ringtrain.models.detection import (
     packaged_mobilenet_v2_weights,
     retinanet_mobilenet_v2,
@@ -58,9 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "sparse_tiles_left_out)")
     p.add_argument("--limit-train", type=int, default=0,
                    help="train on the first N tiles only (0: all), for quick tests")
+    p.add_argument("--score-thresh", type=float, default=0.05,
+                   help="the saved model drops detections scoring below this (default 0.05; "
+                        "a model trained for seconds scores everything lower)")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or args.image_size < 32:
         p.error("--epochs, --batch-size, --lr must be positive and --image-size at least 32")
+    if not 0 <= args.score_thresh < 1:
+        p.error(f"--score-thresh must be in [0, 1) (got {args.score_thresh})")
     return args
 
 
@@ -125,7 +130,7 @@ def evaluate(model, dataset: CocoDetection) -> dict[str, float]:
                                      out["scores"].tolist()):
             x1, y1, x2, y2 = box
             results.append({"image_id": target["image_id"],
-                            "category_id": dataset.category_ids[label - 1],
+                            "category_id": dataset.category_id(label),
                             "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score})
     if not results:
         return {"map": 0.0, "map_50": 0.0, "recall_100": 0.0, "detections": 0}
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     # Each rank its own flips; the broadcast below makes the initial weights rank 0's.
     torch.manual_seed(args.seed + hvd.rank())
 
-    train_set = CocoDetection(args.data / "train", flip=True)
+    # Labels from 1: torchvision's detectors keep 0 for the background.
+    train_set = CocoDetection.split(args.data / "train", flip=True, first_label=1)
     left_out = sparse_tiles_left_out(train_set, args.min_boxes)
     if args.limit_train > 0:
         train_set.images = train_set.images[: args.limit_train]
@@ -158,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
                         collate_fn=collate)
     weights = backbone_weights(args.random_init)
-    kwargs = {"num_classes": len(train_set.classes), "image_size": args.image_size}
+    kwargs = {"num_classes": len(train_set.categories), "image_size": args.image_size,
+              "score_thresh": args.score_thresh}
     model = retinanet_mobilenet_v2(backbone_weights=weights, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr * hvd.size(), weight_decay=1e-4)
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)
                                                   * 0.5 * (1 + math.cos(math.pi * s / total_steps)))
 
-    val_set = CocoDetection(args.data / "val") if hvd.rank() == 0 else None
+    val_set = CocoDetection.split(args.data / "val", first_label=1) if hvd.rank() == 0 else None
     if hvd.rank() == 0:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         print(f"retinanet_coco: {hvd.size()} process(es), {len(train_set)} train tiles "
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" mAP@.5 {metrics['map_50']:.4f} recall {metrics['recall_100']:.4f}", flush=True)
             (args.output_dir / "metrics.json").write_text(json.dumps(history, indent=1))
             save_model(args.output_dir, model, ModelInfo(
-                arch="retinanet_mobilenet_v2", task="detection", classes=train_set.classes,
+                arch="retinanet_mobilenet_v2", task="detection", classes=train_set.categories,
                 kwargs=kwargs, extra={"epoch": epoch + 1, "val": metrics}))
     if hvd.rank() == 0:
         print(json.dumps({"example": "retinanet_coco", "world_size": hvd.size(),

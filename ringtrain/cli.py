@@ -15,6 +15,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("ringtrain.jobs.cli", "submit, watch and manage training jobs"),
     "cluster": ("ringtrain.jobs.cli", "create, resize and delete job clusters"),
     "server": ("ringtrain.jobs.cli", "run or stop the job service"),
+    "deployment": ("ringtrain.jobs.cli", "list, show and stop served models (job deploy)"),
     "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
     "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),
@@ -24,7 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     lines = ["usage: ringtrain COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, help_) in _COMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in _COMMANDS.items()]
     lines += ["", "`ringtrain COMMAND --help` describes each command."]
     return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """ringtrain.data: data sets, input pipelines and the `ringtrain data` commands.
 
 Readers: ``idx`` (IDX files), ``fashion_mnist``, ``image_folder`` (ImageNet layout), ``coco``
-(COCO annotations as bytes + targets), ``coco_detection`` (a COCO split as a torch Dataset for
-torchvision's detectors), ``packed`` (the pre-resized memory-mapped format), ``voc`` (Pascal VOC
+(COCO detection sets: encoded bytes + targets for the pipeline, decoded images for torchvision's
+detectors), ``packed`` (the pre-resized memory-mapped format), ``voc`` (Pascal VOC
 boxes). Writers: ``coco_builder``, ``tiling``. The pipeline: ``sharding`` (per-rank sampler),
 ``jpeg`` and ``gpu_decode`` (decoders), ``crop``, ``normalize``, ``augment``, ``classification``,
 ``loader`` (device prefetch) and ``tuning`` (workers and depth). ``synthetic`` makes fixed random

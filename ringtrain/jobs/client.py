@@ -36,6 +36,7 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import check_job_id, check_name
 
 _BY_STATUS: dict[int, type[JobsError]] = {
@@ -247,6 +248,29 @@ class JobsClient:
                 backoff.wait(e)
             self.reconnect()
 
+    # -- deployments -------------------------------------------------------------------------
+
+    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
+        """Serve a succeeded job's saved model with ``replicas`` servers (a new deployment)."""
+        body: dict[str, Any] = {"replicas": replicas}
+        if cluster is not None:
+            body["cluster"] = check_name(cluster)
+        return DeploymentInfo.model_validate(
+            self._call("POST", _job_path(job_id, "deploy"), json=body))
+
+    def list_deployments(self) -> list[DeploymentInfo]:
+        """Every deployment, in creation order."""
+        return [DeploymentInfo.model_validate(d) for d in self._call("GET", "/deployments")]
+
+    def get_deployment(self, deployment_id: str) -> DeploymentInfo:
+        """One deployment: its state and the URLs of its replicas."""
+        return DeploymentInfo.model_validate(self._call("GET", _deployment_path(deployment_id)))
+
+    def stop_deployment(self, deployment_id: str) -> DeploymentInfo:
+        """Stop a deployment's servers (after the requests in flight)."""
+        return DeploymentInfo.model_validate(
+            self._call("POST", _deployment_path(deployment_id, "stop")))
+
     def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
         return _Stream(self._http, method, path, params, self.url)
 
@@ -280,6 +304,10 @@ def _cluster_path(name: str) -> str:
 
 def _job_path(job_id: str, *rest: str) -> str:
     return "/".join([f"/jobs/{quote(check_job_id(job_id), safe='')}", *rest])
+
+
+def _deployment_path(deployment_id: str, *rest: str) -> str:
+    return "/".join([f"/deployments/{quote(check_job_id(deployment_id), safe='')}", *rest])
 class _Backoff:
     """Waits between tries: 0.1 s doubling to 2 s, for at most ``limit_s`` without progress."""
 

@@ -148,7 +148,8 @@ class JobService:
 
     # -- jobs --------------------------------------------------------------------------------
 
-    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None, *,
+               serves: str | None = None) -> JobInfo:
         """Record a job on a cluster; it queues once its working dir is copied.
 
         Without a working dir the job is queued before this returns; with one it is returned
@@ -159,6 +160,8 @@ class JobService:
             spec: the job.
             idempotency_key: the client's name for this submission: a repeated key returns the
                 job recorded under it, and never creates another.
+            serves: for a deployment, the job whose model it serves (see
+                :mod:`ringtrain.jobs.deployments`).
 
         Raises:
             NotFoundError: no such cluster.
@@ -174,7 +177,8 @@ class JobService:
             if self.share.job_dir(job_id).exists():
                 continue
             job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
-                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)))
+                          created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)),
+                          serves=serves)
             try:
                 with self.lock:
                     recorded = self.store.add_job(job, idempotency_key)

@@ -1,7 +1,8 @@
 """The model server's routes: the Open Inference Protocol (KServe v2), an image route, metrics.
 
 ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}`` (metadata),
-``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (tensors in JSON), ``POST
+``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (tensors in JSON, or as raw bytes
+with the binary tensor data extension, see :mod:`ringtrain.serve.tensors`), ``POST
 /v2/models/{name}/image`` (a JPEG or PNG body: classes or boxes), ``/metrics`` (Prometheus),
 ``/docs``. Every input goes through the :class:`~ringtrain.serve.batching.DynamicBatcher`, whose
 worker thread runs the model: the event loop only parses and answers. Errors are JSON
@@ -13,7 +14,6 @@ server drains, 504 past the request timeout, 500 if the model itself fails (the 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
 from ringtrain import __version__
 from ringtrain.errors import RingtrainError
@@ -33,14 +34,21 @@ from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.metrics import ServeMetrics
 from ringtrain.serve.predictor import InputError, Predictor
 from ringtrain.serve.schemas import (
-    FLOAT_DATATYPES,
     ErrorBody,
     InferRequest,
     InferResponse,
     ModelMetadata,
-    TensorInput,
     TensorOutput,
     TensorSpec,
+)
+from ringtrain.serve.tensors import (
+    HEADER_LENGTH,
+    binary_sizes,
+    input_tensor,
+    json_tensor,
+    output_parts,
+    split_body,
+    wants_binary_output,
 )
 from ringtrain.web.body_limit import BodyLimit
 from ringtrain.web.exposure import bearer_matches
@@ -60,22 +68,25 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
                         headers=headers)
 
 
-def _to_tensor(spec: TensorInput) -> torch.Tensor:
-    """A request tensor as float32 of its declared shape."""
-    if spec.datatype not in FLOAT_DATATYPES:
-        raise InputError(f"input {spec.name!r} has datatype {spec.datatype}; the model takes "
-                         f"FP32 ({', '.join(sorted(FLOAT_DATATYPES - {'FP32'}))} are converted)")
-    if any(d < 0 for d in spec.shape):
-        raise InputError(f"input {spec.name!r} has shape {spec.shape}: sizes must be 0 or more")
-    try:
-        tensor = torch.tensor(spec.data, dtype=torch.float32).flatten()
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise InputError(f"input {spec.name!r}: data must be numbers in nested lists of equal "
-                         f"length ({e})") from None
-    if tensor.numel() != math.prod(spec.shape):
-        raise InputError(f"input {spec.name!r}: shape {spec.shape} needs "
-                         f"{math.prod(spec.shape)} values, data has {tensor.numel()}")
-    return tensor.reshape(spec.shape)
+def _infer_body() -> dict[str, Any]:
+    """The infer route's body in OpenAPI terms: it reads the body itself (JSON, or JSON then raw
+    bytes), so FastAPI cannot describe it."""
+    schema = InferRequest.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": inline(schema)},
+        "application/octet-stream": {"schema": {
+            "type": "string", "format": "binary",
+            "description": "Inference-Header-Content-Length bytes of the JSON request, then the "
+                           "raw bytes of each input with parameters.binary_data_size"}}}}}
 
 
 def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
@@ -188,7 +199,8 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
 
     @r.get("/v2")
     def server_metadata() -> dict[str, Any]:
-        return {"name": "ringtrain", "version": __version__, "extensions": []}
+        return {"name": "ringtrain", "version": __version__,
+                "extensions": ["binary_tensor_data"]}
 
     @r.get("/v2/models/{name}")
     def model_metadata(name: str) -> ModelMetadata:
@@ -204,13 +216,27 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         check_model(name)
         return ready()
 
-    @r.post("/v2/models/{name}/infer", response_model_exclude_none=True)
-    async def infer(name: str, body: InferRequest) -> InferResponse:
+    @r.post("/v2/models/{name}/infer", response_model=InferResponse,
+            response_model_exclude_none=True, openapi_extra=_infer_body())
+    async def infer(name: str, request: Request) -> Response:
+        """Tensors in, tensors out: JSON ``data``, or raw bytes after the JSON with
+        ``Inference-Header-Content-Length`` (KServe v2's binary data extension)."""
         started = time.perf_counter()
         check_model(name)
+        header, raw = split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+        try:
+            body = InferRequest.model_validate_json(header)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
         if len(body.inputs) != 1:
             raise InputError(f"the model takes one input tensor, got {len(body.inputs)}")
-        tensor = await run_in_threadpool(_to_tensor, body.inputs[0])
+        (size,) = binary_sizes(body)
+        if size is not None and size != len(raw):
+            raise InputError(f"binary_data_size {size} does not match the {len(raw)} bytes "
+                             "after the JSON part")
+        spec = body.inputs[0]
+        tensor = await run_in_threadpool(
+            json_tensor if size is None else lambda s: input_tensor(s, raw), spec)
         if tensor.dim() == len(predictor.item_shape):
             tensor = tensor.unsqueeze(0)  # one input without the batch dimension
         items = list(tensor)
@@ -219,26 +245,25 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         if not items:
             raise InputError("the input holds no item (batch dimension 0)")
         results = await run(items, started)
-        return InferResponse(model_name=name, model_version="1", id=body.id,
-                             outputs=await run_in_threadpool(_tensor_outputs, results))
+        binary = wants_binary_output(body)
+        entries, tail = await run_in_threadpool(
+            lambda: output_parts(_output_tensors(results), binary))
+        answer = InferResponse(model_name=name, model_version="1", id=body.id,
+                               outputs=[TensorOutput(**e) for e in entries])
+        text = answer.model_dump_json(exclude_none=True).encode()
+        if not binary:
+            return Response(text, media_type="application/json")
+        return Response(text + tail, media_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(len(text))})
 
-    def _tensor_outputs(results: list[Any]) -> list[TensorOutput]:
+    def _output_tensors(results: list[Any]) -> list[tuple[str, str, torch.Tensor]]:
         if not predictor.detection:
-            probs = torch.stack(results)
-            return [TensorOutput(name="probabilities", datatype="FP32", shape=list(probs.shape),
-                                 data=probs.flatten().tolist())]
-        boxes = torch.cat([r["boxes"] for r in results]).reshape(-1, 4)
+            return [("probabilities", "FP32", torch.stack(results))]
         index = torch.cat([torch.full((len(r["scores"]),), i) for i, r in enumerate(results)])
-        return [
-            TensorOutput(name="boxes", datatype="FP32", shape=list(boxes.shape),
-                         data=boxes.flatten().tolist()),
-            TensorOutput(name="scores", datatype="FP32", shape=[len(index)],
-                         data=torch.cat([r["scores"] for r in results]).tolist()),
-            TensorOutput(name="labels", datatype="INT64", shape=[len(index)],
-                         data=torch.cat([r["labels"] for r in results]).tolist()),
-            TensorOutput(name="batch_index", datatype="INT64", shape=[len(index)],
-                         data=index.tolist()),
-        ]
+        return [("boxes", "FP32", torch.cat([r["boxes"] for r in results]).reshape(-1, 4)),
+                ("scores", "FP32", torch.cat([r["scores"] for r in results])),
+                ("labels", "INT64", torch.cat([r["labels"] for r in results])),
+                ("batch_index", "INT64", index)]
 
     @r.post("/v2/models/{name}/image", openapi_extra={"requestBody": {"required": True, "content": {
         "image/jpeg": {"schema": {"type": "string", "format": "binary"}},

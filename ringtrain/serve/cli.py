@@ -1,16 +1,23 @@
 """`ringtrain serve MODEL`: serve a trained model over HTTP (KServe v2 protocol, image route).
 
-Exit codes: 2 bad input (a model that does not load, a bad flag, an address that cannot be
-bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the signal, so the
-status is the signal's (143 for SIGTERM in a shell).
+MODEL is a saved model's folder or weights file, or the id of a job that saved one in its outputs
+(fetched through the job service, :mod:`ringtrain.serve.job_model`).
+
+Exit codes: 2 bad input (a model that does not load or cannot be fetched, a bad flag, an address
+that cannot be bound). SIGTERM or SIGINT stop it after the drain, and uvicorn then re-raises the
+signal, so the status is the signal's (143 for SIGTERM in a shell).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import sys
+import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 from ringtrain.errors import RingtrainError
@@ -22,7 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     d = ServeConfig()
     p = argparse.ArgumentParser(prog="ringtrain serve", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path,
-                   help="a saved model: its folder (model.pt + model.json) or its model.pt")
+                   help="a saved model: its folder (model.pt + model.json), its model.pt, or "
+                        "the id of a job that saved one in its outputs")
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}; "
                    "anything else needs --token)")
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0: free)")
@@ -44,13 +52,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="largest request body in MiB (default 16)")
     p.add_argument("--drain", type=float, default=d.drain_s,
                    help=f"seconds requests in flight get on stop (default {d.drain_s:g})")
+    p.add_argument("--ready-file", type=Path,
+                   help="once listening, write {\"url\", \"pid\"} here as JSON (deployments "
+                        "find their replicas this way)")
+    p.add_argument("--jobs-url", default=os.environ.get("RINGTRAIN_URL"),
+                   help="for a job id: the job service (default: RINGTRAIN_URL, else the "
+                        "server of RINGTRAIN_HOME)")
     return p.parse_args(argv)
+
+
+def _announce(url: str, model: Path, name: str, ready_file: Path | None) -> None:
+    print(f"serving {model} as {name!r} at {url} (docs: {url}/docs)", flush=True)
+    if ready_file is not None:
+        # Written whole, then renamed: a reader never sees half a file.
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        os.replace(tmp, ready_file)
+
+
+def _model_path(args: argparse.Namespace, stack: ExitStack) -> Path:
+    """The model's local path: MODEL itself, or a job's model fetched into a temporary folder."""
+    from ringtrain.jobs.models.ids import JOB_ID_PATTERN
+
+    if args.model.exists() or not re.fullmatch(JOB_ID_PATTERN, str(args.model)):
+        return args.model
+    from ringtrain.serve.job_model import fetch_job_model
+
+    dest = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ringtrain-model-")))
+    # The job service's token is found as the job CLI finds it; --token is this server's own.
+    path = fetch_job_model(str(args.model), dest, args.jobs_url)
+    print(f"fetched the model of job {args.model} ({path.name})", flush=True)
+    return path
 
 
 def main(argv: list[str]) -> int:
     """Run ``ringtrain serve``."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request to the job service
     from ringtrain.serve.server import serve
 
     try:
@@ -59,9 +98,10 @@ def main(argv: list[str]) -> int:
             device=args.device, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
             queue_size=args.queue_size, timeout_s=args.timeout,
             max_body_bytes=int(args.max_body_mib * (1 << 20)), drain_s=args.drain)
-        serve(args.model, config, on_ready=lambda url: print(
-            f"serving {args.model} as {config.model_name!r} at {url} "
-            f"(docs: {url}/docs)", flush=True))
+        with ExitStack() as stack:
+            model = _model_path(args, stack)
+            serve(model, config, on_ready=lambda url: _announce(
+                url, model, config.model_name, args.ready_file))
     except (RingtrainError, OSError) as e:
         print(f"ringtrain serve: {e}", file=sys.stderr)
         return 2

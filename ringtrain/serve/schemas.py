@@ -6,17 +6,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-#: Tensor datatypes an input may have; they are converted to the model's float32.
-FLOAT_DATATYPES = {"FP32", "FP64", "FP16"}
-
 
 class TensorInput(BaseModel):
-    """One input tensor: ``data`` in row-major order, flat or nested."""
+    """One input tensor: ``data`` in row-major order, flat or nested, or raw bytes after the JSON
+    (``parameters.binary_data_size``, see :mod:`ringtrain.serve.binary`)."""
 
     name: str = Field(max_length=256)
     shape: list[int] = Field(min_length=1, max_length=8)
     datatype: str = Field(max_length=16, description="FP32 (FP64 and FP16 are converted)")
-    data: list[Any]
+    data: list[Any] | None = None
     parameters: dict[str, Any] | None = None
 
 
@@ -30,12 +28,14 @@ class InferRequest(BaseModel):
 
 
 class TensorOutput(BaseModel):
-    """One output tensor, flat row-major ``data``."""
+    """One output tensor, flat row-major ``data``, or raw bytes after the JSON of a binary
+    answer (``parameters.binary_data_size``)."""
 
     name: str
     shape: list[int]
     datatype: str
-    data: list[Any]
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class InferResponse(BaseModel):

@@ -6,11 +6,13 @@ to ``drain_s``); the app's lifespan then lets the batcher run what is still queu
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from ringtrain.errors import ConfigError
 from ringtrain.serve.config import ServeConfig
 from ringtrain.web.exposure import bind_socket, check_bind, client_url
 
@@ -27,7 +29,7 @@ def serve(model: Path, config: ServeConfig,
         on_ready: Called with the server's URL once it listens.
 
     Raises:
-        ConfigError: A non-loopback host without a token.
+        ConfigError: A non-loopback host without a token, or a port in use.
         SavedModelError: The model cannot be loaded.
         OSError: The address cannot be bound.
     """
@@ -40,7 +42,14 @@ def serve(model: Path, config: ServeConfig,
                "anyone could then spend this host's processors on it")
     predictor = Predictor.load(model, config.device)
     app = create_app(predictor, config)
-    sock = bind_socket(config.host, config.port)
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise ConfigError(f"port {config.port} of {config.host} is in use (another server "
+                          "listens there): pick another with --port, or --port 0 for a free "
+                          "one") from None
     url = client_url(config.host, sock.getsockname()[1])
     uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.drain_s))
     server = uvicorn.Server(uv)

@@ -57,13 +57,17 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
 
 def operations() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) of every route; negative cases only where there is input to spoil."""
-    plain = {("GET", "/v1/health"), ("GET", "/v1/clusters")}
+    plain = {("GET", "/v1/health"), ("GET", "/v1/clusters"), ("GET", "/v1/deployments")}
     routes = [("GET", "/v1/health"), ("GET", "/v1/clusters"), ("POST", "/v1/clusters"),
               ("GET", "/v1/clusters/{name}"), ("PATCH", "/v1/clusters/{name}"),
               ("DELETE", "/v1/clusters/{name}"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs"),
               ("GET", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/terminate"),
               ("DELETE", "/v1/jobs/{job_id}"), ("GET", "/v1/jobs/{job_id}/files"),
-              ("GET", "/v1/jobs/{job_id}/download"), ("GET", "/v1/jobs/{job_id}/logs")]
+              ("GET", "/v1/jobs/{job_id}/download"), ("GET", "/v1/jobs/{job_id}/logs"),
+              # No drawn deploy starts: the only job never succeeds.
+              ("POST", "/v1/jobs/{job_id}/deploy"), ("GET", "/v1/deployments"),
+              ("GET", "/v1/deployments/{deployment_id}"),
+              ("POST", "/v1/deployments/{deployment_id}/stop")]
     return [(m, p, mode) for m, p in routes for mode in GenerationMode
             if mode == GenerationMode.POSITIVE or (m, p) not in plain]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,63 @@ def test_image_route_answers_classes(client: httpx.Client) -> None:
     assert classes[0]["score"] >= classes[1]["score"]
 
 
+def _binary(header: dict, *tensors: torch.Tensor) -> tuple[bytes, dict[str, str]]:
+    text = json.dumps(header).encode()
+    raw = b"".join(t.numpy().tobytes() for t in tensors)
+    return text + raw, {"Inference-Header-Content-Length": str(len(text)),
+                        "content-type": "application/octet-stream"}
+
+
+def test_binary_tensors_in_and_out_match_the_json_answer(client: httpx.Client) -> None:
+    x = torch.rand(3, 1, 12, 12)
+    as_json = client.post("/v2/models/model/infer", json={"inputs": [
+        {"name": "input", "shape": [3, 1, 12, 12], "datatype": "FP32", "data": x.flatten().tolist()}]})
+    expected = torch.tensor(as_json.json()["outputs"][0]["data"])
+    x16 = x.to(torch.float16)
+    content, headers = _binary({"inputs": [{"name": "input", "shape": [3, 1, 12, 12],
+                                            "datatype": "FP16",
+                                            "parameters": {"binary_data_size": x16.numel() * 2}}],
+                                "parameters": {"binary_data_output": True}}, x16)
+    r = client.post("/v2/models/model/infer", content=content, headers=headers)
+    assert r.status_code == 200, r.text
+    n = int(r.headers["inference-header-content-length"])
+    (out,) = json.loads(r.content[:n])["outputs"]
+    assert out["shape"] == [3, 3] and "data" not in out
+    assert out["parameters"]["binary_data_size"] == len(r.content) - n == 36
+    got = torch.frombuffer(bytearray(r.content[n:]), dtype=torch.float32)
+    assert torch.allclose(got, expected, atol=2e-3)  # FP16 inputs: close, not equal
+    # Binary in, JSON out (nothing asked for binary output).
+    content, headers = _binary({"inputs": [{"name": "input", "shape": [3, 1, 12, 12],
+                                            "datatype": "FP32",
+                                            "parameters": {"binary_data_size": 3 * 144 * 4}}]}, x)
+    r = client.post("/v2/models/model/infer", content=content, headers=headers)
+    assert torch.allclose(torch.tensor(r.json()["outputs"][0]["data"]), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("header, length, words", [
+    ({"inputs": [{"name": "input", "shape": [1, 1, 12, 12], "datatype": "FP32",
+                  "parameters": {"binary_data_size": 100}}]}, None, "needs 576 bytes"),
+    ({"inputs": [{"name": "input", "shape": [1, 1, 12, 12], "datatype": "FP32",
+                  "parameters": {"binary_data_size": 576}}]}, "9999", "Inference-Header"),
+    ({"inputs": [{"name": "input", "shape": [1, 1, 12, 12], "datatype": "FP32",
+                  "parameters": {"binary_data_size": 500}}]}, None, "does not match the 576"),
+    ({"inputs": [{"name": "input", "shape": [1, 1, 12, 12], "datatype": "FP32",
+                  "data": [0.0] * 144, "parameters": {"binary_data_size": 576}}]}, None,
+     "not both"),
+    ({"inputs": [{"name": "input", "shape": [1, 1, 12, 12], "datatype": "FP32"}]}, None,
+     "either data or a binary_data_size"),
+])
+def test_bad_binary_requests_are_400_naming_the_problem(client: httpx.Client, header: dict,
+                                                        length: str | None, words: str) -> None:
+    size = header["inputs"][0].get("parameters", {}).get("binary_data_size", 0)
+    raw = torch.zeros(576 // 4 if size in (576, 500, 0) else size // 4)
+    content, headers = _binary(header, raw)
+    if length is not None:
+        headers["Inference-Header-Content-Length"] = length
+    r = client.post("/v2/models/model/infer", content=content, headers=headers)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
 @pytest.mark.parametrize("body, status, words", [
     (_tensor(1, shape=(3, 12, 12)), 400, "each input must have shape [1, 12, 12], got [3, 12, 12]"),
     (_tensor(1, datatype="INT64"), 400, "datatype INT64"),
@@ -85,8 +143,6 @@ def test_image_route_answers_classes(client: httpx.Client) -> None:
 ])
 def test_bad_tensors_are_400_naming_the_problem(client: httpx.Client, body: dict, status: int,
                                                 words: str) -> None:
-    import json
-
     # NaN is not JSON: send it as Python's json writes it, as a careless client would.
     r = client.post("/v2/models/model/infer", content=json.dumps(body),
                     headers={"content-type": "application/json"})

@@ -122,6 +122,21 @@ def test_coco_boxes_become_corners_and_labels_contiguous(tmp_path):
         CocoDetection(images, tmp_path / "bad.json")
 
 
+def test_coco_items_for_torchvision_detectors_are_decoded_flipped_and_labelled_from_1(tmp_path):
+    images, ann = make_coco(tmp_path)
+    coco = CocoDetection(images, ann, first_label=1)
+    image, target = coco[0]
+    assert image.shape == (3, 80, 96) and 0 <= float(image.min()) <= float(image.max()) <= 1
+    assert target["labels"].tolist() == [2] and coco.category_id(2) == 18
+    assert coco.box_count(3) == 1 and coco.box_count(7) == 1
+    flipped = CocoDetection(images, ann, flip=True)
+    seen = {tuple(flipped[0][1]["boxes"][0].tolist()) for _ in range(40)}
+    # Flipped left-right at random (top-bottom leaves this box, centred in height, in place).
+    assert seen == {(10.0, 20.0, 40.0, 60.0), (56.0, 20.0, 86.0, 60.0)}
+    with pytest.raises(DatasetFileError, match="ringtrain data deepforest-coco"):
+        CocoDetection.split(tmp_path / "missing")
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_device_loader_gives_normalised_batches_of_this_ranks_shard(folder, workers):
     dataset = ClassificationImages(ImageFolder(folder), 24)

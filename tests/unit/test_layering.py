@@ -50,6 +50,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
     "web": ("ringtrain.web",),
+    "serve.cli": ("ringtrain.serve.cli", "ringtrain.serve.job_model"),
     "serve": ("ringtrain.serve",),
     "cli": ("ringtrain.cli", "ringtrain.env_report"),
 }
@@ -76,6 +77,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "models": ("leaf",),
     "web": ("leaf",),
     "serve": ("models", "web", "leaf"),
+    # `ringtrain serve JOB_ID` asks the job service for the job's model; the server never does.
+    "serve.cli": ("serve", "jobs.client", "jobs.common", "models", "web", "leaf"),
     "cli": ("leaf",),
 }
 

@@ -28,13 +28,16 @@ from ringtrain.jobs.api.logs import CHUNK, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     IDEMPOTENCY_KEY_PATTERN,
+    DeployRequest,
     ErrorResponse,
     Health,
     ResizeRequest,
     SubmitRequest,
 )
+from ringtrain.jobs.deployments import Deployments
 from ringtrain.jobs.errors import JobsError, NotFoundError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
+from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
@@ -63,7 +66,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             allowed_hosts`); ``None`` answers any.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
-                  description="Clusters, training jobs, their logs and output files.")
+                  description="Clusters, training jobs, their logs and output files, and "
+                              "deployments of their models.")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
     if token is not None:
@@ -163,6 +167,24 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
         body: AsyncIterator[bytes] = follow_file(path, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
+
+    deployments = Deployments(service)
+
+    @r.post("/jobs/{job_id}/deploy", status_code=201)
+    def deploy(job_id: JobIdPath, body: DeployRequest) -> DeploymentInfo:
+        return deployments.deploy(job_id, body.replicas, body.cluster)
+
+    @r.get("/deployments")
+    def list_deployments() -> list[DeploymentInfo]:
+        return deployments.list()
+
+    @r.get("/deployments/{deployment_id}")
+    def get_deployment(deployment_id: JobIdPath) -> DeploymentInfo:
+        return deployments.get(deployment_id)
+
+    @r.post("/deployments/{deployment_id}/stop")
+    def stop_deployment(deployment_id: JobIdPath) -> DeploymentInfo:
+        return deployments.stop(deployment_id)
 
     app.include_router(r)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ringtrain.jobs.models import JobSpec
+from ringtrain.jobs.models.deployment import MAX_REPLICAS
 from ringtrain.jobs.models.ids import Name
 
 API_PREFIX = "/v1"
@@ -27,6 +28,15 @@ class SubmitRequest(BaseModel):
 
     cluster: Name
     spec: JobSpec
+
+
+class DeployRequest(BaseModel):
+    """``POST /v1/jobs/{id}/deploy``: how many servers, and where (default: the job's cluster)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, strict=True)
+    cluster: Name | None = None
 
 
 class FieldError(BaseModel):

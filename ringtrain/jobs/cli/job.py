@@ -1,4 +1,4 @@
-"""Submit, list, show, follow, download, terminate and delete training jobs."""
+"""Submit, list, show, follow, download, terminate, delete and deploy training jobs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ringtrain.jobs.cli import output
+from ringtrain.jobs.cli import deployment, output
 from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect
@@ -54,6 +54,16 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("delete", parents=[common], help="forget a finished job, delete its folder")
     p.add_argument("id", type=job_id)
     p.set_defaults(func=_delete)
+    p = sub.add_parser("deploy", parents=[common],
+                       help="serve a succeeded job's saved model (see `ringtrain deployment`)")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="servers, one per node of the cluster (default 1)")
+    p.add_argument("--cluster", type=cluster_name, help="run them here (default: the job's)")
+    p.add_argument("--wait", type=float, default=120.0,
+                   help="seconds to wait for every replica to listen (default 120; 0: return "
+                        "at once); exit 1 if it is not ready by then")
+    p.set_defaults(func=_deploy)
     p = sub.add_parser("schema", parents=[common], help="print the JSON Schema of job specs")
     p.set_defaults(func=_schema)
 
@@ -185,6 +195,17 @@ def _delete(args: argparse.Namespace) -> int:
     else:
         print(f"job {args.id} deleted")
     return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    client = _client(args)
+    info = client.deploy(args.id, args.replicas, args.cluster)
+    if args.wait > 0:
+        print(f"deployment {info.id}: waiting up to {args.wait:g} s for {info.replicas} "
+              "replica(s) to listen", file=sys.stderr, flush=True)
+        info = deployment.wait_ready(client, info.id, args.wait)
+    deployment.show(args, info)
+    return deployment.outcome(client, info, args.wait) if args.wait > 0 else 0
 
 
 def _schema(_args: argparse.Namespace) -> int:

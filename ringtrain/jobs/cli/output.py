@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ringtrain.jobs.models import ClusterInfo, FileInfo, JobInfo
+from ringtrain.jobs.models.deployment import DeploymentInfo
 
 
 def emit_json(value: Any) -> None:
@@ -98,6 +99,27 @@ def job_text(j: JobInfo) -> str:
         f"running:     {when(j.running_at) or '-'}", f"ended:       {when(j.ended_at) or '-'}",
         f"duration:    {duration(j) or '-'}", f"folder:      {j.job_dir}",
     ]
+    if j.serves:
+        lines.append(f"deployment:  serves job {j.serves} (`ringtrain deployment show {j.id}`)")
+    return "\n".join(lines)
+
+
+def deployments_table(deployments: list[DeploymentInfo]) -> str:
+    """The table of `deployment list`."""
+    return table(["id", "serves", "cluster", "state", "replicas", "urls"],
+                 [[d.id, d.serves, d.job.cluster, d.state.value,
+                   f"{len(d.urls)}/{d.replicas}", " ".join(d.urls)] for d in deployments])
+
+
+def deployment_text(d: DeploymentInfo) -> str:
+    """The text of `deployment show` and `job deploy`."""
+    lines = [f"id:          {d.id}", f"serves:      job {d.serves}", f"model:       {d.model}",
+             f"cluster:     {d.job.cluster}", f"state:       {d.state.value}",
+             f"message:     {d.message or '-'}", f"replicas:    {d.replicas}"]
+    lines += [f"url:         {url}   (replica {i})" for i, url in enumerate(d.urls)]
+    if d.urls:
+        lines.append(f"try:         curl -X POST --data-binary @IMAGE.jpg "
+                     f"{d.urls[0]}/v2/models/model/image")
     return "\n".join(lines)
 
 

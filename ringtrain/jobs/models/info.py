@@ -75,6 +75,8 @@ class JobInfo(BaseModel):
     ends_as: JobState | None = Field(
         None, description="While terminating: the final state (failed past max_wall_clock_time).")
     job_dir: str = Field("", description="The job's folder on the share.")
+    serves: str | None = Field(
+        None, description="A deployment: the job whose saved model its replicas serve.")
 
     @property
     def name(self) -> str:

@@ -30,7 +30,7 @@ from ringtrain.jobs.models import (
     check_node_transition,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
@@ -44,12 +44,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
     created_at REAL NOT NULL, started_at REAL, running_at REAL, ended_at REAL, exit_code INTEGER,
     message TEXT NOT NULL DEFAULT '', nodes TEXT NOT NULL DEFAULT '[]', job_dir TEXT NOT NULL,
-    terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT);
+    terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT, serves TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 """
 #: Columns added after version 1, which a database of that version gets on opening.
 _ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"),
-                  ("clusters", "address", "TEXT"))
+                  ("clusters", "address", "TEXT"), ("jobs", "serves", "TEXT"))
 
 
 class SQLiteStore:
@@ -233,10 +233,10 @@ class SQLiteStore:
                 raise ConflictError(f"job id {job.id!r} already exists")
             db.execute(
                 "INSERT INTO jobs (id, cluster, experiment, spec, state, attempt, created_at, "
-                "message, job_dir, idempotency_key) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "message, job_dir, idempotency_key, serves) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (job.id, job.cluster, job.spec.experiment, job.spec.model_dump_json(),
                  job.state.value, job.attempt, job.created_at, job.message, job.job_dir,
-                 idempotency_key))
+                 idempotency_key, job.serves))
             return self._job(db, job.id)
 
     def get_job(self, job_id: str) -> JobInfo:
@@ -364,4 +364,4 @@ def _job(row: sqlite3.Row) -> JobInfo:
         started_at=row["started_at"], running_at=row["running_at"], ended_at=row["ended_at"],
         exit_code=row["exit_code"], message=row["message"], nodes=json.loads(row["nodes"]),
         job_dir=row["job_dir"], terminate_requested_at=row["terminate_requested_at"],
-        ends_as=JobState(row["ends_as"]) if row["ends_as"] else None)
+        ends_as=JobState(row["ends_as"]) if row["ends_as"] else None, serves=row["serves"])

@@ -1,0 +1,100 @@
+"""List, show, follow the logs of, and stop deployments (`ringtrain job deploy ID` starts one)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ringtrain.jobs.cli import output
+from ringtrain.jobs.cli.args import job_id
+from ringtrain.jobs.client import JobsClient
+from ringtrain.jobs.connect import connect
+from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
+
+#: How often a waiting CLI asks for the deployment's state.
+POLL_S = 0.2
+
+
+def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """Add the `deployment` subcommands."""
+    sub = parser.add_subparsers(metavar="COMMAND")
+    p = sub.add_parser("list", parents=[common], help="list deployments (stopped ones too)")
+    p.set_defaults(func=_list)
+    p = sub.add_parser("show", parents=[common], help="a deployment's state and URLs")
+    p.add_argument("id", type=job_id)
+    p.set_defaults(func=_show)
+    p = sub.add_parser("logs", parents=[common], help="a replica's stdout (or stderr)")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--replica", type=int, default=0, help="which replica (default 0)")
+    p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    p.set_defaults(func=_logs)
+    p = sub.add_parser("stop", parents=[common],
+                       help="stop a deployment (requests in flight are answered first)")
+    p.add_argument("id", type=job_id)
+    p.set_defaults(func=_stop)
+
+
+def show(args: argparse.Namespace, deployment: DeploymentInfo) -> None:
+    """Print one deployment as ``-o`` asks."""
+    if args.output == "json":
+        output.emit_json(deployment)
+    else:
+        print(output.deployment_text(deployment))
+
+
+def wait_ready(client: JobsClient, deployment_id: str, timeout_s: float) -> DeploymentInfo:
+    """Poll a deployment until it is ready, has ended, or ``timeout_s`` passed; return it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.get_deployment(deployment_id)
+        if info.state != DeploymentState.STARTING or time.monotonic() >= deadline:
+            return info
+        time.sleep(POLL_S)
+
+
+def outcome(client: JobsClient, info: DeploymentInfo, waited_s: float) -> int:
+    """Say on stderr why a deployment that should be ready is not; the exit code (0: ready)."""
+    if info.state == DeploymentState.READY:
+        return 0
+    if info.state == DeploymentState.STARTING:
+        why = info.message or "waiting for nodes, or for its replicas to load the model"
+        print(f"deployment {info.id} is still starting after {waited_s:g} s ({why}); it goes "
+              f"on: `ringtrain deployment show {info.id}`", file=sys.stderr)
+        return 1
+    tail = b"".join(client.logs(info.id, 0, "stderr")).decode(errors="replace")[-2000:]
+    print(f"deployment {info.id} {info.state.value}: {info.message or '-'}"
+          + (f"\nend of replica 0's stderr:\n{tail}" if tail.strip() else ""), file=sys.stderr)
+    return 1
+
+
+def _client(args: argparse.Namespace) -> JobsClient:
+    return connect(url=args.url, token=args.token)
+
+
+def _list(args: argparse.Namespace) -> int:
+    deployments = _client(args).list_deployments()
+    if args.output == "json":
+        output.emit_json(deployments)
+    else:
+        print(output.deployments_table(deployments) if deployments else "no deployments")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    show(args, _client(args).get_deployment(args.id))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    client.get_deployment(args.id)  # a job id is refused, with a message that says so
+    data = b"".join(client.logs(args.id, args.replica, "stderr" if args.stderr else "stdout"))
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    show(args, _client(args).stop_deployment(args.id))
+    return 0

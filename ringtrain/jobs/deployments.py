@@ -1,0 +1,130 @@
+"""Deployments: serve a succeeded job's saved model with replicas of ``ringtrain serve``.
+
+A deployment is a job (see :mod:`ringtrain.jobs.models.deployment`): the scheduler places its
+replicas on the cluster's nodes like any job's ranks, its logs are the ranks' logs, stopping it
+terminates the job, and a restarted service finds it again from its record and its runner, as it
+finds jobs. What this module adds is the spec of that job and the reading of its state and URLs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ringtrain.jobs import envvars
+from ringtrain.jobs.errors import InvalidRequestError, NotFoundError
+from ringtrain.jobs.models import JobInfo, JobSpec
+from ringtrain.jobs.models.deployment import (
+    ENDPOINT_FILE,
+    ENDPOINTS_OUTPUT,
+    MAX_REPLICAS,
+    DeploymentInfo,
+    deployment_state,
+    servable_model,
+)
+from ringtrain.jobs.service import JobService
+
+#: Seconds a stopped replica lets requests in flight finish: within the scheduler's stop grace,
+#: so that a stop is a drain and not a kill.
+DRAIN_S = 3
+# `python` is the service's interpreter (the executor puts it first on PATH); each replica takes a
+# free loopback port and announces it in its endpoint file, named by its rank. `--token ''`: a
+# token in the service's own environment is the job service's, not one for model clients.
+SERVE_COMMAND = (
+    f'exec python -m ringtrain.cli serve "${envvars.input_var("model")}" --host 127.0.0.1 '
+    f"--port 0 --token '' --drain {DRAIN_S} --ready-file "
+    f'"${envvars.output_var(ENDPOINTS_OUTPUT)}/{ENDPOINT_FILE.format(rank="$HOROVOD_RANK")}"')
+
+
+class Deployments:
+    """Create, inspect and stop deployments through a :class:`JobService`.
+
+    Args:
+        service: the job service whose jobs the deployments are.
+    """
+
+    def __init__(self, service: JobService):
+        self.service = service
+
+    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
+        """Serve the saved model of a succeeded job with ``replicas`` servers.
+
+        Args:
+            job_id: the job that trained the model; its outputs hold ``model.json`` and
+                ``model.pt`` (as :func:`ringtrain.models.saved.save_model` writes them).
+            replicas: servers to run, one per node of the cluster.
+            cluster: where they run (default: the job's own cluster).
+
+        Returns:
+            The new deployment, ``starting``.
+
+        Raises:
+            NotFoundError: no such job or cluster, or no saved model in the job's outputs.
+            ConflictError: the job has not succeeded.
+            InvalidRequestError: ``replicas`` is out of range, or the job is a deployment.
+            SpecError: the cluster has fewer nodes (``max_nodes``) than replicas.
+        """
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
+        source = self.service.get_job(job_id)
+        try:
+            outputs = self.service.list_files(job_id, "outputs")
+        except NotFoundError:  # a job without outputs
+            outputs = []
+        folder = servable_model(source, outputs)
+        base = (source.spec.name or "job")[:56]
+        spec = JobSpec(name=f"{base}-serve", experiment=source.spec.experiment,
+                       node_count=replicas, command=SERVE_COMMAND,
+                       inputs={"model": str(Path(source.job_dir) / folder)},
+                       outputs=[ENDPOINTS_OUTPUT])
+        job = self.service.submit(cluster or source.cluster, spec, serves=job_id)
+        return self._info(job)
+
+    def list(self) -> list[DeploymentInfo]:
+        """Every deployment the service knows, in creation order (stopped ones too)."""
+        return [self._info(j) for j in self.service.list_jobs() if j.serves is not None]
+
+    def get(self, deployment_id: str) -> DeploymentInfo:
+        """One deployment.
+
+        Raises:
+            NotFoundError: no job has that id, or that job is not a deployment.
+        """
+        job = self.service.get_job(deployment_id)
+        if job.serves is None:
+            raise NotFoundError(f"{deployment_id} is a job, not a deployment "
+                                "(see `ringtrain deployment list`)")
+        return self._info(job)
+
+    def stop(self, deployment_id: str) -> DeploymentInfo:
+        """Stop a deployment's servers; they finish the requests in flight first.
+
+        Raises:
+            NotFoundError: no such deployment.
+            ConflictError: it has stopped already.
+        """
+        self.get(deployment_id)
+        return self._info(self.service.terminate(deployment_id))
+
+    def _info(self, job: JobInfo) -> DeploymentInfo:
+        urls = [] if job.state.is_terminal() else self._urls(job)
+        state = deployment_state(job, len(urls))
+        return DeploymentInfo(id=job.id, serves=job.serves or "", state=state,
+                              replicas=job.spec.node_count, urls=urls,
+                              model=job.spec.inputs.get("model", ""), message=job.message,
+                              job=job)
+
+    def _urls(self, job: JobInfo) -> list[str]:
+        """The URLs the replicas announced so far, by replica (a file half-written or damaged
+        counts as not announced)."""
+        folder = Path(job.job_dir) / "outputs" / ENDPOINTS_OUTPUT
+        urls = []
+        for rank in range(job.spec.node_count):
+            try:
+                url = json.loads((folder / ENDPOINT_FILE.format(rank=rank)).read_text())["url"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(url, str) and url.startswith("http"):
+                urls.append(url)
+        return urls
+

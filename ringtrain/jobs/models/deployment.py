@@ -1,0 +1,102 @@
+"""Deployments: a job's saved model served by replicas of ``ringtrain serve``, run as a job.
+
+A deployment is recorded as a job (so it queues, holds nodes, logs, stops and is found again after
+a restart exactly like one) whose ``serves`` names the job it serves. Each replica is one rank of
+that job: a ``ringtrain serve`` process on a free loopback port of its node, which writes its URL
+to ``outputs/endpoints/replica.<rank>.json`` once the model is loaded and the port listens. The
+deployment's state is read from the job's state and those files (:func:`deployment_state`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError
+from ringtrain.jobs.models.info import FileInfo, JobInfo
+from ringtrain.jobs.models.states import JobState
+
+#: The files of a saved model (:mod:`ringtrain.models.saved`, which the service cannot import:
+#: it loads torch).
+MODEL_FILES = ("model.json", "model.pt")
+#: The output folder where replicas announce themselves, and each one's file in it.
+ENDPOINTS_OUTPUT = "endpoints"
+ENDPOINT_FILE = "replica.{rank}.json"
+#: The most replicas one deployment may ask for.
+MAX_REPLICAS = 64
+
+
+class DeploymentState(str, Enum):
+    """Where a deployment is in its life. ``stopped`` and ``failed`` are final."""
+
+    STARTING = "starting"  # queued for nodes, or replicas still loading the model
+    READY = "ready"  # every replica listens
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"  # a replica exited (the others are stopped with it), or it never started
+
+
+class DeploymentInfo(BaseModel):
+    """A deployment as it stands: its job, the model it serves, and the URLs that answer."""
+
+    id: str = Field(description="The deployment's job id (`ringtrain job logs ID --rank K`).")
+    serves: str = Field(description="The job whose saved model it serves.")
+    state: DeploymentState
+    replicas: int
+    urls: list[str] = Field(default_factory=list,
+                            description="The URL of each replica that listens, by replica.")
+    model: str = Field("", description="The model folder on the share.")
+    message: str = ""
+    job: JobInfo
+
+
+def deployment_state(job: JobInfo, listening: int) -> DeploymentState:
+    """The state of a deployment whose job is ``job`` and of which ``listening`` replicas announced
+    their URL."""
+    if job.state == JobState.RUNNING and listening >= job.spec.node_count:
+        return DeploymentState.READY
+    return {JobState.TERMINATING: DeploymentState.STOPPING,
+            JobState.TERMINATED: DeploymentState.STOPPED,
+            JobState.FAILED: DeploymentState.FAILED,
+            # A server only exits when stopped: one that ended by itself did not serve.
+            JobState.SUCCEEDED: DeploymentState.FAILED}.get(job.state, DeploymentState.STARTING)
+
+
+def find_model_folder(files: list[FileInfo]) -> str | None:
+    """The folder (relative to the job's folder) of the first saved model among a job's output
+    files: one holding both :data:`MODEL_FILES`, or ``None`` if there is none."""
+    names: dict[str, set[str]] = {}
+    for f in files:
+        folder, name = posixpath.split(f.path)
+        names.setdefault(folder, set()).add(name)
+    found = sorted(folder for folder, held in names.items() if set(MODEL_FILES) <= held)
+    return found[0] if found else None
+
+
+def servable_model(job: JobInfo, outputs: list[FileInfo]) -> str:
+    """The folder of the saved model that ``job`` left, relative to the job's folder.
+
+    Args:
+        job: the job that trained the model.
+        outputs: the files under its ``outputs`` folder.
+
+    Raises:
+        InvalidRequestError: the job is a deployment.
+        ConflictError: the job has not succeeded.
+        NotFoundError: no saved model is among its outputs.
+    """
+    if job.serves is not None:
+        raise InvalidRequestError(f"{job.id} is a deployment (of job {job.serves}); name the "
+                                  "job that trained the model")
+    if job.state != JobState.SUCCEEDED:
+        raise ConflictError(f"job {job.id} is {job.state.value}: only a job that succeeded has a "
+                            f"model to serve (see `ringtrain job show {job.id}`)")
+    folder = find_model_folder(outputs)
+    if folder is None:
+        raise NotFoundError(
+            f"job {job.id} saved no model in its outputs: a model is a folder with "
+            f"{' and '.join(MODEL_FILES)} (ringtrain.models.saved.save_model writes them into an "
+            f"output such as $RINGTRAIN_OUTPUT_MODEL; see `ringtrain job files {job.id} outputs`)")
+    return folder

@@ -1,0 +1,47 @@
+"""``ringtrain serve JOB_ID``: fetch the saved model a job left, through the job service.
+
+The job service is found as the job CLI finds it (``--url``/``RINGTRAIN_URL``, else the server of
+``RINGTRAIN_HOME``; the token from ``RINGTRAIN_TOKEN`` or ``server.json``), never started here: a
+model server has no business starting a job service. The model is copied over HTTP, so the job
+may have run on another machine.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from ringtrain.jobs.connect import connect
+from ringtrain.jobs.errors import NotFoundError
+from ringtrain.jobs.models.deployment import servable_model
+
+
+def fetch_job_model(job_id: str, dest: Path, url: str | None = None) -> Path:
+    """Download the saved model of a succeeded job into ``dest``.
+
+    Args:
+        job_id: the job that trained the model.
+        dest: an existing folder to copy the model's folder into.
+        url: the job service (default: as the job CLI finds it; its token too).
+
+    Returns:
+        The local folder of the model (``dest/<its folder's name>``).
+
+    Raises:
+        ServiceUnavailableError: no job service runs or answers.
+        NotFoundError: no such job, or no saved model in its outputs.
+        ConflictError: the job has not succeeded.
+        InvalidRequestError: the job is a deployment.
+    """
+    client = connect(url=url, autostart=False)
+    try:
+        job = client.get_job(job_id)
+        try:
+            outputs = client.list_files(job_id, "outputs")
+        except NotFoundError:  # a job without outputs
+            outputs = []
+        folder = servable_model(job, outputs)
+        client.download(job_id, folder, dest)
+    finally:
+        client.close()
+    return dest / posixpath.basename(folder)
