@@ -218,11 +218,13 @@ def test_two_node_job_spreads_over_both_machines_and_trains(rays: RayService) ->
 
 @inside
 def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
-    job = rays.submit("r", 'if [ "$RANK" = 1 ]; then echo boom >&2; exit 7; fi; sleep 30')
+    marker = f"ringtrain-ray-failing-{os.getpid()}"
+    job = rays.submit("r", 'if [ "$RANK" = 1 ]; then echo boom >&2; exit 7; fi; '
+                           f"exec python -c 'import time; time.sleep(30)' {marker}")
     done = rays.run_to_end(job.id)
     assert done.state == JobState.FAILED and done.exit_code == 7
     assert "rank 1 on node 1" in done.message and "stdouterr/rank.1/stderr" in done.message
-    assert pids_running("sleep 30") == []
+    assert pids_running(marker) == []
 
 
 @inside
