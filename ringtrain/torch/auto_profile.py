@@ -115,7 +115,8 @@ class AutoProfile:
         if self._compute_done:
             return
         now = self.profiler.mark()
-        self.profiler.add_span("forward_backward", self._compute_from or now, now)
+        start = now if self._compute_from is None else self._compute_from
+        self.profiler.add_span("forward_backward", start, now)
         self._compute_done = True
 
     def synchronize(self) -> None:

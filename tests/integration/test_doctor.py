@@ -113,3 +113,16 @@ def test_doctor_says_when_a_script_trains_no_visible_step(tmp_path):
                             capture_output=True, text=True, check=False, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1 and "DistributedOptimizer" in result.stderr
+
+
+def test_doctor_sees_batches_iterated_through_profiled_batches(tmp_path):
+    """One process, batches from a generator (no DataLoader) through ``profiled_batches``: the
+    synthetic run reuses the first batch, the real one waits for each."""
+    script = ROOT / "tests" / "integration" / "scripts" / "loader_train.py"
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1",
+                "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
+                str(script), "--item-ms", "3", "--generator", "--epochs", "50"], tmp_path)
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    synthetic, real = report["trials"]
+    assert synthetic["workers"] is None and report["ranks"] == 1
+    assert real["breakdown_ms"]["data"] > 20 > 5 > synthetic["breakdown_ms"]["data"]

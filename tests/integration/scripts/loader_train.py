@@ -1,6 +1,9 @@
-"""A small Horovod-style training script that names nothing of the doctor: a DataLoader whose
+"""A small Horovod-style training script that names nothing of the doctor (but for
+``--generator``): a DataLoader whose
 items take ``--item-ms`` to make, a small MLP, ``DistributedOptimizer``. Prints one JSON line
-per rank at the end (steps trained)."""
+per rank at the end (steps trained). ``--generator``: batches from a plain generator instead,
+iterated through ``profiled_batches`` (the documented hook for batches not from a DataLoader).
+"""
 
 import argparse
 import json
@@ -11,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import ringtrain.torch as hvd
+from ringtrain.torch.auto_profile import profiled_batches
 
 
 class SlowItems(Dataset):
@@ -28,12 +32,21 @@ class SlowItems(Dataset):
         return torch.randn(16, generator=g), int(torch.randint(0, 3, (), generator=g))
 
 
+def _generated(data, sampler, batch_size):
+    """Batches made in this process, item by item (``item_ms`` each), as they are asked for."""
+    indices = list(sampler)
+    for start in range(0, len(indices) - batch_size + 1, batch_size):
+        chunk = [data[i] for i in indices[start:start + batch_size]]
+        yield torch.stack([x for x, _ in chunk]), torch.tensor([y for _, y in chunk])
+
+
 p = argparse.ArgumentParser()
 p.add_argument("--item-ms", type=float, default=2.0)
 p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--epochs", type=int, default=1)
 p.add_argument("--items", type=int, default=160)
 p.add_argument("--workers", type=int, default=0)
+p.add_argument("--generator", action="store_true")
 args = p.parse_args()
 
 torch.set_num_threads(1)
@@ -48,7 +61,9 @@ hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 steps = 0
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
-    for x, y in loader:
+    batches = (profiled_batches(_generated(data, sampler, args.batch_size)) if args.generator
+               else loader)
+    for x, y in batches:
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
