@@ -122,9 +122,10 @@ def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
         synthetic.result.breakdown_ms if synthetic.synthetic_seen else None,
         real.result.workers, cores, budget))
     unit = "img/s" if real.samples_known else "steps/s"
-    context = {"title": f"{' '.join(command)}, {args.num_proc or 1} rank(s) x "
-                        f"{args.steps} measured step(s)",
-               "command": command, "ranks": args.num_proc or 1, "ceiling": ceiling,
+    ranks = len(real.result.step_ms_per_rank)  # the script may launch its own ranks
+    context = {"title": f"{' '.join(command)}, {ranks} rank(s) x {args.steps} measured "
+                        "step(s)",
+               "command": command, "ranks": ranks, "ceiling": ceiling,
                "rate_unit": unit}
     chart = args.work_dir / "breakdown.png"
     report.write_chart(results, chart, unit)

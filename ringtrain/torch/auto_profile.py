@@ -147,7 +147,9 @@ class AutoProfile:
         finally:
             self._in_step = False
         self.profiler.begin_step()
-        self._compute_from, self._compute_done = None, False
+        # Until a batch is waited for, the step's work is the script's own (made its batch
+        # itself, or the forward pass began): forward_backward from here.
+        self._compute_from, self._compute_done = self.profiler.mark(), False
         self._steps += 1
         if self.request.steps is not None and self._steps >= self.request.steps:
             self.close()

@@ -76,6 +76,7 @@ def test_imagenet_example_trains_on_image_files(tmp_path):
     assert (tmp_path / "model" / "resnet50.pt").exists()
 
 
+@pytest.mark.slow
 def test_doctor_profiles_an_unchanged_script_on_two_ranks(tmp_path):
     """The script only uses DataLoader + DistributedOptimizer; the doctor stops it after
     warm-up + steps, and its synthetic run feeds the first batch again (no data wait)."""
@@ -126,3 +127,19 @@ def test_doctor_sees_batches_iterated_through_profiled_batches(tmp_path):
     synthetic, real = report["trials"]
     assert synthetic["workers"] is None and report["ranks"] == 1
     assert real["breakdown_ms"]["data"] > 20 > 5 > synthetic["breakdown_ms"]["data"]
+
+
+@pytest.mark.slow
+def test_doctor_breaks_down_the_steps_of_an_unmodified_horovod_script(tmp_path):
+    """`import horovod.torch as hvd`, DistributedOptimizer, batches made inline: no edits, the
+    doctor launches it through the user's own `ringtrain run` and still gets the phases."""
+    script = ROOT / "tests" / "integration" / "horovod_scripts" / "train_horovod.py"
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1", "--work-dir",
+                str(tmp_path / "doc"), "-o", "json", "--", sys.executable, "-m", "ringtrain.cli",
+                "run", "-np", "2", "--horovod-compat", sys.executable, str(script)], tmp_path)
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    assert report["ranks"] == 2 and report["rate_unit"] == "steps/s"
+    (real,) = report["trials"]  # no batch seen: nothing synthetic to compare
+    assert real["breakdown_ms"]["forward_backward"] > 0
+    assert real["breakdown_ms"]["communication"] > 0 and real["breakdown_ms"]["optimizer"] > 0
+    assert "profiled_batches" in report["advice"][0]["message"]
