@@ -53,12 +53,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="where the chart and a packed copy go (./doctor)")
     p.add_argument("--no-try", action="store_true", help="advise without trying the advice")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="with a command: seconds each run of it may take (1800)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
     if min(args.batch_size, args.size, args.steps) < 1 or args.warmup < 0:
         p.error("--batch-size, --size and --steps must be positive, --warmup not negative")
     if args.num_proc is not None and args.num_proc < 1:
         p.error("-np must be positive")
+    if args.timeout <= 0:
+        p.error("--timeout must be positive")
     if (args.folder is None) == (not command):
         p.error("give an image FOLDER, or your training command after `--` "
                 "(e.g. `ringtrain doctor -np 2 -- python train.py`), not both")

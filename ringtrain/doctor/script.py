@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -39,12 +40,13 @@ class ScriptTrial:
 
 
 def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic: bool,
-               steps: int) -> None:
+               steps: int, timeout_s: float) -> None:
     """Run ``command`` (under ``ringtrain run -np num_proc`` when given) with step profiling on,
     writing the step records to ``out`` (emptied first) and stopping after ``steps`` steps.
 
     Raises:
-        ScriptRunError: the command exited with a status other than 0.
+        ScriptRunError: the command exited with a status other than 0, or ran past
+            ``timeout_s`` (it is then stopped).
     """
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -54,11 +56,36 @@ def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic
         env[SYNTHETIC_VAR] = "1"
     launch = ([sys.executable, "-m", "ringtrain.cli", "run", "-np", str(num_proc)]
               if num_proc is not None else [])
-    status = subprocess.run([*launch, *command], env=env, check=False).returncode
+    kind = "synthetic-data" if synthetic else "real-data"
+    # Its own process group, so that a timeout or Ctrl-C stops the launcher and its ranks.
+    proc = subprocess.Popen([*launch, *command], env=env, start_new_session=True)
+    try:
+        status = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise ScriptRunError(f"the script ran past --timeout {timeout_s:g} s in the {kind} run "
+                             "and was stopped: lower --steps, or raise --timeout") from None
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise
     if status != 0:
-        kind = "synthetic-data" if synthetic else "real-data"
         raise ScriptRunError(f"the script exited with status {status} in the {kind} run "
                              f"({' '.join(command)})")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the script's process group (``ringtrain run`` then stops its ranks), SIGKILL
+    if it is still there after 30 s."""
+    for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def read_trial(name: str, data: str, out: Path, warmup: int) -> ScriptTrial:
@@ -106,7 +133,8 @@ def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
     try:
         for name, synthetic in (("synthetic", True), ("real", False)):
             out = args.work_dir / name
-            run_script(command, args.num_proc, out, synthetic=synthetic, steps=steps)
+            run_script(command, args.num_proc, out, synthetic=synthetic, steps=steps,
+                       timeout_s=args.timeout)
             trials.append(read_trial(name, name, out, args.warmup))
     except ScriptRunError as e:
         print(f"ringtrain doctor: {e}", file=sys.stderr)

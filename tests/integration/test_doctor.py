@@ -143,3 +143,13 @@ def test_doctor_breaks_down_the_steps_of_an_unmodified_horovod_script(tmp_path):
     assert real["breakdown_ms"]["forward_backward"] > 0
     assert real["breakdown_ms"]["communication"] > 0 and real["breakdown_ms"]["optimizer"] > 0
     assert "profiled_batches" in report["advice"][0]["message"]
+
+
+def test_doctor_stops_a_script_that_runs_past_its_timeout(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "doctor", "--timeout", "2",
+                             "--work-dir", str(tmp_path / "doc"), "--", sys.executable,
+                             str(script)], capture_output=True, text=True, check=False,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "--timeout 2 s" in result.stderr
