@@ -107,15 +107,19 @@ def _worker(args: argparse.Namespace) -> int:
                     args.warmup, args.folder, cores_per_rank(hvd.local_size()), args.packed,
                     len(classes), args.bf16)
     rates: dict[str, list[float]] = {name: [] for name, _, _ in _TRIALS}
-    breakdowns: dict[str, dict] = {}
+    breakdowns: dict[str, list[dict]] = {name: [] for name, _, _ in _TRIALS}
     workers: dict[str, int] = {}
     for _ in range(args.rounds):
         for name, data, n in _TRIALS:
             r = run_trial(TrialSpec(name, data, n), work)
             rates[name].append(r.images_per_second)
-            breakdowns[name] = {k: round(v, 1) for k, v in r.breakdown_ms.items()}
+            breakdowns[name].append(r.breakdown_ms)
             workers[name] = r.workers
     median = {name: statistics.median(v) for name, v in rates.items()}
+    # Where the gap goes: each phase's median over rounds (so one disturbed round does not
+    # pass for a phase's cost).
+    phases = {name: {k: round(statistics.median(b[k] for b in rounds), 1) for k in rounds[0]}
+              for name, rounds in breakdowns.items()}
     # Paired by round: each trial against the synthetic run of its own round, so that the load
     # of the moment cancels out.
     paired = {name: statistics.median(r / s for r, s in zip(v, rates["synthetic"]))
@@ -127,7 +131,7 @@ def _worker(args: argparse.Namespace) -> int:
             "img_per_s": {k: round(v, 1) for k, v in median.items()},
             "vs_synthetic": {k: round(v, 3) for k, v in paired.items()},
             "all_img_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
-            "workers": workers, "last_breakdown_ms": breakdowns}))
+            "workers": workers, "median_breakdown_ms": phases}))
     hvd.shutdown()
     return 0
 

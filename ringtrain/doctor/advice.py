@@ -93,12 +93,8 @@ def advise(m: Measurements) -> list[Advice]:
                 f"{compute:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
                 f"of {m.baseline_workers}{tail}"))
         if slowdown / step > THRESHOLD:
-            advice.append(Advice(
-                f"loader workers slow training down: forward+backward takes "
-                f"{m.real['forward_backward']:.1f} ms instead of "
-                f"{m.synthetic['forward_backward']:.1f} ms with synthetic data "
-                f"({slowdown / step:.0%} of the step): {m.baseline_workers} worker(s) share "
-                f"{m.cores_per_rank} core(s) with training; decode less per image"))
+            advice.append(_slowdown_advice(m.real, m.synthetic, m.baseline_workers,
+                                           m.cores_per_rank))
         if "packed" in m.decode_ms:
             n = workers_needed(m.decode_ms["packed"], m.batch_size, compute)
             advice.append(Advice(
@@ -120,12 +116,88 @@ def advise(m: Measurements) -> list[Advice]:
         advice.append(Advice(
             f"the host-to-device copy is {m.real['h2d'] / step:.0%} of the step: pin memory "
             "and prefetch on a side stream (ringtrain.data.loader.DeviceLoader does both)"))
-    comm = m.real.get("communication", 0.0) / step
-    if comm > COMMUNICATION_THRESHOLD:
-        advice.append(Advice(
-            f"exposed allreduce wait is {comm:.0%} of the step: compress gradients "
-            "(compression=hvd.Compression.fp16) or raise the batch size per rank"))
+    advice += _communication_advice(m.real)
     if not advice:
-        advice.append(Advice(f"the input pipeline keeps up: real data runs at {1 - gap:.0%} of "
-                             f"synthetic data's speed, data wait is {data_frac:.0%} of the step"))
+        advice.append(_keeps_up(gap, data_frac))
+    return advice
+
+
+def _slowdown_advice(real: dict[str, float], synthetic: dict[str, float], workers: int,
+                     cores: int) -> Advice:
+    slowdown = real["forward_backward"] - synthetic["forward_backward"]
+    return Advice(
+        f"loader workers slow training down: forward+backward takes "
+        f"{real['forward_backward']:.1f} ms instead of {synthetic['forward_backward']:.1f} ms "
+        f"with synthetic data ({slowdown / real['step']:.0%} of the step): {workers} worker(s) "
+        f"share {cores} core(s) with training; decode less per image")
+
+
+def _communication_advice(real: dict[str, float]) -> list[Advice]:
+    comm = real.get("communication", 0.0) / max(real.get("step", 0.0), 1e-6)
+    if comm <= COMMUNICATION_THRESHOLD:
+        return []
+    return [Advice(f"exposed allreduce wait is {comm:.0%} of the step: compress gradients "
+                   "(compression=hvd.Compression.fp16) or raise the batch size per rank")]
+
+
+def _keeps_up(gap: float, data_frac: float) -> Advice:
+    return Advice(f"the input pipeline keeps up: real data runs at {1 - gap:.0%} of synthetic "
+                  f"data's speed, data wait is {data_frac:.0%} of the step")
+
+
+@dataclass(frozen=True)
+class ScriptMeasurements:
+    """What the doctor measured of a user's script (``ringtrain doctor -- SCRIPT``).
+
+    ``real`` and ``synthetic``: mean phases in ms (``step``, ``data``, ...) of the script as it
+    is and with its first batch fed again every step (``None``: the script's batches were not
+    seen, so there is nothing to compare). ``workers``: the data loader's worker processes
+    (``None``: no torch ``DataLoader`` was seen).
+    """
+
+    real: dict[str, float]
+    synthetic: dict[str, float] | None
+    workers: int | None
+    cores_per_rank: int
+    budget: int
+
+
+def advise_script(m: ScriptMeasurements) -> list[Advice]:
+    """Advice for a user's script: the data wait in workers, the compute slowed by them, the
+    exposed communication. Nothing here is tried: the script is the user's to change.
+
+    With ``W`` workers keeping a rank waiting, each takes about ``W`` real steps to make a
+    batch (``data`` of one step with none), so a synthetic-speed step needs
+    ``ceil(batch time / synthetic step)`` of them.
+    """
+    advice: list[Advice] = []
+    step = max(m.real.get("step", 0.0), 1e-6)
+    data_frac = m.real.get("data", 0.0) / step
+    if m.synthetic is None:
+        advice.append(Advice(
+            "no batch was seen: the script's batches do not come from a torch DataLoader, so "
+            "there is no data wait to measure and no synthetic run to compare; iterate them "
+            "through ringtrain.torch.auto_profile.profiled_batches(...)"))
+        return advice + _communication_advice(m.real)
+    compute = m.synthetic.get("step", 0.0)
+    gap = 1 - compute / step
+    if gap > THRESHOLD and data_frac > THRESHOLD and m.workers is not None:
+        batch_ms = m.workers * step if m.workers else m.real["data"]
+        need = workers_needed(batch_ms, 1, compute)
+        tail = ("" if need <= m.budget else
+                f", more than the {m.budget} a rank of {m.cores_per_rank} core(s) can run "
+                "beside training: decode less per image (ringtrain.data's pipeline, or "
+                "`ringtrain data pack` to pre-resize; `ringtrain doctor FOLDER` measures both "
+                "on your images)")
+        advice.append(Advice(
+            f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} ms): "
+            f"a batch takes about {batch_ms:.0f} ms to load, so a {compute:.1f} ms step needs "
+            f"{need} loader worker(s) (DataLoader(num_workers=...)) instead of {m.workers}"
+            f"{tail}"))
+    slowdown = m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0)
+    if gap > THRESHOLD and slowdown / step > THRESHOLD and m.workers:
+        advice.append(_slowdown_advice(m.real, m.synthetic, m.workers, m.cores_per_rank))
+    advice += _communication_advice(m.real)
+    if not advice:
+        advice.append(_keeps_up(gap, data_frac))
     return advice

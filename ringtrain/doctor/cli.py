@@ -6,6 +6,11 @@ command); ``ringtrain doctor -np 2 FOLDER`` launches itself that way. Each rank 
 DataLoader (the common baseline), then each fix the advice proposes (ringtrain's decoder, a
 packed pre-resized copy, GPU decoding), and reports throughput, the gap to synthetic data, the
 step breakdown averaged over ranks, the slowest rank and how much of the gap each fix closed.
+
+``ringtrain doctor -np 2 -- python train.py ARGS`` runs the user's own script instead, unchanged
+(it needs ``hvd.DistributedOptimizer``): with its first batch fed again every step, then as it
+is, stopping it after ``--warmup`` + ``--steps`` steps; the same report, from the step profiler
+its optimizer gets (see ringtrain.torch.auto_profile). Model options do not apply there.
 """
 
 from __future__ import annotations
@@ -21,10 +26,16 @@ from pathlib import Path
 _MODELS = ("resnet50", "small-cnn")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the user's script command (after ``--``; empty: none)."""
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="ringtrain doctor", description=__doc__.splitlines()[0],
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("folder", type=Path, help="image folder in ImageNet's layout (FOLDER/<class>/)")
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                usage="%(prog)s [options] FOLDER | %(prog)s [options] -- "
+                                      "COMMAND ...")
+    p.add_argument("folder", type=Path, nargs="?",
+                   help="image folder in ImageNet's layout (FOLDER/<class>/)")
     p.add_argument("-np", "--num-proc", type=int, default=None,
                    help="launch this many ranks on this host with `ringtrain run`")
     p.add_argument("--model", choices=_MODELS, default="resnet50",
@@ -42,20 +53,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="where the chart and a packed copy go (./doctor)")
     p.add_argument("--no-try", action="store_true", help="advise without trying the advice")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="with a command: seconds each run of it may take (1800)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
     if min(args.batch_size, args.size, args.steps) < 1 or args.warmup < 0:
         p.error("--batch-size, --size and --steps must be positive, --warmup not negative")
     if args.num_proc is not None and args.num_proc < 1:
         p.error("-np must be positive")
-    return args
+    if args.timeout <= 0:
+        p.error("--timeout must be positive")
+    if (args.folder is None) == (not command):
+        p.error("give an image FOLDER, or your training command after `--` "
+                "(e.g. `ringtrain doctor -np 2 -- python train.py`), not both")
+    return args, command
 
 
 def main(argv: list[str]) -> int:
     """Run the doctor on this rank, or launch ``-np`` ranks of it."""
     from ringtrain.runner.env import read_worker_env
 
-    args = parse_args(argv)
+    args, command = parse_args(argv)
+    if command:
+        if read_worker_env().launcher != "none":
+            print("ringtrain doctor: with a command after `--` the doctor launches it itself; "
+                  "run it from a shell (with -np N for N ranks), not under a launcher",
+                  file=sys.stderr)
+            return 2
+        from ringtrain.doctor.script import doctor_script
+
+        return doctor_script(args, command)
     if args.num_proc is not None and read_worker_env().launcher == "none":
         rest = list(argv)
         i = rest.index("-np") if "-np" in rest else rest.index("--num-proc")
@@ -139,8 +166,10 @@ def _doctor(args: argparse.Namespace) -> int:
         if r.data != "synthetic":
             r.gap_closed = report.gap_closed(r, baseline, ceiling)
     if hvd.rank() == 0:
-        context = {"model": args.model, "folder": str(args.folder), "ranks": hvd.size(),
-                   "ceiling": ceiling.name,
+        title = (f"{args.model} on {args.folder}, {hvd.size()} rank(s), batch "
+                 f"{args.batch_size} per rank, {args.size} px, {device}")
+        context = {"title": title, "model": args.model, "folder": str(args.folder),
+                   "ranks": hvd.size(), "ceiling": ceiling.name,
                    "batch_size": args.batch_size, "size": args.size, "device": str(device),
                    "cores_per_rank": cores}
         chart = args.work_dir / "breakdown.png"

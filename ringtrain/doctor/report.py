@@ -31,16 +31,16 @@ def as_json(results: list[TrialResult], advice: list[Advice], context: dict) -> 
 def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> str:
     """A table of the trials (throughput, ratio to the fastest synthetic run, gap closed,
     breakdown), the slowest rank of each and the advice."""
-    synthetic = next(r for r in results if r.name == context["ceiling"])
-    lines = [(f"ringtrain doctor: {context['model']} on {context['folder']}, {context['ranks']} "
-             f"rank(s), batch {context['batch_size']} per rank, {context['size']} px, "
-             f"{context['device']}"), ""]
-    header = f"{'trial':<18}{'workers':>8}{'img/s':>10}{'x synth':>9}{'gap closed':>11}  "
+    synthetic = next((r for r in results if r.name == context["ceiling"]), None)
+    lines = [f"ringtrain doctor: {context['title']}", ""]
+    unit = context.get("rate_unit", "img/s")
+    header = f"{'trial':<18}{'workers':>8}{unit:>10}{'x synth':>9}{'gap closed':>11}  "
     lines.append(header + "  ".join(f"{p[:7]:>7}" for p in PHASES) + "  (ms per step)")
     for r in results:
-        ratio = r.images_per_second / synthetic.images_per_second
+        ratio = r.images_per_second / synthetic.images_per_second if synthetic else 1.0
         closed = "" if r.gap_closed is None else f"{r.gap_closed:.0%}"
-        lines.append(f"{r.name:<18}{r.workers:>8}{r.images_per_second:>10.1f}{ratio:>9.2f}"
+        workers = "-" if r.workers is None else r.workers
+        lines.append(f"{r.name:<18}{workers:>8}{r.images_per_second:>10.1f}{ratio:>9.2f}"
                      f"{closed:>11}  " + "  ".join(f"{r.breakdown_ms[p]:>7.1f}" for p in PHASES))
     lines.append("")
     for r in results:
@@ -51,8 +51,9 @@ def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> 
     return "\n".join(lines)
 
 
-def write_chart(results: list[TrialResult], path: Path) -> None:
-    """A stacked bar per trial: its mean step split into phases, with its throughput."""
+def write_chart(results: list[TrialResult], path: Path, unit: str = "img/s") -> None:
+    """A stacked bar per trial: its mean step split into phases, with its throughput (in
+    ``unit``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,7 +67,7 @@ def write_chart(results: list[TrialResult], path: Path) -> None:
         ax.barh(names, widths, left=left, color=_COLOURS[phase], label=phase)
         left = [a + b for a, b in zip(left, widths)]
     for y, r in enumerate(results[::-1]):
-        ax.text(left[y], y, f" {r.images_per_second:.0f} img/s", va="center", fontsize=8)
+        ax.text(left[y], y, f" {r.images_per_second:.0f} {unit}", va="center", fontsize=8)
     ax.set_xlabel("ms per step (mean over ranks)")
     ax.set_xlim(0, max(left) * 1.25)
     ax.legend(loc="lower right", fontsize=7)

@@ -51,11 +51,13 @@ class Workload:
 
 @dataclass
 class TrialResult:
-    """A trial's throughput and its step breakdown (mean over steps, then over ranks)."""
+    """A trial's throughput and its step breakdown (mean over steps, then over ranks);
+    ``workers`` ``None``: not known (a user's script that loads no batch through a
+    ``DataLoader``)."""
 
     name: str
     data: str
-    workers: int
+    workers: int | None
     images_per_second: float
     breakdown_ms: dict[str, float]
     step_ms_per_rank: list[float]
@@ -91,15 +93,21 @@ def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> 
         profiler.optimizer_step(work.optimizer)
         work.optimizer.zero_grad()
     profiler.close()
-    mine = profiler.summary()
-    every = hvd.allgather_object(mine, name=f"doctor.{spec.name}")
+    every = hvd.allgather_object(profiler.summary(), name=f"doctor.{spec.name}")
+    return result_of_ranks(spec.name, spec.data, workers, every,
+                           work.steps * work.batch_size * len(every))
+
+
+def result_of_ranks(name: str, data: str, workers: int | None, summaries: list[dict],
+                    samples: float) -> TrialResult:
+    """A trial's result from each rank's :func:`~ringtrain.torch.step_profiler.summarize` of
+    its measured steps, and the ``samples`` all ranks trained in them."""
     # The measured steps back to back: each starts where the previous one ended.
-    wall_s = max(s["step_ms"] * s["steps"] for s in every) / 1e3
-    breakdown = {p: sum(s[f"{p}_ms"] for s in every) / len(every) for p in PHASES}
-    breakdown["step"] = sum(s["step_ms"] for s in every) / len(every)
-    per_rank = [s["step_ms"] for s in every]
-    return TrialResult(spec.name, spec.data, workers,
-                       work.steps * work.batch_size * len(every) / wall_s, breakdown, per_rank,
+    wall_s = max(s["step_ms"] * s["steps"] for s in summaries) / 1e3
+    breakdown = {p: sum(s[f"{p}_ms"] for s in summaries) / len(summaries) for p in PHASES}
+    breakdown["step"] = sum(s["step_ms"] for s in summaries) / len(summaries)
+    per_rank = [s["step_ms"] for s in summaries]
+    return TrialResult(name, data, workers, samples / wall_s, breakdown, per_rank,
                        max(range(len(per_rank)), key=per_rank.__getitem__))
 
 

@@ -22,7 +22,7 @@ import torch
 from ringtrain.engine import fusion
 from ringtrain.engine.handle import Handle
 from ringtrain.op_types import ReduceOp
-from ringtrain.torch import ops, runtime
+from ringtrain.torch import auto_profile, ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.grad_bucket import GradBucket
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
@@ -316,6 +316,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped._patch_step_function()
     wrapped._setup(named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    # Under `ringtrain doctor -- SCRIPT`: the step breakdown of a script that was not changed.
+    auto_profile.attach_from_environ(wrapped)
     return wrapped
 
 

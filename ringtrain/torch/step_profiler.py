@@ -68,6 +68,7 @@ class _Step:
         self.host_start = host_start
         self.spans: list[tuple[str, Any, Any]] = []
         self.end: Any = None
+        self.notes: dict[str, Any] = {}
 
 
 class StepProfiler:
@@ -103,7 +104,8 @@ class StepProfiler:
         self._pending: deque[_Step] = deque()  # finished, CUDA events not yet complete
         self._count = 0
 
-    def _mark(self) -> Any:
+    def mark(self) -> Any:
+        """A boundary mark now: a host time, or a CUDA event recorded on the current stream."""
         if self._cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record(torch.cuda.current_stream(self.device))
@@ -131,7 +133,7 @@ class StepProfiler:
 
     def begin_step(self) -> None:
         """End the current step (if any) and start the next one here."""
-        mark = self._mark()
+        mark = self.mark()
         if self._step is not None:
             self._step.end = mark
             self._finish(self._step)
@@ -141,7 +143,7 @@ class StepProfiler:
     def end_step(self) -> None:
         """End the current step without starting another (e.g. before evaluation)."""
         if self._step is not None:
-            self._step.end = self._mark()
+            self._step.end = self.mark()
             self._finish(self._step)
             self._step = None
 
@@ -152,16 +154,32 @@ class StepProfiler:
         Raises:
             ValueError: ``name`` is not one of :data:`PHASES` (``other`` is computed).
         """
-        if name not in PHASES or name == "other":
-            raise ValueError(f"phase must be one of {PHASES[:-1]}, got {name!r}")
+        _check_phase(name)
         if self._step is None:
             self.begin_step()
         step = self._step
-        start = self._mark()
+        start = self.mark()
         try:
             yield
         finally:
-            step.spans.append((name, start, self._mark()))
+            step.spans.append((name, start, self.mark()))
+
+    def add_span(self, name: str, start: Any, end: Any) -> None:
+        """Count the time between two :meth:`mark` results as phase ``name`` of the current
+        step (started if none is), for boundaries no ``with`` block can enclose.
+
+        Raises:
+            ValueError: ``name`` is not one of :data:`PHASES` (``other`` is computed).
+        """
+        _check_phase(name)
+        if self._step is None:
+            self.begin_step()
+        self._step.spans.append((name, start, end))
+
+    def note(self, **fields: Any) -> None:
+        """Add JSON-serialisable fields (e.g. ``samples=64``) to the current step's record."""
+        if self._step is not None:
+            self._step.notes.update(fields)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Run ``optimizer.step()``, timing the wait for its allreduces as ``communication``
@@ -202,6 +220,7 @@ class StepProfiler:
         phases["other"] = max(0.0, total - sum(phases.values()))
         record.update({f"{name}_ms": round(ms, 4) for name, ms in phases.items()})
         record["step_ms"] = round(total, 4)
+        record.update(step.notes)
         if step.index >= self._skip:
             self.records.append(record)
         if self._file is not None:
@@ -210,15 +229,18 @@ class StepProfiler:
     def summary(self) -> dict[str, float]:
         """Mean milliseconds of the step and of each phase over the kept steps (CUDA: the
         steps whose events have completed), with ``steps``, the number averaged."""
-        records = list(self.records)
-        out: dict[str, float] = {"steps": float(len(records))}
-        for key in ("step_ms", *(f"{p}_ms" for p in PHASES)):
-            out[key] = sum(r[key] for r in records) / len(records) if records else 0.0
-        return out
+        return summarize(list(self.records))
 
-    def close(self) -> None:
-        """End the current step, wait for outstanding CUDA events, and close the metrics file."""
-        self.end_step()
+    def close(self, *, finish_current: bool = True) -> None:
+        """End the current step, wait for outstanding CUDA events, and close the metrics file.
+
+        Args:
+            finish_current: Record the step in progress; ``False`` drops it (a step that was
+                only begun, e.g. after a training loop's last update).
+        """
+        if finish_current:
+            self.end_step()
+        self._step = None
         if self._cuda and self._pending:
             self._pending[-1].end.synchronize()
         while self._pending:
@@ -226,6 +248,20 @@ class StepProfiler:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def summarize(records: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean milliseconds of the step and of each phase over step records (as written to
+    ``steps.rank<N>.jsonl``), with ``steps``, the number averaged."""
+    out: dict[str, float] = {"steps": float(len(records))}
+    for key in ("step_ms", *(f"{p}_ms" for p in PHASES)):
+        out[key] = sum(r[key] for r in records) / len(records) if records else 0.0
+    return out
+
+
+def _check_phase(name: str) -> None:
+    if name not in PHASES or name == "other":
+        raise ValueError(f"phase must be one of {PHASES[:-1]}, got {name!r}")
 
 
 def _timeline():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -91,3 +92,57 @@ def test_bad_input_is_exit_2_with_a_message(tmp_path: Path) -> None:
     r = subprocess.run([*cmd, str(tmp_path / "o2"), "--tile", "100", "--overlap", "100"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "--overlap (100) must be smaller than --tile" in r.stderr
+
+
+def _expected(boxes: list[list[float]], height: int, width: int, draws: random.Random,
+              scale: tuple[float, float], crop: int, flip: float) -> tuple[list, int, int]:
+    """The boxes the augmentation must give, computed here in plain Python from the same
+    draws: resize by the factor, crop (shift, clip, drop empty), flip."""
+    factor = draws.uniform(*scale)
+    h, w = max(1, round(height * factor)), max(1, round(width * factor))
+    fx, fy = w / width, h / height
+    scaled = [[b[0] * fx, b[1] * fy, b[2] * fx, b[3] * fy] for b in boxes]
+    ch, cw = min(crop, h), min(crop, w)
+    top, left = draws.randint(0, h - ch), draws.randint(0, w - cw)
+    out = []
+    for x1, y1, x2, y2 in scaled:
+        c = [min(max(x1 - left, 0), cw), min(max(y1 - top, 0), ch),
+             min(max(x2 - left, 0), cw), min(max(y2 - top, 0), ch)]
+        if (c[2] - c[0]) * (c[3] - c[1]) > 0:
+            out.append(c)
+    if draws.random() < flip:
+        out = [[cw - x2, y1, cw - x1, y2] for x1, y1, x2, y2 in out]
+    return out, ch, cw
+
+
+def test_augmentation_moves_the_real_boxes_exactly(built: Path) -> None:
+    import torch
+
+    from ringtrain.data.coco import CocoDetection
+    from ringtrain.data.detection import DetectionImages
+
+    source = CocoDetection(built / "train" / "images", built / "train" / "annotations.json")
+    scale, crop = (0.6, 1.4), 256
+    dataset = DetectionImages(source, scale=scale, crop=(crop, crop), seed=7)
+    unflipped = DetectionImages(source, scale=scale, crop=(crop, crop), flip=0.0, seed=7)
+    checked = dropped = flipped = samples = 0
+    for index in range(0, len(source), max(1, len(source) // 40)):
+        _, target = source.read(index)
+        record = source.images[index]
+        for epoch in (0, 1):
+            image, out = dataset[(epoch, index)]
+            boxes, ch, cw = _expected(target["boxes"].tolist(), record["height"],
+                                      record["width"], dataset.rng(epoch, index), scale, crop, 0.5)
+            assert image.shape == (3, ch, cw) and image.dtype == torch.uint8
+            assert torch.allclose(out["boxes"], torch.tensor(boxes).reshape(-1, 4), atol=1e-4)
+            assert len(out["labels"]) == len(out["boxes"])
+            assert out["image_id"] == target["image_id"]
+            checked += len(boxes)
+            samples += 1
+            dropped += len(target["boxes"]) - len(boxes)
+            plain, _ = unflipped[(epoch, index)]  # the same draws, never flipped
+            if not torch.equal(plain, image):
+                assert torch.equal(plain.flip(-1), image)
+                flipped += 1
+    # Real photos: many boxes checked, crops dropped some, both flip outcomes happened.
+    assert checked > 200 and dropped > 0 and 0 < flipped < samples

@@ -74,3 +74,82 @@ def test_imagenet_example_trains_on_image_files(tmp_path):
     epoch = json.loads(out.stdout.strip().splitlines()[-1])
     assert epoch["img_per_s"] > 0 and epoch["step_breakdown_ms"]["forward_backward_ms"] > 0
     assert (tmp_path / "model" / "resnet50.pt").exists()
+
+
+@pytest.mark.slow
+def test_doctor_profiles_an_unchanged_script_on_two_ranks(tmp_path):
+    """The script only uses DataLoader + DistributedOptimizer; the doctor stops it after
+    warm-up + steps, and its synthetic run feeds the first batch again (no data wait)."""
+    script = ROOT / "tests" / "integration" / "scripts" / "loader_train.py"
+    out = _run(["-m", "ringtrain.cli", "doctor", "-np", "2", "--steps", "4", "--warmup", "1",
+                "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
+                str(script), "--item-ms", "4", "--workers", "1", "--epochs", "50"], tmp_path)
+    assert '"steps":' not in out.stdout  # stopped by the doctor, long before its 50 epochs
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    synthetic, real = report["trials"]
+    assert (synthetic["name"], real["name"], report["ranks"]) == ("synthetic", "real", 2)
+    assert report["rate_unit"] == "img/s" and real["workers"] == 1
+    for trial in (synthetic, real):
+        assert trial["images_per_second"] > 0 and len(trial["step_ms_per_rank"]) == 2
+        phases = sum(v for k, v in trial["breakdown_ms"].items() if k != "step")
+        assert abs(phases - trial["breakdown_ms"]["step"]) < 0.01 * trial["breakdown_ms"]["step"]
+        assert trial["breakdown_ms"]["forward_backward"] > 0
+        assert trial["breakdown_ms"]["communication"] > 0
+    # A batch of 8 items of 4 ms each from one worker: ~32 ms per batch to wait for.
+    assert real["breakdown_ms"]["data"] > 10 > synthetic["breakdown_ms"]["data"]
+    assert real["images_per_second"] < synthetic["images_per_second"]
+    assert "data wait" in report["advice"][0]["message"]
+    for trial in ("synthetic", "real"):
+        for rank in (0, 1):
+            lines = (tmp_path / "doc" / trial / f"steps.rank{rank}.jsonl").read_text().splitlines()
+            assert len(lines) == 5 and json.loads(lines[-1])["samples"] == 8
+    assert (tmp_path / "doc" / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_doctor_says_when_a_script_trains_no_visible_step(tmp_path):
+    script = tmp_path / "no_optimizer.py"
+    script.write_text("print('trained nothing')\n")
+    result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "doctor", "--work-dir",
+                             str(tmp_path / "doc"), "--", sys.executable, str(script)],
+                            capture_output=True, text=True, check=False, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "DistributedOptimizer" in result.stderr
+
+
+def test_doctor_sees_batches_iterated_through_profiled_batches(tmp_path):
+    """One process, batches from a generator (no DataLoader) through ``profiled_batches``: the
+    synthetic run reuses the first batch, the real one waits for each."""
+    script = ROOT / "tests" / "integration" / "scripts" / "loader_train.py"
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1",
+                "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
+                str(script), "--item-ms", "3", "--generator", "--epochs", "50"], tmp_path)
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    synthetic, real = report["trials"]
+    assert synthetic["workers"] is None and report["ranks"] == 1
+    assert real["breakdown_ms"]["data"] > 20 and synthetic["breakdown_ms"]["data"] < 5
+
+
+@pytest.mark.slow
+def test_doctor_breaks_down_the_steps_of_an_unmodified_horovod_script(tmp_path):
+    """`import horovod.torch as hvd`, DistributedOptimizer, batches made inline: no edits, the
+    doctor launches it through the user's own `ringtrain run` and still gets the phases."""
+    script = ROOT / "tests" / "integration" / "horovod_scripts" / "train_horovod.py"
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1", "--work-dir",
+                str(tmp_path / "doc"), "-o", "json", "--", sys.executable, "-m", "ringtrain.cli",
+                "run", "-np", "2", "--horovod-compat", sys.executable, str(script)], tmp_path)
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    assert report["ranks"] == 2 and report["rate_unit"] == "steps/s"
+    (real,) = report["trials"]  # no batch seen: nothing synthetic to compare
+    assert real["breakdown_ms"]["forward_backward"] > 0
+    assert real["breakdown_ms"]["communication"] > 0 and real["breakdown_ms"]["optimizer"] > 0
+    assert "profiled_batches" in report["advice"][0]["message"]
+
+
+def test_doctor_stops_a_script_that_runs_past_its_timeout(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "doctor", "--timeout", "2",
+                             "--work-dir", str(tmp_path / "doc"), "--", sys.executable,
+                             str(script)], capture_output=True, text=True, check=False,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "--timeout 2 s" in result.stderr

@@ -85,3 +85,33 @@ def test_metrics_dir_comes_from_the_job_environment(tmp_path):
     assert default_metrics_dir({"RINGTRAIN_JOB_DIR": "/s/jobs/7"}).as_posix() == "/s/jobs/7/metrics"
     assert default_metrics_dir({"RINGTRAIN_METRICS_DIR": str(tmp_path),
                                 "RINGTRAIN_JOB_DIR": "/x"}) == tmp_path
+
+
+def test_spans_between_marks_and_notes_land_in_the_record(tmp_path):
+    profiler = StepProfiler(metrics_dir=tmp_path, rank=0)
+    profiler.begin_step()
+    start = profiler.mark()
+    time.sleep(0.005)
+    profiler.add_span("forward_backward", start, profiler.mark())
+    profiler.note(samples=8)
+    profiler.begin_step()  # ends step 0; step 1 is only begun
+    profiler.close(finish_current=False)
+    records = [json.loads(x) for x in (tmp_path / "steps.rank0.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["samples"] == 8
+    assert 4.5 <= records[0]["forward_backward_ms"] <= records[0]["step_ms"]
+    with pytest.raises(ValueError, match="phase must be one of"):
+        profiler.add_span("other", start, start)
+
+
+def test_auto_profile_request_is_read_from_the_environment():
+    from ringtrain.torch.auto_profile import ProfileRequest
+
+    assert ProfileRequest.from_environ({}) is None
+    assert ProfileRequest.from_environ({"RINGTRAIN_STEP_PROFILE": "0"}) is None
+    assert ProfileRequest.from_environ({"RINGTRAIN_STEP_PROFILE": "1"}) == ProfileRequest()
+    assert ProfileRequest.from_environ({
+        "RINGTRAIN_STEP_PROFILE": "1", "RINGTRAIN_SYNTHETIC_DATA": "1",
+        "RINGTRAIN_STEP_PROFILE_STEPS": "12"}) == ProfileRequest(synthetic=True, steps=12)
+    with pytest.raises(ValueError, match="positive whole number"):
+        ProfileRequest.from_environ({"RINGTRAIN_STEP_PROFILE": "1",
+                                     "RINGTRAIN_STEP_PROFILE_STEPS": "-3"})
