@@ -1,4 +1,5 @@
-"""StepProfiler on one process: phases add up to the step, metrics lines, cost per step."""
+"""StepProfiler on one process: phases add up to the step, metrics lines (its cost per step is
+benchmarks/step_profiler_cost.py's)."""
 
 from __future__ import annotations
 
@@ -48,22 +49,6 @@ def test_phases_add_up_to_the_measured_step(tmp_path):
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == list(range(10))
     assert all(r["rank"] == 3 and {f"{p}_ms" for p in PHASES} <= r.keys() for r in records)
-
-
-def test_profiling_costs_well_under_one_percent_of_a_10_ms_step():
-    profiler = StepProfiler(metrics_dir=False, rank=0)
-    steps = 2000
-    t0 = time.perf_counter()
-    for _ in profiler.iterate(range(steps)):
-        with profiler.phase("h2d"):
-            pass
-        with profiler.phase("forward_backward"):
-            pass
-        with profiler.phase("optimizer"):
-            pass
-    profiler.close()
-    per_step_ms = (time.perf_counter() - t0) / steps * 1e3
-    assert per_step_ms < 0.1, f"{per_step_ms:.3f} ms of profiling per step"
 
 
 def test_skip_leaves_warmup_out_of_the_summary():
