@@ -7,11 +7,10 @@ launches itself with `ringtrain run -np N` and prints one JSON line. First small
 lone synchronous ``allreduce_`` and of raw ``torch.distributed.all_reduce``, interleaved
 iteration by iteration and size by size, and the median of the per-iteration time ratios
 (ringtrain / raw; goal ≤ 1.5) with a bootstrap 95% interval. ``--small-only`` stops there.
-Then, for each size from 4 KiB to
-256 MiB, the median time, algorithm bandwidth and bus bandwidth (``algbw * 2(n-1)/n``) of
-``torch.distributed.all_reduce`` on a Gloo group of its own and of ringtrain's in-place
-``allreduce_`` (both Sum, float32, interleaved iteration by iteration), and their throughput
-ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
+Then, for each size from 4 KiB to 256 MiB, the median time, algorithm bandwidth and bus
+bandwidth (``algbw * 2(n-1)/n``) of ``torch.distributed.all_reduce`` on a Gloo group of its own
+and of ringtrain's in-place ``allreduce_`` (both Sum, float32, interleaved iteration by
+iteration), and their throughput ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
 against one flat allreduce of the same bytes (raw, and through ringtrain), and against raw Gloo
 running the same fusion plan as ringtrain's engine (the same collectives and buffer copies, no
 engine): what this machine can do with separate tensors at all. The ratios to the raw flat

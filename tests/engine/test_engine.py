@@ -73,14 +73,18 @@ def test_a_lone_cached_operation_on_a_process_set_leaves_the_other_ranks_idle(st
     for engine in engines:
         world.backend(engine.rank).add_set(evens)
     members = [engines[0], engines[2]]
-    negotiations = 0
-    for i in range(3):
-        handles = [submit(e, "set.lone", torch.full((1,), e.rank + i + 0.5), ranks=evens)
-                   for e in members]
-        assert results(handles) == [[2 * i + 3.0]] * 2
-        negotiations = negotiations or world.completed["control_allreduce"]  # the cache learns
-    assert NEGOTIATE not in world.doorbell.bells()[-2:]
-    assert world.completed["control_allreduce"] == negotiations
+
+    def lone(value: float) -> list:
+        return results([submit(e, "set.lone", torch.full((1,), e.rank + value), ranks=evens)
+                        for e in members])
+
+    assert lone(0.5) == [[3.0]] * 2  # negotiated: the cache learns it
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+    assert lone(1.5) == [[5.0]] * 2
+    assert lone(2.5) == [[7.0]] * 2
+    new_bells = world.doorbell.bells()[rounds:]
+    assert len(new_bells) == 2 and NEGOTIATE not in new_bells
+    assert world.completed["control_allreduce"] == negotiations  # rank 1 took part in none
     assert world.completed["allreduce"] == 3
 
 
