@@ -1,12 +1,16 @@
 """Allreduce throughput: ringtrain against raw torch.distributed in the same run.
 
-    python benchmarks/allreduce.py [--np 2]
+    python benchmarks/allreduce.py [--np 2] [--small-only]
 
-launches itself with `ringtrain run -np N` and prints one JSON line: for each size from 4 KiB to
-256 MiB, the median time, algorithm bandwidth and bus bandwidth (``algbw * 2(n-1)/n``) of
-``torch.distributed.all_reduce`` on a Gloo group of its own and of ringtrain's in-place
-``allreduce_`` (both Sum, float32, interleaved iteration by iteration), and their throughput
-ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
+launches itself with `ringtrain run -np N` and prints one JSON line. First small messages (4 B,
+1 KiB, 4 KiB, 64 KiB, float32 Sum), where latency is everything: per size the median time of a
+lone synchronous ``allreduce_`` and of raw ``torch.distributed.all_reduce``, interleaved
+iteration by iteration and size by size, and the median of the per-iteration time ratios
+(ringtrain / raw; goal ≤ 1.5) with a bootstrap 95% interval. ``--small-only`` stops there.
+Then, for each size from 4 KiB to 256 MiB, the median time, algorithm bandwidth and bus
+bandwidth (``algbw * 2(n-1)/n``) of ``torch.distributed.all_reduce`` on a Gloo group of its own
+and of ringtrain's in-place ``allreduce_`` (both Sum, float32, interleaved iteration by
+iteration), and their throughput ratio. Then ResNet-50's 161 gradient tensors submitted as 161 asynchronous named allreduces
 against one flat allreduce of the same bytes (raw, and through ringtrain), and against raw Gloo
 running the same fusion plan as ringtrain's engine (the same collectives and buffer copies, no
 engine): what this machine can do with separate tensors at all. The ratios to the raw flat
@@ -25,6 +29,8 @@ import time
 from launch import run_under_launcher
 from stats import bootstrap_median_ci
 
+SMALL_SIZES = [4, 1 << 10, 4 << 10, 64 << 10]
+SMALL_ITERATIONS = 200
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
 
@@ -65,7 +71,41 @@ def _raw_plan(tensors, group, threshold: int):
     return run, len(batches)
 
 
-def worker() -> None:
+def _small_messages(raw_group) -> list[dict]:
+    """Lone small allreduces, raw and through ringtrain, paired iteration by iteration."""
+    import torch
+    import torch.distributed as dist
+
+    import ringtrain.torch as hvd
+
+    raw = {n: torch.ones(max(n // 4, 1)) for n in SMALL_SIZES}
+    ours = {n: torch.ones(max(n // 4, 1)) for n in SMALL_SIZES}
+    times: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in SMALL_SIZES}
+    for nbytes in SMALL_SIZES:  # warm-up: connections, and the response cache learns the names
+        dist.all_reduce(raw[nbytes], group=raw_group)
+        hvd.allreduce_(ours[nbytes], op=hvd.Sum, name=f"small.{nbytes}")
+    for _ in range(SMALL_ITERATIONS):
+        for nbytes in SMALL_SIZES:
+            raw_t, ours_t = times[nbytes]
+            dist.barrier(group=raw_group)
+            raw_t.append(_timed(lambda: dist.all_reduce(raw[nbytes], group=raw_group)))
+            dist.barrier(group=raw_group)
+            ours_t.append(_timed(
+                lambda: hvd.allreduce_(ours[nbytes], op=hvd.Sum, name=f"small.{nbytes}")))
+    results = []
+    for nbytes in SMALL_SIZES:
+        raw_t, ours_t = times[nbytes]
+        paired = [o / r for o, r in zip(ours_t, raw_t)]
+        results.append({
+            "bytes": nbytes, "raw_s": statistics.median(raw_t),
+            "ringtrain_s": statistics.median(ours_t),
+            "time_ratio": statistics.median(paired),
+            "time_ratio_ci95": bootstrap_median_ci(paired),
+        })
+    return results
+
+
+def worker(small_only: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -77,6 +117,15 @@ def worker() -> None:
     hvd.init()
     n = hvd.size()
     raw_group = dist.new_group(list(range(n)), backend="gloo")
+    small = _small_messages(raw_group)
+    if small_only:
+        if hvd.rank() == 0:
+            print(json.dumps({
+                "benchmark": "allreduce", "world_size": n, "dtype": "float32", "op": "Sum",
+                "small": small, "small_time_ratio_max": max(s["time_ratio"] for s in small),
+            }), flush=True)
+        hvd.shutdown()
+        return
     results = []
     for nbytes in SIZES:
         numel = nbytes // 4
@@ -130,6 +179,8 @@ def worker() -> None:
     if hvd.rank() == 0:
         print(json.dumps({
             "benchmark": "allreduce", "world_size": n, "dtype": "float32", "op": "Sum",
+            "small": small,
+            "small_time_ratio_max": max(s["time_ratio"] for s in small),
             "sizes": results,
             "large_message_ratio_min": min(large),
             "resnet50_161_tensors": {
@@ -150,12 +201,14 @@ def worker() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument("--small-only", action="store_true",
+                        help="measure the small messages only (seconds instead of minutes)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker()
+        worker(args.small_only)
         return 0
-    return run_under_launcher(__file__, args.np, [])
+    return run_under_launcher(__file__, args.np, ["--small-only"] if args.small_only else [])
 
 
 if __name__ == "__main__":

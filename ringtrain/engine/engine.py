@@ -6,12 +6,16 @@ A unit round runs one unit of cached operations (a gradient bucket) that its las
 submitted everywhere (see :mod:`ringtrain.engine.readiness`): every rank knows what to run from
 the bell alone.
 
-A negotiation round starts when a request needs all ranks' attention (an operation submitted on
-its own, shutdown, a stall to report). Every rank takes part in one negotiation: a sum of
-per-rank counts (the response cache's bits, plus flags for "I have a request the cache does not
-know", "I want to shut down", "I have joined"). When every rank's requests hit the cache, the
-counts alone say what is ready. Otherwise all ranks exchange the metas of everything pending and
-:func:`negotiation.decide` makes the same decision on every rank.
+An operation submitted on its own while nothing else is queued (a synchronous collective) is
+counted as a unit of one, so that a cached one runs in a unit round too.
+
+A negotiation round starts when a request needs all ranks' attention (an operation the cache does
+not know, the rest of a burst of operations submitted one by one, shutdown, a stall to report).
+Every rank takes part in one negotiation: a sum of per-rank counts (the response cache's bits,
+plus flags for "I have a request the cache does not know", "I want to shut down", "I have
+joined"). When every rank's requests hit the cache, the counts alone say what is ready.
+Otherwise all ranks exchange the metas of everything pending and :func:`negotiation.decide`
+makes the same decision on every rank.
 
 Either way the operations to run are then fused and executed, and their handles completed.
 """
@@ -176,10 +180,18 @@ class Engine:
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
                 return
+            if not self._queue:
+                # Most likely a lone operation (a synchronous collective, or the first of a
+                # burst): counted as a unit of one, it costs a store round trip more than a
+                # ring, but runs with no control collective, and no peer's engine wakes for it
+                # before every member has submitted it (a round that would find it missing
+                # there and decide nothing).
+                self._queue_unit_locked([request])
+                return
             self._queue.append(request)
             self._submitted += 1
-            # Counting each operation would cost a store round trip per tensor; operations
-            # submitted one by one ring for a negotiation round that gathers for a cycle instead.
+            # The rest of a burst: counting each operation would cost a store round trip per
+            # tensor; they ring for a negotiation round that gathers and fuses them instead.
             self._ring_locked(NEGOTIATE)
 
     @contextlib.contextmanager
@@ -402,6 +414,8 @@ class Engine:
             unit += [r for r in self._pending.values() if r.counted == tag]
             for request in unit:
                 self._pending[request.name] = request
+            if not self._queue:  # as in a negotiation round: a caller blocked later is news
+                self._caller_blocked.clear()
         bits = sorted(self._cache.lookup(r.meta) for r in unit)
         decision = Decision(responses=[self._cache.response(bit) for bit in bits])
         self._execute(decision)

@@ -4,7 +4,9 @@ Every member of a cached operation adds one to a counter in the rendezvous store
 the operation (see :meth:`ResponseCache.counter_key`); the member whose addition makes the counter
 a multiple of the member count is the last to submit. Requests submitted together (a gradient
 bucket) count as one unit under a key derived from all of theirs, so a bucket costs one store
-round trip rather than one per tensor; peers that submit the same bucket derive the same key.
+round trip rather than one per tensor; peers that submit the same bucket derive the same key. A
+request the engine gets on its own while its queue is empty (a synchronous collective) is a unit
+of one.
 
 The counter also numbers the unit's submissions: the ``e``-th submission of a unit on every
 member takes the counter from ``(e-1)·m`` to ``e·m`` (a member cannot submit a unit again before

@@ -16,7 +16,7 @@ import torch
 from ringtrain.engine import engine as engine_module
 from ringtrain.engine.doorbell import NEGOTIATE
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
-from ringtrain.op_types import OpType
+from ringtrain.op_types import OpType, ReduceOp
 from tests.engine.calls import WAIT_S, errors, results, step, submit, wait_until
 
 pytestmark = pytest.mark.timeout(20)
@@ -48,6 +48,82 @@ def test_a_cached_unit_runs_in_one_round_of_its_own_with_no_negotiation(start_en
     assert len(new_bells) == 3 and NEGOTIATE not in new_bells  # one unit round per step
     assert world.completed["control_allreduce"] == negotiations
     assert world.completed["allreduce"] == allreduces + 3  # the two tensors fused each time
+
+
+def test_a_lone_cached_operation_runs_in_a_unit_round_with_its_collective_alone(start_engines):
+    # a synchronous collective, submitted while nothing else is queued: once cached, one
+    # collective per operation (no control allreduce), one round, rung only when every rank has it
+    world, engines = start_engines(3)
+    assert results([submit(e, "lone", torch.ones(2)) for e in engines]) == [[3.0, 3.0]] * 3
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+
+    for i in range(4):
+        handles = [submit(e, "lone", torch.full((2,), float(e.rank + i))) for e in engines]
+        assert results(handles) == [[3.0 + 3 * i] * 2] * 3
+
+    new_bells = world.doorbell.bells()[rounds:]
+    assert len(new_bells) == 4 and NEGOTIATE not in new_bells
+    assert world.completed["control_allreduce"] == negotiations
+    assert world.completed["allreduce"] == 5
+
+
+def test_a_lone_cached_operation_on_a_process_set_leaves_the_other_ranks_idle(start_engines):
+    world, engines = start_engines(3)
+    evens = (0, 2)
+    for engine in engines:
+        world.backend(engine.rank).add_set(evens)
+    members = [engines[0], engines[2]]
+
+    def lone(value: float) -> list:
+        return results([submit(e, "set.lone", torch.full((1,), e.rank + value), ranks=evens)
+                        for e in members])
+
+    assert lone(0.5) == [[3.0]] * 2  # negotiated: the cache learns it
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+    assert lone(1.5) == [[5.0]] * 2
+    assert lone(2.5) == [[7.0]] * 2
+    new_bells = world.doorbell.bells()[rounds:]
+    assert len(new_bells) == 2 and NEGOTIATE not in new_bells
+    assert world.completed["control_allreduce"] == negotiations  # rank 1 took part in none
+    assert world.completed["allreduce"] == 3
+
+
+def test_lone_operations_give_exact_averages_sums_and_maxima_in_their_dtypes(start_engines):
+    world, engines = start_engines(3)
+    # name: dtype, reduction, each rank's values, the exact result (binary fractions)
+    cases = {"avg.f64": (torch.float64, ReduceOp.AVERAGE, [[0.5, 1], [0.5, 2], [2, 3]],
+                         [1.0, 2.0]),
+             "avg.f16": (torch.float16, ReduceOp.AVERAGE, [[0.25, 1], [0.25, 2], [0.25, 3]],
+                         [0.25, 2.0]),
+             "sum.i32": (torch.int32, ReduceOp.SUM, [[0, 1], [0, 2], [1, 3]], [1, 6]),
+             "max.f32": (torch.float32, ReduceOp.MAX, [[0, 1], [0, 2], [1, 3]], [1.0, 3.0])}
+    for _ in range(2):  # negotiated, then cached and counted
+        for name, (dtype, op, values, expected) in cases.items():
+            handles = [submit(e, name, torch.tensor(values[e.rank], dtype=dtype), reduce_op=op)
+                       for e in engines]
+            assert results(handles) == [expected] * 3, name
+    assert NEGOTIATE not in world.doorbell.bells()[-len(cases):]
+
+
+def test_lone_operations_counted_on_one_rank_and_negotiated_on_another_run_once_and_resume(
+        start_engines):
+    world, engines = start_engines(2)
+    for name in ("mix.a", "mix.b"):
+        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    # rank 0 submits a then b; rank 1 b then a: each counts its first alone, and its second
+    # (queued behind it) rings for a negotiation, which runs both whatever was counted
+    for i in range(3):
+        handles = [submit(engines[0], "mix.a", torch.full((1,), float(i))),
+                   submit(engines[1], "mix.b", torch.full((1,), float(i))),
+                   submit(engines[0], "mix.b", torch.ones(1)),
+                   submit(engines[1], "mix.a", torch.ones(1))]
+        assert results(handles) == [[i + 1.0]] * 4, f"step {i}"
+    # the counters were renewed alike on both ranks: lone operations have unit rounds again
+    rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
+    for name in ("mix.a", "mix.b"):
+        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    assert NEGOTIATE not in world.doorbell.bells()[rounds:]
+    assert world.completed["control_allreduce"] == negotiations
 
 
 def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds(

@@ -138,3 +138,24 @@ def test_units_go_on_while_a_peer_has_joined_and_run_alone_again_after(start_eng
     # the exchange that ran the unit without rank 1 renewed its counters: after at most a
     # negotiation that still saw the join, the unit has rounds of its own again
     assert world.doorbell.bells()[-1] != NEGOTIATE
+
+
+def test_a_lone_cached_operation_goes_on_with_zeros_while_a_peer_has_joined(start_engines,
+                                                                            clock):
+    world, engines = start_engines(2)
+    avg = ReduceOp.AVERAGE
+    assert results([submit(e, "lone", torch.ones(2), reduce_op=avg) for e in engines]) \
+        == [[1.0, 1.0]] * 2
+    joined = join(engines[1])
+    # counted on rank 0 alone, it cannot complete its counter: the join's negotiation runs it,
+    # and the next one, submitted once rank 0 knows of the join, rings for a negotiation itself
+    for _ in range(2):
+        assert results([submit(engines[0], "lone", torch.full((2,), 4.0), reduce_op=avg)]) \
+            == [[2.0, 2.0]]
+    assert join_the_rest(engines, {1: joined}, clock) == [0, 0]
+
+    for _ in range(2):
+        handles = [submit(e, "lone", torch.full((2,), e.rank + 1.0), reduce_op=avg)
+                   for e in engines]
+        assert results(handles) == [[1.5, 1.5]] * 2
+    assert world.doorbell.bells()[-1] != NEGOTIATE  # counted alone again once all are back

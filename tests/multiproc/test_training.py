@@ -350,10 +350,12 @@ def test_steady_training_runs_buckets_without_negotiating(world2):
 
 def test_buckets_and_operations_submitted_on_their_own_interleave(world2):
     results = world2.run(_negotiations_while_training, True)
-    # the metric negotiates once a step (twice when a rank submits it after the round that the
-    # other rang has started); the buckets still do not. Rounds are collective: counts agree.
+    # the metric, submitted on its own on an empty queue, is counted as a unit of one: once
+    # cached it runs in a unit round like the buckets, with no negotiation (the pending watch's
+    # probe may still start one when a rank lags by over a second). Rounds are collective:
+    # counts agree.
     (n0, _, _), (n1, _, _) = results
-    assert n0 == n1 and 6 <= n0 <= 12
+    assert n0 == n1 and n0 < 6  # it negotiated once or twice a step before
     assert [m for _, _, m in results] == [0.5, 0.5]
     assert results[0][1] == pytest.approx(results[1][1])
 
