@@ -323,19 +323,44 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
     assert rc != 0 and "is a Ray cluster" in err
 
 
-# Last of the module: it removes the shared Ray cluster's worker node.
+# Last of the module: it kills the shared Ray cluster's worker node (and starts another).
 @inside
 @pytest.mark.slow
-def test_lost_node_fails_the_job_naming_it(ray_cluster, rays: RayService) -> None:
+def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Path) -> None:
+    s = RayService(tmp_path, placement_timeout_s=90.0)
+    # Four job nodes: both jobs hold both machines (one CPU of each) at once.
+    s.service.create_cluster(ClusterSpec(name="r", nodes=4, slots=1, backend="ray",
+                                         address=ray_cluster.address))
     marker = f"ringtrain-ray-lost-{os.getpid()}"
-    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}")
-    rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 2, timeout_s=30)
+    sleep = f"exec python -c 'import time; time.sleep(300)' {marker}"
+    once = f'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || {{ touch $f; {sleep}; }}'
+    doomed = s.submit("r", sleep)
+    retried = s.submit("r", once, max_retries=1)
+    for job in (doomed, retried):
+        s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
     killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
-    done = rays.run_to_end(job.id, timeout_s=60)
+    failed = s.run_to_end(doomed.id, timeout_s=60)
+    requeued = s.tick_until(retried.id, lambda j: j.attempt == 1, timeout_s=60)
     assert time.monotonic() - killed <= 30
-    assert done.state == JobState.FAILED
-    assert "was lost: Ray node" in done.message and "127.0.0.1" in done.message
-    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
+    for job in (failed, requeued):
+        assert "was lost: Ray node" in job.message and "127.0.0.1" in job.message, job.message
+    assert failed.state == JobState.FAILED and failed.attempt == 0
+    assert "re-queued, retry 1 of 1" in requeued.message
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)  # on both machines
+    assert _placement_groups(f"{doomed.id}.") == _placement_groups(f"{retried.id}.0") == []
+    # The retry waits for two machines; a new one joins and it runs there.
+    ray_cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1", object_store_memory=80 << 20)
+    done = s.run_to_end(retried.id, timeout_s=90)
+    assert done.state == JobState.SUCCEEDED and done.attempt == 1, done.message
+    job_dir = Path(done.job_dir)
+    assert (job_dir / "stdouterr" / "rank.1" / "stdout").read_text() == "again\n"
+    assert (job_dir / "attempts" / "0" / "stdouterr" / "rank.1").is_dir()
+    # The store: no attempt left running, every job node free, no placement group left.
+    assert [j.state for j in s.store.list_jobs(cluster="r")] == [JobState.FAILED,
+                                                                  JobState.SUCCEEDED]
+    assert [(n.state.value, n.job_id) for n in s.store.list_nodes("r")] == [("idle", None)] * 4
+    assert _placement_groups(f"{retried.id}.") == []
+    s.store.close()
