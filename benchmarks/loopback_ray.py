@@ -60,12 +60,16 @@ def ray_test_cluster(nodes: int, cpus_per_node: int = 2) -> Iterator[str]:
 
 
 @contextmanager
-def job_server(home: Home, timeout_s: float = 60.0) -> Iterator[JobsClient]:
-    """A ``ringtrain server`` for ``home`` announcing 127.0.0.1 to Ray; stopped on exit."""
+def job_server(home: Home, ray_node_ip: str | None = NODE_IP,
+               timeout_s: float = 60.0) -> Iterator[JobsClient]:
+    """A ``ringtrain server`` for ``home`` announcing ``ray_node_ip`` to Ray (``None``: Ray's
+    choice); stopped on exit."""
     home.ensure()
+    argv = [sys.executable, "-m", "ringtrain.cli", "server"]
+    if ray_node_ip:
+        argv += ["--ray-node-ip", ray_node_ip]
     with open(home.server_log, "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "ringtrain.cli", "server", "--ray-node-ip",
-                          NODE_IP], env={**os.environ, envvars.HOME: str(home.root)},
+        subprocess.Popen(argv, env={**os.environ, envvars.HOME: str(home.root)},
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)
     deadline = time.monotonic() + timeout_s
