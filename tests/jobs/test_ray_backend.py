@@ -12,6 +12,7 @@ executor) ticked by the test, without HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,8 +27,9 @@ from pydantic import ValidationError
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.local import LocalExecutor
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.routing import BackendExecutor
-from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
+from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, load_job_spec, parse_job_spec
 from ringtrain.jobs.ray.connection import RayConnection
 from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
 from ringtrain.jobs.service import JobService
@@ -308,6 +310,23 @@ def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayServi
 
 
 @inside
+def test_node_that_does_not_see_the_share_fails_the_job_saying_so(rays: RayService,
+                                                                   tmp_path: Path) -> None:
+    # The executor alone, on a job folder no node has: machines without the shared filesystem.
+    job = JobInfo(id="unseen-1a2b3c", cluster="r", state="preparing", created_at=time.time(),
+                  spec=parse_job_spec({"node_count": 2, "command": "true"}),
+                  job_dir=str(tmp_path / "absent"))
+    handle = rays.executor.start(job, [])
+    seen = wait_for(lambda: (o := rays.executor.poll(job, handle)).phase is Phase.EXITED and o,
+                    timeout_s=60, every_s=0.2)
+    rays.executor.release(job, handle)
+    assert seen.exit_code == 127
+    assert "does not see the job's folder" in seen.message and "127.0.0.1" in seen.message
+    assert not (tmp_path / "absent").exists()  # nothing written where the share should be
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
 def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_path: Path
                                                    ) -> None:
     rc, out, err = cli("cluster", "create", "r", "--backend", "ray", "--address",
@@ -321,6 +340,29 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
     assert "rank 0 of 2" in out
     rc, out, err = cli("cluster", "resize", "r", "--nodes", "3")
     assert rc != 0 and "is a Ray cluster" in err
+
+
+@inside
+@pytest.mark.slow
+def test_readme_job_reaches_the_same_accuracy_on_ray_as_on_local(rays: RayService) -> None:
+    """The README's main job, cut short, on a local and a Ray cluster: the same numbers.
+    (benchmarks/jobs_ray_parity.py runs it whole.)"""
+    rays.service.create_cluster(ClusterSpec(name="l", nodes=2, slots=1))
+    spec = load_job_spec(ROOT / "examples" / "fashion_mnist_job.yaml")
+    quick = spec.model_copy(update={
+        "command": f"{spec.command} --limit-train 512 --limit-test 256 --batch-size 32",
+        "working_dir": str(ROOT)})  # the spec's `.`, as `job submit` run from the checkout
+    summary = {}
+    for cluster in ("l", "r"):
+        job = rays.service.submit(cluster, quick)
+        done = rays.run_to_end(job.id, timeout_s=240)
+        assert done.state == JobState.SUCCEEDED, done.message
+        out = (Path(done.job_dir) / "stdouterr" / "rank.0" / "stdout").read_text()
+        summary[cluster] = json.loads(out.strip().splitlines()[-1])
+        assert (Path(done.job_dir) / "outputs" / "model" / "model.pt").is_file()
+    assert summary["r"]["world_size"] == summary["l"]["world_size"] == 2
+    assert summary["r"]["test_accuracy"] == pytest.approx(summary["l"]["test_accuracy"],
+                                                          abs=0.02), summary
 
 
 # Last of the module: it kills the shared Ray cluster's worker node (and starts another).

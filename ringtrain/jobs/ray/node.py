@@ -120,7 +120,7 @@ class NodeRunner:
 
     def _run(self) -> None:
         try:
-            code, message = self._prepare()
+            code, message = self._share_problem() or self._prepare()
             if code == 0 and not self._stopping:
                 self._status = NodeStatus(Phase.RUNNING)
                 code, message = self._ranks()
@@ -130,6 +130,15 @@ class NodeRunner:
         if self._stopping:
             code, message = code or 1, "stopped by the service"
         self._status = NodeStatus(Phase.EXITED, code, message)
+
+    def _share_problem(self) -> tuple[int, str] | None:
+        """Why this node cannot run the job, if it does not see the job's folder on the share."""
+        if (Path(self.plan.job_dir) / "wd").is_dir():
+            return None
+        return EXIT_NOT_STARTED, (
+            f"node {self.plan.node} ({self.ip}) does not see the job's folder "
+            f"{self.plan.job_dir}: every Ray node must see the service's share at the same path "
+            "(a shared filesystem mounted there; see docs/jobs.md, Ray clusters)")
 
     def _prepare(self) -> tuple[int, str]:
         command, k = self.plan.job_preparation, self.plan.node
