@@ -350,7 +350,7 @@ def test_readme_job_reaches_the_same_accuracy_on_ray_as_on_local(rays: RayServic
     rays.service.create_cluster(ClusterSpec(name="l", nodes=2, slots=1))
     spec = load_job_spec(ROOT / "examples" / "fashion_mnist_job.yaml")
     quick = spec.model_copy(update={
-        "command": f"{spec.command} --limit-train 512 --limit-test 256 --batch-size 32",
+        "command": f"{spec.command} --epochs 2 --limit-train 512 --limit-test 256 --batch-size 32",
         "working_dir": str(ROOT)})  # the spec's `.`, as `job submit` run from the checkout
     summary = {}
     for cluster in ("l", "r"):
