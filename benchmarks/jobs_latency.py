@@ -26,7 +26,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from loopback_ray import job_server, machine, ray_test_cluster
+from loopback_ray import NODE_IP, job_server, machine, ray_test_cluster
 
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
@@ -60,6 +60,42 @@ def peer_ringtrain_run(reps: int, tmp: Path) -> list[float]:
                         "--output-filename", str(logs), "sh", "-c", STAMP],
                        capture_output=True, check=True)
         out.append(_first_stamp((logs / "rank.0" / "stdout").read_text()) - t0)
+    return out
+
+
+class _Probe:
+    """An empty Ray actor: what placing a job's nodes costs Ray itself."""
+
+    def ping(self) -> float:
+        return time.time()
+
+
+def peer_ray_actors(address: str, node_ip: str | None, nodes: int, reps: int) -> list[float]:
+    """A placement group of ``nodes`` one-CPU bundles and a fresh actor in each, answering: the
+    floor of the ray backend's submit -> running, without the service."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    ray.init(address=address, _node_ip_address=node_ip, log_to_driver=False,
+             namespace="ringtrain-bench")
+    probe, out = ray.remote(_Probe), []
+    try:
+        for _ in range(reps):
+            t0 = time.time()
+            pg = placement_group([{"CPU": 1}] * nodes,
+                                 strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+            actors = []
+            for k in range(nodes):
+                where = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k)
+                actors.append(probe.options(num_cpus=1, scheduling_strategy=where).remote())
+            ray.get([a.ping.remote() for a in actors], timeout=120)
+            out.append(time.time() - t0)
+            for a in actors:
+                ray.kill(a)
+            remove_placement_group(pg)
+    finally:
+        ray.shutdown()
     return out
 
 
@@ -137,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             address = stack.enter_context(ray_test_cluster(args.ray_nodes))
         home = Home(Path(tmp) / "home")
         # Our own test cluster announces loopback; an existing one is reached as Ray chooses.
-        client = stack.enter_context(job_server(home, "127.0.0.1" if args.ray_nodes else None))
+        node_ip = NODE_IP if args.ray_nodes else None
+        client = stack.enter_context(job_server(home, node_ip))
         client.create_cluster(ClusterSpec(name="local", nodes=args.job_nodes, slots=1))
         figures["local"] = measure(client, "local", args.job_nodes, args.reps)
         if address:
@@ -145,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                                               address=address))
             measure(client, "ray", args.job_nodes, 1)  # Ray starts its worker processes
             figures["ray"] = measure(client, "ray", args.job_nodes, args.reps)
+            figures["ray"]["peer_ray_actors_ready_s"] = round(statistics.median(
+                peer_ray_actors(address, node_ip, args.job_nodes, args.reps)), 3)
         bare = peer_subprocess(args.reps)
         run = peer_ringtrain_run(args.reps, Path(tmp))
     result: dict[str, object] = {

@@ -1,4 +1,4 @@
-"""The README's main job on the local backend and on a Ray cluster: the same spec, the same accuracy.
+"""The README's main job on a local and on a Ray cluster: the same spec, the same accuracy.
 
 Submits ``examples/fashion_mnist_job.yaml`` with the CLI, unchanged, to a local 2-node cluster
 and then to a ray cluster attached to a Ray test cluster of ``--ray-nodes`` raylets on this

@@ -8,6 +8,9 @@ the rendezvous store at the first bundle's node address, on a port the first nod
 Logs go straight into the job's folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``),
 written line by line, so ``job logs --follow`` reads them as they come.
 
+The actor's worker process imports this module before the actor starts, so it imports nothing
+heavy (no pydantic, no ringtrain models): it is on the path from submit to running.
+
 Ranks run in sessions of their own and get SIGKILL when the actor's process dies
 (``PR_SET_PDEATHSIG``): a lost node, or a killed actor, leaves no rank behind.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +30,6 @@ from pathlib import Path
 from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.ray.connection import free_port
 
 _PR_SET_PDEATHSIG = 1
 # Args: the actor's pid, the process group of one rank (or preparation). Ends with the group.
@@ -227,3 +230,10 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: SIGKILL when the actor's thread that started it
     # (which waits for it) goes away, e.g. with a killed actor or raylet.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
