@@ -1,5 +1,6 @@
 """The ray backend on a real two-node Ray cluster on this machine: gang placement across both
-nodes, a two-node training job, terminate, a service restart, a placement timeout, a lost node.
+nodes, a two-node training job, terminate, a service restart, a placement timeout, a node that
+does not see the share, the README's job on both backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
 only, so every Ray test runs inside a network namespace that has only ``lo``: the two
