@@ -22,6 +22,7 @@ from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, running_server, stop_server
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.models import JobInfo
 
 #: The address every Ray node and the service announce: only loopback exists here.
 NODE_IP = "127.0.0.1"
@@ -85,7 +86,7 @@ def job_server(home: Home, ray_node_ip: str | None = NODE_IP,
         stop_server(home)
 
 
-def wait_until_ended(client: JobsClient, job_id: str, timeout_s: float) -> object:
+def wait_until_ended(client: JobsClient, job_id: str, timeout_s: float) -> JobInfo:
     """The job once it is in a final state.
 
     Raises:
