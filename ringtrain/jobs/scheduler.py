@@ -172,8 +172,11 @@ class Scheduler:
 
     def _start(self, job: JobInfo, nodes: list[NodeInfo], now: float) -> bool:
         """Give ``nodes`` to ``job`` and start its attempt; False if that could not start."""
+        # A retry keeps the message saying why the attempt before it failed (a lost node, say)
+        # until it ends; a first attempt clears what it said while it waited.
         job = self.store.update_job(job.id, JobState.PREPARING, now,
-                                    nodes=[n.index for n in nodes], message="")
+                                    nodes=[n.index for n in nodes],
+                                    message=None if job.attempt else "")
         try:
             self.store.set_launch(job.id, self.executor.start(job, nodes).to_json())
         except OSError as e:

@@ -1,5 +1,6 @@
 """The ray backend on a real two-node Ray cluster on this machine: gang placement across both
-nodes, a two-node training job, terminate, a service restart, a placement timeout, a lost node.
+nodes, a two-node training job, terminate, a service restart, a placement timeout, a node that
+does not see the share, the README's job on both backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
 only, so every Ray test runs inside a network namespace that has only ``lo``: the two
@@ -12,6 +13,7 @@ executor) ticked by the test, without HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,8 +28,9 @@ from pydantic import ValidationError
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.local import LocalExecutor
+from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.routing import BackendExecutor
-from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
+from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, load_job_spec, parse_job_spec
 from ringtrain.jobs.ray.connection import RayConnection
 from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
 from ringtrain.jobs.service import JobService
@@ -310,6 +313,23 @@ def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayServi
 
 
 @inside
+def test_node_that_does_not_see_the_share_fails_the_job_saying_so(rays: RayService,
+                                                                   tmp_path: Path) -> None:
+    # The executor alone, on a job folder no node has: machines without the shared filesystem.
+    job = JobInfo(id="unseen-1a2b3c", cluster="r", state="preparing", created_at=time.time(),
+                  spec=parse_job_spec({"node_count": 2, "command": "true"}),
+                  job_dir=str(tmp_path / "absent"))
+    handle = rays.executor.start(job, [])
+    seen = wait_for(lambda: (o := rays.executor.poll(job, handle)).phase is Phase.EXITED and o,
+                    timeout_s=60, every_s=0.2)
+    rays.executor.release(job, handle)
+    assert seen.exit_code == 127
+    assert "does not see the job's folder" in seen.message and "127.0.0.1" in seen.message
+    assert not (tmp_path / "absent").exists()  # nothing written where the share should be
+    assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
 def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_path: Path
                                                    ) -> None:
     rc, out, err = cli("cluster", "create", "r", "--backend", "ray", "--address",
@@ -325,19 +345,67 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
     assert rc != 0 and "is a Ray cluster" in err
 
 
-# Last of the module: it removes the shared Ray cluster's worker node.
 @inside
 @pytest.mark.slow
-def test_lost_node_fails_the_job_naming_it(ray_cluster, rays: RayService) -> None:
+def test_readme_job_reaches_the_same_accuracy_on_ray_as_on_local(rays: RayService) -> None:
+    """The README's main job, cut short, on a local and a Ray cluster: the same numbers.
+    (benchmarks/jobs_ray_parity.py runs it whole.)"""
+    rays.service.create_cluster(ClusterSpec(name="l", nodes=2, slots=1))
+    spec = load_job_spec(ROOT / "examples" / "fashion_mnist_job.yaml")
+    quick = spec.model_copy(update={
+        "command": f"{spec.command} --epochs 2 --limit-train 512 --limit-test 256 --batch-size 32",
+        "working_dir": str(ROOT)})  # the spec's `.`, as `job submit` run from the checkout
+    summary = {}
+    for cluster in ("l", "r"):
+        job = rays.service.submit(cluster, quick)
+        done = rays.run_to_end(job.id, timeout_s=240)
+        assert done.state == JobState.SUCCEEDED, done.message
+        out = (Path(done.job_dir) / "stdouterr" / "rank.0" / "stdout").read_text()
+        summary[cluster] = json.loads(out.strip().splitlines()[-1])
+        assert (Path(done.job_dir) / "outputs" / "model" / "model.pt").is_file()
+    assert summary["r"]["world_size"] == summary["l"]["world_size"] == 2
+    assert summary["r"]["test_accuracy"] == pytest.approx(summary["l"]["test_accuracy"],
+                                                          abs=0.02), summary
+
+
+# Last of the module: it kills the shared Ray cluster's worker node (and starts another).
+@inside
+@pytest.mark.slow
+def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Path) -> None:
+    s = RayService(tmp_path, placement_timeout_s=90.0)
+    # Four job nodes: both jobs hold both machines (one CPU of each) at once.
+    s.service.create_cluster(ClusterSpec(name="r", nodes=4, slots=1, backend="ray",
+                                         address=ray_cluster.address))
     marker = f"ringtrain-ray-lost-{os.getpid()}"
-    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}")
-    rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 2, timeout_s=30)
+    sleep = f"exec python -c 'import time; time.sleep(300)' {marker}"
+    once = f'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || {{ touch $f; {sleep}; }}'
+    doomed = s.submit("r", sleep)
+    retried = s.submit("r", once, max_retries=1)
+    for job in (doomed, retried):
+        s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
     killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
-    done = rays.run_to_end(job.id, timeout_s=60)
+    failed = s.run_to_end(doomed.id, timeout_s=60)
+    requeued = s.tick_until(retried.id, lambda j: j.attempt == 1, timeout_s=60)
     assert time.monotonic() - killed <= 30
-    assert done.state == JobState.FAILED
-    assert "was lost: Ray node" in done.message and "127.0.0.1" in done.message
-    wait_for(lambda: pids_running(marker) == [], timeout_s=10)
+    for job in (failed, requeued):
+        assert "was lost: Ray node" in job.message and "127.0.0.1" in job.message, job.message
+    assert failed.state == JobState.FAILED and failed.attempt == 0
+    assert "re-queued, retry 1 of 1" in requeued.message
+    wait_for(lambda: pids_running(marker) == [], timeout_s=10)  # on both machines
+    assert _placement_groups(f"{doomed.id}.") == _placement_groups(f"{retried.id}.0") == []
+    # The retry waits for two machines; a new one joins and it runs there.
+    ray_cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1", object_store_memory=80 << 20)
+    done = s.run_to_end(retried.id, timeout_s=90)
+    assert done.state == JobState.SUCCEEDED and done.attempt == 1, done.message
+    job_dir = Path(done.job_dir)
+    assert (job_dir / "stdouterr" / "rank.1" / "stdout").read_text() == "again\n"
+    assert (job_dir / "attempts" / "0" / "stdouterr" / "rank.1").is_dir()
+    # The store: no attempt left running, every job node free, no placement group left.
+    assert [j.state for j in s.store.list_jobs(cluster="r")] == [JobState.FAILED,
+                                                                  JobState.SUCCEEDED]
+    assert [(n.state.value, n.job_id) for n in s.store.list_nodes("r")] == [("idle", None)] * 4
+    assert _placement_groups(f"{retried.id}.") == []
+    s.store.close()

@@ -121,9 +121,13 @@ def test_retry_message_and_success_on_second_attempt(scheduler, store, fake_exec
     assert got.state == JobState.QUEUED
     assert got.message == "attempt 1 failed (exited with code 1); re-queued, retry 1 of 1"
     scheduler.tick()
+    got = store.get_job(job.id)  # the retry runs and still says why the first attempt failed
+    assert (got.state, got.attempt) == (JobState.PREPARING, 1)
+    assert got.message == "attempt 1 failed (exited with code 1); re-queued, retry 1 of 1"
     fake_executor.exit(job.id, 0)
     scheduler.tick()
-    assert state(store, job.id) == "succeeded"
+    got = store.get_job(job.id)
+    assert (got.state, got.message) == (JobState.SUCCEEDED, "")
 
 
 def test_lost_processes_fail_the_job(scheduler, store, fake_executor, cluster, add_job) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ringtrain.jobs.errors import InvalidRequestError
 from ringtrain.jobs.models import RayNodeInfo
+from ringtrain.jobs.ray.node import free_port
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,3 @@ def _probe(address: str, timeout_s: float = 0.5) -> None:
         raise InvalidRequestError(f"nothing answers at the Ray address {address} ({reason}); "
                                   "give the head's GCS address, HOST:PORT (port 6379 unless "
                                   "`ray start --head --port` chose another)") from None
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (another process may take it before it is bound)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

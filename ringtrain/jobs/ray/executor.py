@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 
 #: How long an attempt may wait for Ray to place its nodes.
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
-#: How long one poll waits for the actors' answers.
-_STATUS_TIMEOUT_S = 5.0
+#: How long one poll waits for the actors' answers; an actor still starting answers at a later
+#: poll, so the scheduler's tick never waits for it.
+_STATUS_WAIT_S = 0.05
+#: How long releasing an attempt waits for its actors to stop their ranks.
+_STOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class RayExecutor:
         self.address_of = address_of
         self.placement_timeout_s = placement_timeout_s
         self.clock = clock
+        # Status calls in flight, by placement group: asked again once every actor answered.
+        self._asked: dict[str, list[Any]] = {}
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
         if job.attempt > 0:
@@ -178,8 +183,9 @@ class RayExecutor:
         from ray.util import get_placement_group, remove_placement_group
 
         actors = self._actors(ray, handle)
+        self._asked.pop(handle.placement_group, None)
         try:  # kill the ranks' process groups first, then the actors
-            ray.get([a.stop.remote(True) for a in actors], timeout=_STATUS_TIMEOUT_S)
+            ray.get([a.stop.remote(True) for a in actors], timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
             pass  # a lost node's actor: its watchdogs kill its ranks
         for actor in actors:
@@ -190,23 +196,33 @@ class RayExecutor:
             pass  # never created, or removed already
 
     def _observe(self, ray: Any, job: JobInfo, launch: RayHandle, pg: Any) -> Observation:
-        refs = []
-        for k in range(launch.node_count):
-            try:
-                refs.append(ray.get_actor(launch.actor(k)).status.remote())
-            except ValueError:
-                return Observation(Phase.LOST, message=self._lost(ray, pg, k, "its actor is gone"))
+        refs = self._asked.get(launch.placement_group)
+        if refs is None:
+            refs = []
+            for k in range(launch.node_count):
+                try:
+                    refs.append(ray.get_actor(launch.actor(k)).status.remote())
+                except ValueError:
+                    return Observation(Phase.LOST,
+                                       message=self._lost(ray, pg, k, "its actor is gone"))
+            self._asked[launch.placement_group] = refs
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_STATUS_WAIT_S)
+        answered = {ref.hex() for ref in ready}
         seen: list[NodeStatus] = []
         for k, ref in enumerate(refs):
+            if ref.hex() not in answered:
+                continue
             try:
-                seen.append(ray.get(ref, timeout=_STATUS_TIMEOUT_S))
-            except ray.exceptions.GetTimeoutError:
-                return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
+                seen.append(ray.get(ref))
             except ray.exceptions.RayActorError as e:
+                self._asked.pop(launch.placement_group, None)
                 return Observation(Phase.LOST, message=self._lost(ray, pg, k, _first_line(e)))
         failed = [s for s in seen if s.phase is Phase.EXITED and s.exit_code != 0]
         if failed:
             return Observation(Phase.EXITED, failed[0].exit_code, failed[0].message)
+        if len(seen) < len(refs):  # an actor still starting, or busy
+            return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
+        del self._asked[launch.placement_group]
         if all(s.phase is Phase.EXITED for s in seen):
             return Observation(Phase.EXITED, 0)
         if any(s.phase is Phase.PREPARING for s in seen):

@@ -8,6 +8,9 @@ the rendezvous store at the first bundle's node address, on a port the first nod
 Logs go straight into the job's folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``),
 written line by line, so ``job logs --follow`` reads them as they come.
 
+The actor's worker process imports this module before the actor starts, so it imports nothing
+heavy (no pydantic, no ringtrain models): it is on the path from submit to running.
+
 Ranks run in sessions of their own and get SIGKILL when the actor's process dies
 (``PR_SET_PDEATHSIG``): a lost node, or a killed actor, leaves no rank behind.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +30,6 @@ from pathlib import Path
 from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.ray.connection import free_port
 
 _PR_SET_PDEATHSIG = 1
 # Args: the actor's pid, the process group of one rank (or preparation). Ends with the group.
@@ -120,7 +123,7 @@ class NodeRunner:
 
     def _run(self) -> None:
         try:
-            code, message = self._prepare()
+            code, message = self._share_problem() or self._prepare()
             if code == 0 and not self._stopping:
                 self._status = NodeStatus(Phase.RUNNING)
                 code, message = self._ranks()
@@ -130,6 +133,15 @@ class NodeRunner:
         if self._stopping:
             code, message = code or 1, "stopped by the service"
         self._status = NodeStatus(Phase.EXITED, code, message)
+
+    def _share_problem(self) -> tuple[int, str] | None:
+        """Why this node cannot run the job, if it does not see the job's folder on the share."""
+        if (Path(self.plan.job_dir) / "wd").is_dir():
+            return None
+        return EXIT_NOT_STARTED, (
+            f"node {self.plan.node} ({self.ip}) does not see the job's folder "
+            f"{self.plan.job_dir}: every Ray node must see the service's share at the same path "
+            "(a shared filesystem mounted there; see docs/jobs.md, Ray clusters)")
 
     def _prepare(self) -> tuple[int, str]:
         command, k = self.plan.job_preparation, self.plan.node
@@ -218,3 +230,10 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: SIGKILL when the actor's thread that started it
     # (which waits for it) goes away, e.g. with a killed actor or raylet.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
