@@ -6,8 +6,10 @@ for nodes holds a reservation: a later job may start before it (backfill) only w
 delay it — on nodes it will not need once the running jobs have ended, or when the later job's
 ``max_wall_clock_time`` ends it before the running jobs' limits free the nodes the waiting job
 needs. A job needing more nodes than the cluster has holds no reservation: it cannot start
-before a resize, so it blocks nobody. Time comes from an injectable clock, so tests drive
-wall-clock limits without sleeping.
+before a resize, so it blocks nobody. An elastic job (``min_nodes``/``max_nodes``) gives back
+the nodes it loses while it runs, fails below ``min_nodes``, and is offered idle nodes up to
+``max_nodes`` while no queued job could use them. Time comes from an injectable clock, so tests
+drive wall-clock limits without sleeping.
 """
 
 from __future__ import annotations
@@ -161,7 +163,10 @@ class Scheduler:
         if nodes != job.nodes:
             log.warning("job %s: %s", job.id, message)
             job = self.store.set_job_nodes(job.id, nodes, message)
-            self.executor.set_nodes(job, launch, nodes)
+            try:
+                self.executor.set_nodes(job, launch, nodes)
+            except OSError as e:  # the attempt runs on; the next change offers the nodes again
+                log.error("job %s: cannot offer nodes %s (%s)", job.id, _listed(nodes), e)
         elif message != job.message:
             self.store.set_message(job.id, message)
             job = self.store.get_job(job.id)
