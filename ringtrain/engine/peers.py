@@ -2,8 +2,9 @@
 
 When a rank dies in the middle of a collective, the backend only reports a broken connection
 ("Connection closed by peer [127.0.0.1]:41234"), which says neither which rank nor why. Every
-rank records each peer's process at ``init()`` (host, pid, pid namespace, start time); after a
-collective fails, the peers on this host whose process is gone (or a zombie) are the dead ones.
+rank records each peer's process at ``init()`` (host, pid, machine, start time); after a
+collective fails, the peers on this machine whose process is gone (or a zombie) are the dead
+ones.
 Peers on other hosts cannot be looked at from here; their number is named only by the launcher
 (``ringtrain run`` reports the rank that failed first as the root cause).
 """
@@ -30,25 +31,28 @@ class PeerProcess:
     Attributes:
         host: the rank's hostname (as the launcher named it).
         pid: its process id.
-        namespace: its pid namespace (``/proc/self/ns/pid``'s link): a pid means the same process
-            only within one namespace, so containers that share a hostname are told apart.
+        machine: the boot id of its kernel and its pid namespace: a pid names the same process
+            only within one namespace of one running kernel. Host names cannot tell that (the
+            nodes of a local job cluster are several names of one machine; containers may share
+            a name).
         start_ticks: when it started, in clock ticks since boot, telling it from a reused pid.
     """
 
     host: str
     pid: int
-    namespace: str
+    machine: str
     start_ticks: int
 
     @classmethod
     def this(cls, host: str) -> PeerProcess:
         """This process, on ``host``."""
         try:
-            namespace = os.readlink("/proc/self/ns/pid")
+            boot = (_PROC / "sys/kernel/random/boot_id").read_text().strip()
+            machine = f"{boot}/{os.readlink('/proc/self/ns/pid')}"
         except OSError:  # no /proc: nothing can be checked, and nothing claimed
-            namespace = ""
+            machine = ""
         fields = _stat_fields(os.getpid())
-        return cls(host, os.getpid(), namespace, int(fields[19]) if fields else -1)
+        return cls(host, os.getpid(), machine, int(fields[19]) if fields else -1)
 
     def describe(self, rank: int) -> str:
         """``rank 1 (host node1, pid 4242)``."""
@@ -83,21 +87,21 @@ class Peers:
         self._processes = tuple(processes)
 
     def _here(self) -> list[int]:
-        """The peers on this host: same hostname and pid namespace."""
-        if not self._processes or not self._processes[self._rank].namespace:
+        """The peers on this machine (same kernel boot and pid namespace)."""
+        if not self._processes or not self._processes[self._rank].machine:
             return []
-        me = self._processes[self._rank]
+        me = self._processes[self._rank].machine
         return [r for r, p in enumerate(self._processes)
-                if r != self._rank and (p.host, p.namespace) == (me.host, me.namespace)]
+                if r != self._rank and p.machine == me]
 
     def dead(self) -> list[int]:
-        """The peers on this host whose process is gone."""
+        """The peers on this machine whose process is gone."""
         return [r for r in self._here() if _gone(self._processes[r])]
 
     def wait_for_dead(self, settle_s: float = SETTLE_S,
                       clock: Callable[[], float] = time.monotonic) -> list[int]:
         """The dead peers, waiting up to ``settle_s`` for one to show (not at all when no peer
-        is on this host)."""
+        is on this machine)."""
         if not self._here():
             return []
         deadline = clock() + settle_s

@@ -12,7 +12,7 @@ def _child() -> tuple[subprocess.Popen, PeerProcess]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     me = PeerProcess.this("h")
     fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
-    return proc, PeerProcess("h", proc.pid, me.namespace, int(fields[19]))
+    return proc, PeerProcess("h", proc.pid, me.machine, int(fields[19]))
 
 
 def test_a_peer_on_this_host_whose_process_is_killed_is_named_dead():
@@ -31,13 +31,14 @@ def test_a_peer_on_this_host_whose_process_is_killed_is_named_dead():
     assert peers.dead() == [1]  # reaped: no such process
 
 
-def test_peers_on_other_hosts_or_with_another_start_are_told_apart():
+def test_peers_on_other_machines_or_with_another_start_are_told_apart():
     proc, peer = _child()
     try:
-        other_host = PeerProcess("elsewhere", 1, peer.namespace, 0)  # pid 1 runs, elsewhere
-        reused = PeerProcess("h", proc.pid, peer.namespace, peer.start_ticks + 1)
-        peers = Peers(0, [PeerProcess.this("h"), other_host, reused, peer])
-        assert peers.dead() == [2]
+        elsewhere = PeerProcess("h", proc.pid + 1, "another-boot/pid:[1]", 0)
+        reused = PeerProcess("h", proc.pid, peer.machine, peer.start_ticks + 1)
+        other_name = PeerProcess("node2.localhost", proc.pid, peer.machine, peer.start_ticks)
+        peers = Peers(0, [PeerProcess.this("h"), elsewhere, reused, peer, other_name])
+        assert peers.dead() == [2]  # a host name of the same machine is looked at too
         assert Peers(0, []).wait_for_dead(settle_s=0.1) == []  # nothing known: nobody named
     finally:
         proc.kill()
