@@ -28,7 +28,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -41,6 +41,7 @@ from ringtrain.engine.execute import Executor
 from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.liveness import Liveness
 from ringtrain.engine.negotiation import Decision
+from ringtrain.engine.peers import PeerProcess, Peers
 from ringtrain.engine.readiness import Readiness
 from ringtrain.engine.request import Request
 from ringtrain.engine.response_cache import ResponseCache
@@ -118,10 +119,13 @@ class Engine:
         backend_name: the library's name in timeline phases (``GLOO_ALLREDUCE``).
         clock: the monotonic clock that requests are stamped and aged by (stall reports, the
             pending watch, gathering); tests pass one they move by hand.
+        peers: every rank's process, by rank, so that a failed collective names the rank that
+            died (see :mod:`ringtrain.engine.peers`); empty: the error names none.
     """
 
     def __init__(self, backend: CollectiveBackend, config: EngineConfig, doorbell: Doorbell,
-                 backend_name: str = "GLOO", clock: Callable[[], float] = time.monotonic):
+                 backend_name: str = "GLOO", clock: Callable[[], float] = time.monotonic,
+                 peers: Sequence[PeerProcess] = ()):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
@@ -135,6 +139,7 @@ class Engine:
         self._stall = StallInspector(self.rank, config, clock)
         self._stuck_after_s = config.stall_shutdown_s if config.stall_check_enabled else 0.0
         self._liveness = Liveness(self.rank, self.size, doorbell, clock)
+        self._peers = Peers(self.rank, peers)
         self._round_since: float | None = None
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
@@ -286,9 +291,11 @@ class Engine:
             self._fail(exc)
         except Exception as exc:  # a collective failed: a peer died or the network broke
             log.debug("engine stopped by %r", exc)
+            dead = self._peers.wait_for_dead()
+            cause = (f"because {self._peers.failure_cause(dead)}" if dead else
+                     "most likely because another rank failed or exited")
             self._fail(HorovodInternalError(
-                f"a collective failed on rank {self.rank}, most likely because another rank "
-                f"failed or exited: {exc}"))
+                f"a collective failed on rank {self.rank}, {cause}: {exc}"))
         finally:
             self._stopped.set()
             self.timeline.stop()

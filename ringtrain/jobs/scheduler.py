@@ -6,8 +6,10 @@ for nodes holds a reservation: a later job may start before it (backfill) only w
 delay it — on nodes it will not need once the running jobs have ended, or when the later job's
 ``max_wall_clock_time`` ends it before the running jobs' limits free the nodes the waiting job
 needs. A job needing more nodes than the cluster has holds no reservation: it cannot start
-before a resize, so it blocks nobody. Time comes from an injectable clock, so tests drive
-wall-clock limits without sleeping.
+before a resize, so it blocks nobody. An elastic job (``min_nodes``/``max_nodes``) gives back
+the nodes it loses while it runs, fails below ``min_nodes``, and is offered idle nodes up to
+``max_nodes`` while no queued job could use them. Time comes from an injectable clock, so tests
+drive wall-clock limits without sleeping.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ringtrain.jobs.errors import ConflictError, JobsError, RecordError
@@ -119,12 +121,62 @@ class Scheduler:
         else:
             if job.state == JobState.PREPARING and seen.phase is Phase.RUNNING:
                 job = self.store.update_job(job.id, JobState.RUNNING, now)
+            if job.state == JobState.RUNNING and seen.world is not None:
+                job = self._follow_world(job, seen, launch, now)
+                if job.state == JobState.TERMINATING:
+                    return
             limit = job.spec.max_wall_clock_time
             if limit is not None and job.started_at is not None and now - job.started_at > limit:
                 job = self.store.update_job(
                     job.id, JobState.TERMINATING, now, ends_as=JobState.FAILED,
                     message=f"exceeded max_wall_clock_time of {limit:g} s; stopped")
                 self.executor.stop(job, launch, force=False)
+
+    def _follow_world(self, job: JobInfo, seen: Observation, launch: LaunchHandle | None,
+                      now: float) -> JobInfo:
+        """An elastic job: give back the nodes it lost (failing it below min_nodes), offer it
+        idle nodes up to max_nodes while no job waits for them, and say so in its message."""
+        assert seen.world is not None
+        lost = {loss.node: loss.reason for loss in seen.lost}
+        nodes = [n for n in job.nodes if n not in lost]
+        least, most = job.spec.node_range
+        if len(nodes) < least:
+            job = self.store.update_job(
+                job.id, JobState.TERMINATING, now, ends_as=JobState.FAILED,
+                message=f"{_losses(seen)}; {len(nodes)} node(s) left, fewer than min_nodes "
+                        f"({least}); stopped")
+            log.warning("job %s: %s", job.id, job.message)
+            self.executor.stop(job, launch, force=False)
+            return job
+        if len(nodes) < most and not self._waiting_jobs(job.cluster):
+            # A node this attempt lost stays out of it: its driver would not use it again.
+            idle = [n.index for n in self.store.list_nodes(job.cluster)
+                    if n.state == NodeState.IDLE and n.index not in lost]
+            nodes += idle[:most - len(nodes)]
+        running = [n for n in nodes if n in seen.world]
+        message = f"elastic: running on nodes {_listed(running)}"
+        if len(running) < len(nodes):
+            message += (f"; nodes {_listed(n for n in nodes if n not in running)} join at "
+                        "the next commit")
+        if lost:
+            message += f"; {_losses(seen)}"
+        if nodes != job.nodes:
+            log.warning("job %s: %s", job.id, message)
+            job = self.store.set_job_nodes(job.id, nodes, message)
+            try:
+                self.executor.set_nodes(job, launch, nodes)
+            except OSError as e:  # the attempt runs on; the next change offers the nodes again
+                log.error("job %s: cannot offer nodes %s (%s)", job.id, _listed(nodes), e)
+        elif message != job.message:
+            self.store.set_message(job.id, message)
+            job = self.store.get_job(job.id)
+        return job
+
+    def _waiting_jobs(self, cluster: str) -> bool:
+        """Whether a queued job of ``cluster`` could start on it (needs no resize)."""
+        size = self.store.get_cluster(cluster).target_nodes
+        return any(j.spec.node_count <= size
+                   for j in self.store.list_jobs(cluster=cluster, states=[JobState.QUEUED]))
 
     def _finish(self, job: JobInfo, seen: Observation, launch: LaunchHandle | None,
                 now: float) -> None:
@@ -135,7 +187,8 @@ class Scheduler:
             message = job.message if final == JobState.FAILED else "terminated on request"
             self.store.update_job(job.id, final, now, exit_code=code, message=message)
         elif seen.phase is Phase.EXITED and code == 0:
-            self.store.update_job(job.id, JobState.SUCCEEDED, now, exit_code=0, message="")
+            self.store.update_job(job.id, JobState.SUCCEEDED, now, exit_code=0,
+                                  message=_losses(seen))
         else:
             reason = seen.message or f"exited with code {code}"
             retries = job.spec.max_retries
@@ -224,6 +277,15 @@ class Scheduler:
             message = f"waiting for {need} idle nodes ({idle} idle now)"
         if job.message != message:
             self.store.set_message(job.id, message)
+
+
+def _listed(nodes: Iterable[int]) -> str:
+    return ", ".join(map(str, nodes))
+
+
+def _losses(seen: Observation) -> str:
+    """``lost node 1 (worker 1 on node1.localhost was killed by signal SIGKILL)``, or ""."""
+    return "; ".join(f"lost node {loss.node} ({loss.reason})" for loss in seen.lost)
 
 
 @dataclass

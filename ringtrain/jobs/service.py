@@ -211,6 +211,13 @@ class JobService:
                            "message": f"{spec.node_count} nodes, but cluster {cluster} can have "
                                       f"at most {info.max_nodes} (max_nodes; it has "
                                       f"{info.target_nodes} now)"})
+        if spec.elastic and info.backend == "ray":
+            field = "min_nodes" if spec.min_nodes is not None else "max_nodes"
+            errors.append({"field": field,
+                           "message": f"cluster {cluster} is a Ray cluster, whose jobs run on a "
+                                      "fixed set of nodes: elastic jobs (min_nodes, max_nodes) "
+                                      "run on local clusters only; drop min_nodes and max_nodes "
+                                      "or submit to a local cluster"})
         if spec.process_count_per_node > info.slots:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "
@@ -300,7 +307,8 @@ class JobService:
         """
         job = self.store.get_job(job_id)
         total = job.spec.total_processes
-        if not 0 <= rank < total:
+        # An elastic job's workers that join later count on past its first world's ranks.
+        if rank < 0 or (rank >= total and not job.spec.elastic):
             raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
                                       f"ranks (0..{total - 1})")
         if stream not in LOG_STREAMS:

@@ -39,6 +39,7 @@ class ElasticSpec:
     reset_limit: int | None = None  # None: re-form as often as needed
     timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
     slots_per_host: int = 1  # for hosts the discovery script prints without a slot count
+    world_file: str | None = None  # where each world is written as it forms
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -262,7 +263,7 @@ def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec 
     min_np, script = values["min_np"], values["host_discovery_script"]
     if min_np is None and script is None:
         given = [BY_DEST[dest].name for dest in ("max_np", "reset_limit", "elastic_timeout",
-                                                 "slots_per_host")
+                                                 "slots_per_host", "world_file")
                  if values[dest] is not None]
         if given:
             raise ConfigError(f"{', '.join(given)}: only for elastic launches; add --min-np N "
@@ -277,5 +278,6 @@ def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec 
         timeout = elastic_timeout_from_environ(environ)
     return ElasticSpec(min_np=min_np, max_np=values["max_np"], discovery_script=script,
                        reset_limit=values["reset_limit"], timeout_s=timeout,
-                       slots_per_host=values["slots_per_host"] or 1)
+                       slots_per_host=values["slots_per_host"] or 1,
+                       world_file=values["world_file"])
 

@@ -38,6 +38,7 @@ from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
+from ringtrain.runner.world_file import LostWorker, write_world
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class ElasticAgent(Agent):
         self._notified: rdzv.HostUpdate | None = None
         self._finishing = False
         self._survived: set[int] = set()  # workers the world was re-formed without
+        self._lost: list[LostWorker] = []  # workers that failed, for --world-file
         self._error: str | None = None
 
     # -- the Agent's hooks ---------------------------------------------------------------------
@@ -99,6 +101,9 @@ class ElasticAgent(Agent):
             self._fail(outcome)  # nobody is left to carry the state on
             return
         host = rank.spec.hostname
+        self._lost.append(LostWorker(rank.spec.worker, host, self._generation,
+                                     outcome.describe()))
+        self._write_world()  # a supervisor learns of the loss before the world re-forms
         self._failed_hosts.record_failure(
             host, sum(m.spec.hostname == host for m in live), self._poller.latest().get(host))
         log.warning("%s; re-forming the world without it", outcome.describe())
@@ -196,8 +201,13 @@ class ElasticAgent(Agent):
             self._start_worker(worker.id, plan.slots[worker.id], generation)
         if old:
             rdzv.replace_world(self._store, self._keys, old, generation)
+        self._write_world()
         log.info("world %d: %d ranks (workers %s)", generation, plan.size,
                  ", ".join(map(str, plan.slots)))
+
+    def _write_world(self) -> None:
+        if self._spec.world_file is not None:
+            write_world(self._spec.world_file, self._generation, self._slots, self._lost)
 
     def _start_worker(self, worker: int, slot: SlotInfo, generation: int) -> None:
         try:

@@ -29,7 +29,14 @@ def interface_addresses() -> dict[str, str]:
 
 
 def resolve(hostname: str) -> str | None:
-    """The host's IPv4 address, or ``None`` when it does not resolve."""
+    """The host's IPv4 address, or ``None`` when it does not resolve.
+
+    Names under ``.localhost`` are this machine's loopback address, as RFC 6761 reserves them,
+    whether or not the system's resolver knows them: the job service names the nodes of a local
+    cluster so (``node3.localhost``), which keeps them apart as hosts of an elastic launch.
+    """
+    if hostname.lower().rstrip(".").endswith(".localhost"):
+        return "127.0.0.1"
     try:
         return socket.getaddrinfo(hostname, None, socket.AF_INET)[0][4][0]
     except (OSError, IndexError):
@@ -40,7 +47,8 @@ def is_this_machine(hostname: str, local_addresses: frozenset[str]) -> bool:
     """Whether a rank on ``hostname`` runs as a local process rather than over ssh.
 
     As in Horovod, a host is this machine when its name is ``localhost`` or this machine's name,
-    or it resolves to an address of one of this machine's interfaces. ``127.0.0.2`` is not: no
+    or it resolves to an address of one of this machine's interfaces (so does any name under
+    ``.localhost``, see :func:`resolve`). ``127.0.0.2`` is not: no
     interface has it, so it stands for another host (the tests use this).
 
     Args:

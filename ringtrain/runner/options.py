@@ -116,6 +116,9 @@ OPTIONS: tuple[Option, ...] = (
          help="elastic: slots of a host the discovery script prints without :SLOTS (default 1)"),
     _opt("--reset-limit", dest="reset_limit", type=int, metavar="N", group=_ELASTIC,
          help="elastic: most times the world may be re-formed (default: no limit)"),
+    _opt("--world-file", dest="world_file", type=str, metavar="FILE", group=_ELASTIC,
+         help="elastic: write each world as it forms to FILE as JSON: its hosts and workers, and "
+              "every worker lost so far with why (the job service reads it)"),
     _opt("--elastic-timeout", dest="elastic_timeout", type=float, metavar="SECONDS",
          group=_ELASTIC, help="elastic: how long to wait for enough slots and for a new world "
          "to form (default: HOROVOD_ELASTIC_TIMEOUT or 600)"),

@@ -24,6 +24,7 @@ from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
+from ringtrain.engine.peers import PeerProcess
 from ringtrain.log_level import apply_log_level
 from ringtrain.runner import elastic_rendezvous
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
@@ -78,15 +79,15 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
         if size == 1:
             backend: CollectiveBackend = LocalBackend()
             doorbell: Doorbell = LocalDoorbell()
-            hostnames = [env.hostname]
+            processes = [PeerProcess.this(env.hostname)]
             owns = False
         else:
             owns, prefix = _init_default_group(env, rank, size, comm)
             backend = TorchDistributedBackend(use_nccl=_nccl_usable())
             doorbell = _store_doorbell(env, prefix)
-            hostnames = backend.control_allgather(env.hostname)
-        topology = _topology(env, rank, hostnames)
-        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO")
+            processes = backend.control_allgather(PeerProcess.this(env.hostname))
+        topology = _topology(env, rank, [p.host for p in processes])
+        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO", peers=processes)
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,
                                          engine=engine, owns_default_group=owns,
                                          world_generation=_elastic_generation))

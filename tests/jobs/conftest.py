@@ -51,6 +51,7 @@ class FakeExecutor:
         self.started: list[str] = []
         self.stops: list[tuple[str, bool]] = []
         self.released: list[str] = []
+        self.offered: list[tuple[str, list[int]]] = []  # set_nodes calls
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> FakeHandle:
         self.started.append(job.id)
@@ -69,6 +70,9 @@ class FakeExecutor:
 
     def stop(self, job: JobInfo, launch: FakeHandle | None, force: bool) -> None:
         self.stops.append((job.id, force))
+
+    def set_nodes(self, job: JobInfo, launch: FakeHandle | None, nodes: list[int]) -> None:
+        self.offered.append((job.id, nodes))
 
     def release(self, job: JobInfo, launch: FakeHandle | None) -> None:
         self.released.append(job.id)

@@ -20,11 +20,14 @@ from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    LAUNCH_FILE, RESULT_FILE, STATUS_FILE, LaunchSpec, RunnerHandle, RunnerStatus, RunOutcome,
+    LAUNCH_FILE, RESULT_FILE, STATUS_FILE, WORLD_FILE, LaunchSpec, RunnerHandle, RunnerStatus,
+    RunOutcome, WorldRecord,
 )
 from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.jobs.share import Share
+from ringtrain.runner.hosts import HostInfo, assign
+from ringtrain.runner.world_file import LostWorker, write_world
 
 
 def job_dir(tmp_path: Path) -> Path:
@@ -220,3 +223,24 @@ def test_record_file_that_cannot_be_read(tmp_path: Path) -> None:
     (tmp_path / "server.json").mkdir()
     with pytest.raises(RecordError, match="cannot read .*server.json: Is a directory"):
         ServerInfo.read(tmp_path / "server.json")
+
+
+def test_world_file_as_the_runner_writes_it_and_the_hosts_it_lost(tmp_path: Path) -> None:
+    folder = job_dir(tmp_path)
+    assert WorldRecord.read(folder) is None  # before the first world formed
+    slots = assign([HostInfo("n0", 2), HostInfo("n1", 1), HostInfo("n2", 1)], 4)
+    lost = [LostWorker(2, "n1", 1, "worker 2 on n1 exited with code 3"),
+            LostWorker(3, "n2", 1, "worker 3 on n2 was killed by signal SIGKILL")]
+    # The loss is written before the world re-forms: n1 and n2 have no live worker left.
+    write_world(str(folder / WORLD_FILE), 1, dict(enumerate(slots)), lost[:1])
+    world = WorldRecord.read(folder)
+    assert world.hosts == {"n0": (0, 1), "n1": (2,), "n2": (3,)}
+    assert world.lost_hosts() == ["n1"]
+    # World 2 left n1 out; n2's worker failed in it, and a new one (4) joined n1 again later.
+    write_world(str(folder / WORLD_FILE), 2, {0: slots[0], 1: slots[1], 3: slots[3]}, lost)
+    assert WorldRecord.read(folder).lost_hosts() == ["n1", "n2"]
+    write_world(str(folder / WORLD_FILE), 3, {0: slots[0], 1: slots[1], 4: slots[2]}, lost)
+    assert WorldRecord.read(folder).lost_hosts() == ["n2"]
+    (folder / WORLD_FILE).write_text('{"generation": 1, "hosts": {"n0": [0]}, "lost": [{}]}')
+    with pytest.raises(RecordError, match="lacks the field 'worker'"):
+        WorldRecord.read(folder)

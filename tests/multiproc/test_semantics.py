@@ -313,4 +313,5 @@ def test_peer_exit_raises_horovod_internal_error_not_a_hang():
     finally:
         world.close()
     survivor = info.value.results[0]
-    assert "another rank failed or exited" in survivor
+    assert survivor.startswith("a collective failed on rank 0, because rank 1 (host "), survivor
+    assert "died (its process is gone: it exited or was killed)" in survivor

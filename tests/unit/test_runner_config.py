@@ -196,6 +196,7 @@ def test_log_level_from_the_environment_takes_any_case():
     (["--min-np", "1", "--elastic-timeout", "0", "x"], r"--elastic-timeout: must be positive"),
     (["-np", "2", "--reset-limit", "3", "--max-np", "4", "x"],
      r"--max-np/--max-num-proc, --reset-limit: only for elastic launches"),
+    (["-np", "2", "--world-file", "w.json", "x"], r"--world-file: only for elastic launches"),
 ])
 def test_bad_input_names_the_flag(argv, words):
     with pytest.raises(ConfigError, match=words):

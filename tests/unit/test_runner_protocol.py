@@ -81,6 +81,10 @@ def test_which_hosts_are_this_machine():
     assert network.is_this_machine(socket.gethostname(), addresses)
     assert network.is_this_machine("127.0.0.1", addresses)
     assert not network.is_this_machine("127.0.0.2", addresses)  # stands for a second host
+    # Names under .localhost are loopback (RFC 6761): the job service's local nodes
+    assert network.is_this_machine("node3.localhost", addresses)
+    assert network.is_loopback("Node3.LOCALHOST.")
+    assert not network.is_this_machine("localhost.example", addresses)
     assert network.is_loopback("127.0.0.2") and network.is_loopback("localhost")
     assert not network.is_loopback("10.1.2.3")
     assert network.route_source("127.0.0.2") == "127.0.0.1"

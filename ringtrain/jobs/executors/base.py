@@ -16,16 +16,28 @@ from ringtrain.jobs.models import JobInfo, NodeInfo
 
 
 @dataclass(frozen=True)
+class NodeLoss:
+    """A node an elastic attempt lost, and why (the launcher's words for its first failed rank)."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Observation:
     """What an executor saw of an attempt.
 
     ``exited`` carries the exit code (0 = success); ``lost`` means its processes are gone
-    without having reported one (killed, or died while no server watched).
+    without having reported one (killed, or died while no server watched). An elastic attempt
+    also reports the nodes of its current world and the nodes it lost (``world`` is ``None``
+    before its first world formed, and for fixed attempts).
     """
 
     phase: Phase
     exit_code: int | None = None
     message: str = ""
+    world: tuple[int, ...] | None = None
+    lost: tuple[NodeLoss, ...] = ()
 
 
 class LaunchHandle(Protocol):
@@ -67,6 +79,15 @@ class Executor(Protocol[H]):
 
     def stop(self, job: JobInfo, launch: H | None, force: bool) -> None:
         """Ask the attempt's processes to stop (``force``: kill them now)."""
+        ...
+
+    def set_nodes(self, job: JobInfo, launch: H | None, nodes: list[int]) -> None:
+        """Offer an elastic attempt these nodes from now on: its workers grow into new ones and
+        leave dropped ones at their next commit.
+
+        Raises:
+            OSError: the offer could not be recorded.
+        """
         ...
 
     def release(self, job: JobInfo, launch: H | None) -> None:

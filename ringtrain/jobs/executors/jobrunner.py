@@ -28,7 +28,14 @@ from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.records import RESULT_FILE, LaunchSpec, RunnerStatus, RunOutcome
+from ringtrain.jobs.executors.records import (
+    DISCOVERY_FILE,
+    RESULT_FILE,
+    WORLD_FILE,
+    LaunchSpec,
+    RunnerStatus,
+    RunOutcome,
+)
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: The exit code of an attempt whose command could not be started at all (as a shell's).
@@ -91,12 +98,22 @@ class JobRunner:
         return 0, ""
 
     def run_workers(self) -> tuple[int, str]:
-        """Run ``ringtrain run`` with node_count × process_count_per_node ranks."""
-        total = self.launch.node_count * self.launch.process_count_per_node
-        argv = [*self.launch.runner, "-np", str(total), "-H", f"localhost:{total}",
+        """Run ``ringtrain run`` with node_count × process_count_per_node ranks (elastic: from
+        min_nodes to max_nodes nodes, on the hosts the service offers)."""
+        launch = self.launch
+        per_node = launch.process_count_per_node
+        total = launch.node_count * per_node
+        if launch.min_nodes is None or launch.max_nodes is None:
+            where = ["-H", f"localhost:{total}"]
+        else:
+            where = ["--min-np", str(launch.min_nodes * per_node),
+                     "--max-np", str(launch.max_nodes * per_node),
+                     "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
+                     "--world-file", str(self.job_dir / WORLD_FILE)]
+        argv = [*launch.runner, "-np", str(total), *where,
                 "--output-filename", str(self.job_dir / "stdouterr"),
                 "--result-file", str(self.job_dir / RESULT_FILE),
-                "sh", "-c", self.launch.command]
+                "sh", "-c", launch.command]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         except OSError as e:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,9 +25,17 @@ from typing import Any
 from ringtrain.jobs import proc_stat
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
-from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.base import NodeLoss, Observation
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.records import LAUNCH_FILE, LaunchSpec, RunnerHandle, RunnerStatus
+from ringtrain.jobs.executors.records import (
+    DISCOVERY_FILE,
+    HOSTS_FILE,
+    LAUNCH_FILE,
+    LaunchSpec,
+    RunnerHandle,
+    RunnerStatus,
+    WorldRecord,
+)
 from ringtrain.jobs.models import JobInfo, NodeInfo
 from ringtrain.jobs.share import Share, python_path_env
 
@@ -33,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: How jobs start their workers: the runner's command line, never an import of the trainer.
 DEFAULT_RUNNER = (sys.executable, "-m", "ringtrain.cli", "run")
+#: An elastic job's node N is the host ``nodeN.localhost`` of its launch: a name of this
+#: machine (RFC 6761) that keeps the nodes apart as the elastic driver's hosts.
+_NODE_HOST = "node{}.localhost"
+_NODE_HOST_PATTERN = re.compile(r"node(\d+)\.localhost")
 
 
 class LocalExecutor:
@@ -59,11 +73,19 @@ class LocalExecutor:
             self.share.archive_attempt(job.id, job.attempt - 1)
         launch_file = job_dir / LAUNCH_FILE
         cgroup = self._create_cgroup(job)
-        LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=job.spec.command,
-                   node_count=job.spec.node_count,
-                   process_count_per_node=job.spec.process_count_per_node,
-                   job_preparation=job.spec.job_preparation, runner=self.runner,
-                   nodes=tuple(n.index for n in nodes), cgroup=cgroup).write(launch_file)
+        spec = job.spec
+        min_nodes, max_nodes = spec.node_range if spec.elastic else (None, None)
+        if spec.elastic:
+            self._write_hosts(job, [n.index for n in nodes])
+            script = job_dir / DISCOVERY_FILE
+            script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(job_dir / HOSTS_FILE))}\n")
+            script.chmod(0o755)
+        LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=spec.command,
+                   node_count=spec.node_count,
+                   process_count_per_node=spec.process_count_per_node,
+                   job_preparation=spec.job_preparation, runner=self.runner,
+                   nodes=tuple(n.index for n in nodes), cgroup=cgroup, min_nodes=min_nodes,
+                   max_nodes=max_nodes).write(launch_file)
         env = python_path_env({**os.environ, **self.share.job_environ(job)})
         with open(job_dir / "launcher" / "launcher.log", "ab") as out:
             proc = subprocess.Popen(
@@ -77,7 +99,28 @@ class LocalExecutor:
     def load_handle(self, data: dict[str, Any]) -> RunnerHandle:
         return RunnerHandle.from_json(data)
 
+    def set_nodes(self, job: JobInfo, launch: RunnerHandle | None, nodes: list[int]) -> None:
+        self._write_hosts(job, nodes)
+
+    def _write_hosts(self, job: JobInfo, nodes: list[int]) -> None:
+        """What the attempt's discovery script prints from now on: its nodes as hosts."""
+        path = Path(job.job_dir) / HOSTS_FILE
+        slots = job.spec.process_count_per_node
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{_NODE_HOST.format(n)}:{slots}\n" for n in nodes))
+        os.replace(tmp, path)  # the script never prints half a list
+
     def poll(self, job: JobInfo, launch: RunnerHandle | None) -> Observation:
+        seen = self._observe(job, launch)
+        if not job.spec.elastic or seen.phase is Phase.LOST:
+            return seen
+        try:
+            return self._with_world(job, seen)
+        except RecordError as e:  # the attempt goes on; only its world is not known
+            log.warning("job %s: %s", job.id, e)
+            return seen
+
+    def _observe(self, job: JobInfo, launch: RunnerHandle | None) -> Observation:
         if launch is None:
             return Observation(Phase.LOST, message="the service stopped while starting the job")
         try:
@@ -143,6 +186,23 @@ class LocalExecutor:
             return None
         return Observation(status.phase, status.exit_code, status.message)
 
+    def _with_world(self, job: JobInfo, seen: Observation) -> Observation:
+        """``seen`` with the elastic attempt's current world and lost nodes.
+
+        Raises:
+            RecordError: the world file is malformed.
+        """
+        world = WorldRecord.read(Path(job.job_dir))
+        if world is None:
+            return seen
+        first_failure: dict[str, str] = {}
+        for worker in world.lost:
+            first_failure.setdefault(worker.host, worker.reason)
+        lost = tuple(NodeLoss(_node_of(h), first_failure[h]) for h in world.lost_hosts())
+        gone = {loss.node for loss in lost}
+        nodes = tuple(n for n in map(_node_of, world.hosts) if n not in gone)
+        return Observation(seen.phase, seen.exit_code, seen.message, nodes, lost)
+
     def _alive(self, job_id: str, launch: RunnerHandle) -> bool:
         proc = self._children.get(job_id)
         if proc is not None:
@@ -155,3 +215,16 @@ class LocalExecutor:
         if launch is not None and self._alive(job_id, launch):
             return launch.pid
         return None
+
+
+def _node_of(host: str) -> int:
+    """The node index of an elastic launch's host (``node3.localhost`` -> 3).
+
+    Raises:
+        RecordError: the host is not one the executor named.
+    """
+    match = _NODE_HOST_PATTERN.fullmatch(host)
+    if match is None:
+        raise RecordError(f"the world file names the host {host!r}, which is no node of the "
+                          "job (nodeN.localhost)")
+    return int(match.group(1))

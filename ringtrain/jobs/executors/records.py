@@ -1,13 +1,15 @@
 """What the local executor and its job runners leave each other, as typed records.
 
-Four records cross a process boundary, each as JSON:
+Five records cross a process boundary, each as JSON:
 
 - :class:`RunnerHandle`, the launch handle: the job runner's pid and start time, stored with the
   job so that a restarted server finds the attempt again;
 - :class:`LaunchSpec`, ``launcher/launch.json``: what the job runner is to run;
 - :class:`RunnerStatus`, ``launcher/status.json``: the job runner's phase, and how it ended;
 - :class:`RunOutcome`, ``launcher/result.json``: how the ranks ended, as ``ringtrain run
-  --result-file`` reports it (the job runner reads it for the user's own exit code).
+  --result-file`` reports it (the job runner reads it for the user's own exit code);
+- :class:`WorldRecord`, ``launcher/world.json``: an elastic attempt's current world and the
+  workers it lost, as ``ringtrain run --world-file`` writes it.
 
 A server may meet a handle or status file of a job started before an upgrade, so the field names
 never change, and fields added later need a default. Reading refuses anything else with a
@@ -31,6 +33,11 @@ from ringtrain.jobs.record_file import read_record_file
 LAUNCH_FILE = "launcher/launch.json"
 STATUS_FILE = "launcher/status.json"
 RESULT_FILE = "launcher/result.json"
+#: Elastic attempts: the hosts the service offers (what the discovery script prints), the
+#: discovery script, and the worlds ``ringtrain run --world-file`` writes as they form.
+HOSTS_FILE = "launcher/hosts.txt"
+DISCOVERY_FILE = "launcher/discover.sh"
+WORLD_FILE = "launcher/world.json"
 
 _REQUIRED = object()
 
@@ -86,6 +93,9 @@ class LaunchSpec:
         runner: the command prefix that launches the ranks (``ringtrain run``'s).
         nodes: the cluster nodes the attempt holds.
         cgroup: the cgroup folder the runner moves itself into first, if any.
+        min_nodes: elastic attempts: the fewest nodes to keep running on (``None``: a fixed
+            world of node_count nodes).
+        max_nodes: elastic attempts: the most nodes to grow to.
     """
 
     job_dir: str
@@ -97,6 +107,8 @@ class LaunchSpec:
     runner: tuple[str, ...]
     nodes: tuple[int, ...]
     cgroup: str | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
 
     def write(self, path: Path) -> None:
         """Write the launch file (before the runner starts, so never read half-written)."""
@@ -122,7 +134,9 @@ class LaunchSpec:
                                           None),
                    runner=_items(data, "runner", str, source),
                    nodes=_items(data, "nodes", int, source),
-                   cgroup=_field(data, "cgroup", (str, type(None)), source, None))
+                   cgroup=_field(data, "cgroup", (str, type(None)), source, None),
+                   min_nodes=_field(data, "min_nodes", (int, type(None)), source, None),
+                   max_nodes=_field(data, "max_nodes", (int, type(None)), source, None))
 
 
 @dataclass(frozen=True)
@@ -224,6 +238,62 @@ class RunOutcome:
                    cause_rank=_field(first, "rank", int, source) if causes else None,
                    cause_exit_code=code if code is not None else (
                        None if sig is None else 128 + sig))
+
+
+@dataclass(frozen=True)
+class LostWorker:
+    """A worker an elastic attempt lost: its id, host, the world it was lost from, and how."""
+
+    worker: int
+    host: str
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class WorldRecord:
+    """The world file: an elastic attempt's current world and every worker it lost.
+
+    Attributes:
+        generation: the world's number (1 for the first).
+        hosts: the world's workers by host, in rank order.
+        lost: the workers lost so far, in the order they failed.
+    """
+
+    generation: int
+    hosts: Mapping[str, tuple[int, ...]]
+    lost: tuple[LostWorker, ...]
+
+    def lost_hosts(self) -> list[str]:
+        """The hosts where a worker failed that have no live worker in the current world: left
+        out of it, or all of their workers in it failed."""
+        failed = {w.worker for w in self.lost}
+        hosts = dict.fromkeys(w.host for w in self.lost)
+        return [h for h in hosts if set(self.hosts.get(h, ())) <= failed]
+
+    @classmethod
+    def read(cls, job_dir: Path) -> WorldRecord | None:
+        """The latest world, or ``None`` before the first one formed.
+
+        Raises:
+            RecordError: the file is not JSON or lacks a field.
+        """
+        path = job_dir / WORLD_FILE
+        source = f"the world file {path}"
+        data = _read_object(path, source)
+        if data is None:
+            return None
+        hosts = _object(_field(data, "hosts", dict, source), source)
+        lost = []
+        for item in _field(data, "lost", list, source):
+            entry = _object(item, source)
+            lost.append(LostWorker(worker=_field(entry, "worker", int, source),
+                                   host=_field(entry, "host", str, source),
+                                   generation=_field(entry, "generation", int, source),
+                                   reason=_field(entry, "reason", str, source)))
+        return cls(generation=_field(data, "generation", int, source),
+                   hosts={host: _items(hosts, host, int, source) for host in hosts},
+                   lost=tuple(lost))
 
 
 def _read_object(path: Path, source: str) -> Mapping[str, Any] | None:

@@ -50,5 +50,8 @@ class BackendExecutor:
     def stop(self, job: JobInfo, launch: LaunchHandle | None, force: bool) -> None:
         self._for(job).stop(job, launch, force)
 
+    def set_nodes(self, job: JobInfo, launch: LaunchHandle | None, nodes: list[int]) -> None:
+        self._for(job).set_nodes(job, launch, nodes)
+
     def release(self, job: JobInfo, launch: LaunchHandle | None) -> None:
         self._for(job).release(job, launch)

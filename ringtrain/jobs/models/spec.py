@@ -111,6 +111,14 @@ class JobSpec(BaseModel):
     max_retries: int = Field(0, ge=0, le=100, strict=True,
                              description="Times a failed job is re-queued.")
     priority: Priority = Field(Priority.NORMAL, description="low | normal | high.")
+    min_nodes: int | None = Field(
+        None, ge=1, le=1024, strict=True,
+        description="Elastic: the job survives losing nodes down to this many (default "
+                    "node_count); it fails once fewer remain.")
+    max_nodes: int | None = Field(
+        None, ge=1, le=1024, strict=True,
+        description="Elastic: the job grows up to this many nodes when its cluster has idle "
+                    "ones (default node_count).")
 
     @field_validator("command")
     @classmethod
@@ -144,6 +152,35 @@ class JobSpec(BaseModel):
         if dupes:
             raise ValueError(f"names must be unique; repeated: {', '.join(dupes)}")
         return v
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _min_nodes_at_most_node_count(cls, v: int | None, info: ValidationInfo) -> int | None:
+        count = info.data.get("node_count")
+        if v is not None and count is not None and v > count:
+            raise ValueError(f"must be at most node_count ({count}): the job starts on "
+                             "node_count nodes and may shrink down to min_nodes")
+        return v
+
+    @field_validator("max_nodes")
+    @classmethod
+    def _max_nodes_at_least_node_count(cls, v: int | None, info: ValidationInfo) -> int | None:
+        count = info.data.get("node_count")
+        if v is not None and count is not None and v < count:
+            raise ValueError(f"must be at least node_count ({count}): the job starts on "
+                             "node_count nodes and may grow up to max_nodes")
+        return v
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job survives losing nodes and grows into idle ones (min_nodes or
+        max_nodes given)."""
+        return self.min_nodes is not None or self.max_nodes is not None
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """The fewest and the most nodes the job may run on (both node_count unless elastic)."""
+        return (self.min_nodes or self.node_count, self.max_nodes or self.node_count)
 
     @property
     def total_processes(self) -> int:

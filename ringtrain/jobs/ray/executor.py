@@ -177,6 +177,10 @@ class RayExecutor:
             if force:
                 ray.kill(actor, no_restart=True)
 
+    def set_nodes(self, job: JobInfo, launch: RayHandle | None, nodes: list[int]) -> None:
+        # The service refuses elastic specs on Ray clusters at submit (JobService._check).
+        raise OSError(f"job {job.id}: the ray backend runs no elastic jobs")
+
     def release(self, job: JobInfo, launch: RayHandle | None) -> None:
         handle = launch or self._guess(job)
         ray = self.connection.connect(handle.address)

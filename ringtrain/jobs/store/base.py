@@ -91,6 +91,21 @@ class Store(Protocol):
         """
         ...
 
+    def set_job_nodes(self, job_id: str, nodes: list[int], message: str | None = None
+                      ) -> JobInfo:
+        """Change the nodes of a started elastic job: nodes it gains are claimed (they must be
+        idle), nodes it loses are released (idle again, or removed if they were leaving).
+
+        Args:
+            job_id: the job, preparing or running.
+            nodes: its nodes from now on.
+            message: replaces the job's message when given.
+
+        Raises:
+            ConflictError: the job is not started, or a node to claim is not idle.
+        """
+        ...
+
     def set_message(self, job_id: str, message: str) -> None:
         """Replace a job's message without changing its state (why a queued job waits)."""
         ...

@@ -295,6 +295,28 @@ class SQLiteStore:
                        (*sets.values(), job_id))
             return self._job(db, job_id)
 
+    def set_job_nodes(self, job_id: str, nodes: list[int], message: str | None = None
+                      ) -> JobInfo:
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if job.state not in (JobState.PREPARING, JobState.RUNNING):
+                raise ConflictError(f"job {job_id} is {job.state.value}: only a started job's "
+                                    "nodes change")
+            gained = [i for i in nodes if i not in job.nodes]
+            if gained:
+                self._claim_nodes(db, job, gained)
+            for node in self._job_nodes(db, job):
+                if node.index not in nodes:
+                    self._release_node(db, node)
+                elif job.state == JobState.RUNNING and node.state == NodeState.PREPARING:
+                    self._set_node(db, node, NodeState.RUNNING, job_id)
+            sets: dict[str, Any] = {"nodes": json.dumps(nodes)}
+            if message is not None:
+                sets["message"] = message
+            db.execute(f"UPDATE jobs SET {', '.join(f'{k}=?' for k in sets)} WHERE id=?",
+                       (*sets.values(), job_id))
+            return self._job(db, job_id)
+
     def set_message(self, job_id: str, message: str) -> None:
         with self._tx() as db:
             self._job(db, job_id)
@@ -336,11 +358,13 @@ class SQLiteStore:
 
     def _release_nodes(self, db: sqlite3.Connection, job: JobInfo) -> None:
         for node in self._job_nodes(db, job):
-            if node.state == NodeState.LEAVING:
-                db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?",
-                           (node.cluster, node.index))
-            else:
-                self._set_node(db, node, NodeState.IDLE, None)
+            self._release_node(db, node)
+
+    def _release_node(self, db: sqlite3.Connection, node: NodeInfo) -> None:
+        if node.state == NodeState.LEAVING:
+            db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?", (node.cluster, node.index))
+        else:
+            self._set_node(db, node, NodeState.IDLE, None)
 
     def _job_row(self, db: sqlite3.Connection, job_id: str) -> sqlite3.Row:
         row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()

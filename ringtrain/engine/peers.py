@@ -1,0 +1,118 @@
+"""Which peer died: the error of a failed collective names the rank whose process is gone.
+
+When a rank dies in the middle of a collective, the backend only reports a broken connection
+("Connection closed by peer [127.0.0.1]:41234"), which says neither which rank nor why. Every
+rank records each peer's process at ``init()`` (host, pid, machine, start time); after a
+collective fails, the peers on this machine whose process is gone (or a zombie) are the dead
+ones.
+Peers on other hosts cannot be looked at from here; their number is named only by the launcher
+(``ringtrain run`` reports the rank that failed first as the root cause).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_PROC = Path("/proc")
+#: How long a survivor waits for a dying peer's process to end: its sockets may close a moment
+#: before the process does (an exception unwinding, atexit handlers).
+SETTLE_S = 1.0
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class PeerProcess:
+    """One rank's process, as its peers can find it again.
+
+    Attributes:
+        host: the rank's hostname (as the launcher named it).
+        pid: its process id.
+        machine: the boot id of its kernel and its pid namespace: a pid names the same process
+            only within one namespace of one running kernel. Host names cannot tell that (the
+            nodes of a local job cluster are several names of one machine; containers may share
+            a name).
+        start_ticks: when it started, in clock ticks since boot, telling it from a reused pid.
+    """
+
+    host: str
+    pid: int
+    machine: str
+    start_ticks: int
+
+    @classmethod
+    def this(cls, host: str) -> PeerProcess:
+        """This process, on ``host``."""
+        try:
+            boot = (_PROC / "sys/kernel/random/boot_id").read_text().strip()
+            machine = f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+        except OSError:  # no /proc: nothing can be checked, and nothing claimed
+            machine = ""
+        fields = _stat_fields(os.getpid())
+        return cls(host, os.getpid(), machine, int(fields[19]) if fields else -1)
+
+    def describe(self, rank: int) -> str:
+        """``rank 1 (host node1, pid 4242)``."""
+        return f"rank {rank} (host {self.host}, pid {self.pid})"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ...), or ``None`` if there is no such process."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _gone(peer: PeerProcess) -> bool:
+    fields = _stat_fields(peer.pid)
+    return fields is None or fields[0] in ("Z", "X") or int(fields[19]) != peer.start_ticks
+
+
+class Peers:
+    """Every rank's process, as seen from one rank.
+
+    Args:
+        rank: this rank.
+        processes: every rank's process, by rank (empty: nothing is known, nothing is named).
+    """
+
+    def __init__(self, rank: int, processes: Sequence[PeerProcess]):
+        self._rank = rank
+        self._processes = tuple(processes)
+
+    def _here(self) -> list[int]:
+        """The peers on this machine (same kernel boot and pid namespace)."""
+        if not self._processes or not self._processes[self._rank].machine:
+            return []
+        me = self._processes[self._rank].machine
+        return [r for r, p in enumerate(self._processes)
+                if r != self._rank and p.machine == me]
+
+    def dead(self) -> list[int]:
+        """The peers on this machine whose process is gone."""
+        return [r for r in self._here() if _gone(self._processes[r])]
+
+    def wait_for_dead(self, settle_s: float = SETTLE_S,
+                      clock: Callable[[], float] = time.monotonic) -> list[int]:
+        """The dead peers, waiting up to ``settle_s`` for one to show (not at all when no peer
+        is on this machine)."""
+        if not self._here():
+            return []
+        deadline = clock() + settle_s
+        while not (dead := self.dead()) and clock() < deadline:
+            time.sleep(_POLL_S)
+        return dead
+
+    def failure_cause(self, dead: Sequence[int]) -> str:
+        """What killed the collective: ``rank 1 (host h, pid p) died (its process is gone: it
+        exited or was killed)``."""
+        names = ", ".join(self._processes[r].describe(r) for r in dead)
+        if len(dead) == 1:
+            return f"{names} died (its process is gone: it exited or was killed)"
+        return f"{names} died (their processes are gone: they exited or were killed)"
