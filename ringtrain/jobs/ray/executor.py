@@ -100,7 +100,7 @@ class RayExecutor:
     """Runs attempts on Ray clusters.
 
     Args:
-        share: the share holding the job folders; every Ray node must see it at the same path.
+        share: the share holding the job folders, at the same path on the Ray nodes that see it.
         connection: the service's Ray connection.
         address_of: the Ray address of a cluster, by cluster name.
         placement_timeout_s: how long an attempt may wait for its placement group.
@@ -264,7 +264,11 @@ class RayExecutor:
         job_dir = Path(job.job_dir)
         if status.needs_workdir and node not in self._sent.setdefault(launch.placement_group,
                                                                       set()):
-            ray.get_actor(launch.actor(node)).receive_workdir.remote(_workdir_tar(job_dir))
+            try:
+                actor = ray.get_actor(launch.actor(node))
+            except ValueError:
+                return None  # gone since it answered: the next poll finds it lost
+            actor.receive_workdir.remote(_workdir_tar(job_dir))
             self._sent[launch.placement_group].add(node)
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
             return None

@@ -28,25 +28,26 @@ Chunk = tuple[str, int, bytes]
 
 
 class TooLargeError(ValueError):
-    """A folder bigger than :data:`TRANSFER_LIMIT`; the message says which and how big."""
+    """A folder too big to carry through Ray; the message says which and how big."""
 
 
-def pack(folder: Path, what: str) -> bytes:
+def pack(folder: Path, what: str, limit: int = TRANSFER_LIMIT) -> bytes:
     """The files below ``folder`` as an uncompressed tar.
 
     Args:
         folder: the folder to pack.
         what: what it is, for the error message (e.g. ``"the working dir"``).
+        limit: the most bytes its files may add up to.
 
     Raises:
-        TooLargeError: the files add up to more than :data:`TRANSFER_LIMIT`.
+        TooLargeError: the files add up to more than ``limit``.
         OSError: a file cannot be read.
     """
     size = sum(os.lstat(os.path.join(top, name)).st_size
                for top, _, names in os.walk(folder) for name in names)
-    if size > TRANSFER_LIMIT:
+    if size > limit:
         raise TooLargeError(f"{what} holds {size / 2**20:.1f} MiB, over the "
-                            f"{TRANSFER_LIMIT >> 20} MiB a Ray node without the service's "
+                            f"{limit / 2**20:g} MiB a Ray node without the service's "
                             "share can exchange with it; mount the share on every Ray node at "
                             "the service's path (docs/jobs.md, Ray clusters)")
     buffer = io.BytesIO()
