@@ -219,7 +219,7 @@ class NodeRunner:
             except (OSError, tarfile.TarError) as e:
                 problem = f"cannot unpack it in {self.work_dir}: {e}"
         self._workdir = None  # the tar is not needed any more
-        if problem is None or self._stopping:
+        if problem is None:
             return None
         return EXIT_NOT_STARTED, (
             f"node {self.plan.node} ({self.ip}) does not see the job's folder "
