@@ -1,6 +1,6 @@
 """The ray backend on a real two-node Ray cluster on this machine: gang placement across both
 nodes, a two-node training job, terminate, a service restart, a placement timeout, a node that
-does not see the share, the README's job on both backends, a lost node (failed and retried).
+does not see the share, a node that works in a private copy, the README's job on both backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
 only, so every Ray test runs inside a network namespace that has only ``lo``: the two
@@ -315,7 +315,7 @@ def test_terminating_an_unplaced_job_ends_it_at_once(ray_cluster, rays: RayServi
 @inside
 def test_node_that_does_not_see_the_share_fails_the_job_saying_so(rays: RayService,
                                                                    tmp_path: Path) -> None:
-    # The executor alone, on a job folder no node has: machines without the shared filesystem.
+    # The executor alone, on a job folder neither the nodes nor the service have: no copy.
     job = JobInfo(id="unseen-1a2b3c", cluster="r", state="preparing", created_at=time.time(),
                   spec=parse_job_spec({"node_count": 2, "command": "true"}),
                   job_dir=str(tmp_path / "absent"))
@@ -327,6 +327,56 @@ def test_node_that_does_not_see_the_share_fails_the_job_saying_so(rays: RayServi
     assert "does not see the job's folder" in seen.message and "127.0.0.1" in seen.message
     assert not (tmp_path / "absent").exists()  # nothing written where the share should be
     assert _placement_groups(f"{job.id}.") == []
+
+
+@inside
+def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RayService,
+                                                        tmp_path: Path) -> None:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # A third machine that works in private copies (as one without the share would), and the
+    # worker machine kept busy, so the job's two nodes are the service's machine and that one.
+    scratch = tmp_path / "scratch"
+    private = ray_cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1",
+                                   object_store_memory=80 << 20,
+                                   env_vars={"RINGTRAIN_RAY_SCRATCH": str(scratch)})
+    (worker,) = [n for n in ray_cluster.worker_nodes if n is not private]
+    blocker = ray.remote(num_cpus=2)(_Idle).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=False)).remote()
+    try:
+        ray.get(blocker.ready.remote(), timeout=60)
+        working_dir = tmp_path / "project"
+        working_dir.mkdir()
+        (working_dir / "greeting.txt").write_text("hello")
+        command = ('for i in 1 2 3 4; do echo tick $i rank $RANK; sleep 1; done; '
+                   'cp greeting.txt "$RINGTRAIN_OUTPUT_MODEL/from.$RANK"')
+        job = rays.submit("r", command, outputs=["model"], working_dir=str(working_dir))
+        running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+        job_dir = Path(running.job_dir)
+        logs = [job_dir / "stdouterr" / f"rank.{rank}" / "stdout" for rank in range(2)]
+        # Both ranks' first lines reach the share while they run (the job takes 4 s).
+        seen = rays.tick_until(job.id, lambda j: all(
+            p.is_file() and "tick 1" in p.read_text() for p in logs), timeout_s=20)
+        assert seen.state == JobState.RUNNING
+        done = rays.run_to_end(job.id)
+        assert done.state == JobState.SUCCEEDED, done.message
+        for rank, log in enumerate(logs):
+            assert log.read_text() == "".join(f"tick {i} rank {rank}\n" for i in range(1, 5))
+            assert (job_dir / "outputs" / "model" / f"from.{rank}").read_text() == "hello"
+        copies = scratch / "ringtrain-ray"
+        assert copies.is_dir()  # one node did work in a private copy ...
+        assert list(copies.iterdir()) == []  # ... removed with the attempt
+    finally:
+        ray.kill(blocker)
+        ray_cluster.remove_node(private)
+
+
+class _Idle:
+    """An actor that holds its CPUs."""
+
+    def ready(self) -> bool:
+        return True
 
 
 @inside

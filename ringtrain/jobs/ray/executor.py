@@ -7,6 +7,11 @@ is held only for a few calls. ``poll`` reads the actors' status; a placement gro
 after ``placement_timeout_s`` ends the attempt with a message saying what could not be placed
 (the scheduler fails it, or re-queues it under ``max_retries``).
 
+A node that does not see the job's folder works in a private copy (see
+:mod:`ringtrain.jobs.ray.node`): ``poll`` sends it the working dir when it asks, and writes the
+log chunks and outputs its answers carry into the share, so the service's machine does every
+write to the share and ``job logs --follow`` lags by about one scheduler tick.
+
 Everything is detached and named after the job id and attempt (``<id>.<attempt>`` for the
 placement group, ``<id>.<attempt>.node<k>`` for the actors, in the ``ringtrain`` namespace), so a
 restarted service finds a running attempt again from its stored handle, or from the job alone,
@@ -16,15 +21,18 @@ and never starts it twice.
 from __future__ import annotations
 
 import logging
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
+from ringtrain.jobs.ray import transfer
 from ringtrain.jobs.ray.connection import RayConnection
 from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
 from ringtrain.jobs.share import Share
@@ -92,7 +100,7 @@ class RayExecutor:
     """Runs attempts on Ray clusters.
 
     Args:
-        share: the share holding the job folders; every Ray node must see it at the same path.
+        share: the share holding the job folders, at the same path on the Ray nodes that see it.
         connection: the service's Ray connection.
         address_of: the Ray address of a cluster, by cluster name.
         placement_timeout_s: how long an attempt may wait for its placement group.
@@ -110,6 +118,10 @@ class RayExecutor:
         self.clock = clock
         # Status calls in flight, by placement group: asked again once every actor answered.
         self._asked: dict[str, list[Any]] = {}
+        # Nodes working in private copies, by placement group: sent the working dir, and
+        # whose outputs are in the share.
+        self._sent: dict[str, set[int]] = {}
+        self._collected: dict[str, set[int]] = {}
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
         if job.attempt > 0:
@@ -187,7 +199,8 @@ class RayExecutor:
         from ray.util import get_placement_group, remove_placement_group
 
         actors = self._actors(ray, handle)
-        self._asked.pop(handle.placement_group, None)
+        for held in (self._asked, self._sent, self._collected):
+            held.pop(handle.placement_group, None)
         try:  # kill the ranks' process groups first, then the actors
             ray.get([a.stop.remote(True) for a in actors], timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
@@ -201,11 +214,14 @@ class RayExecutor:
 
     def _observe(self, ray: Any, job: JobInfo, launch: RayHandle, pg: Any) -> Observation:
         refs = self._asked.get(launch.placement_group)
+        collected = self._collected.setdefault(launch.placement_group, set())
         if refs is None:
             refs = []
+            offsets = transfer.log_sizes(Path(job.job_dir))
             for k in range(launch.node_count):
                 try:
-                    refs.append(ray.get_actor(launch.actor(k)).status.remote())
+                    refs.append(ray.get_actor(launch.actor(k)).status.remote(
+                        offsets, k not in collected))
                 except ValueError:
                     return Observation(Phase.LOST,
                                        message=self._lost(ray, pg, k, "its actor is gone"))
@@ -217,10 +233,15 @@ class RayExecutor:
             if ref.hex() not in answered:
                 continue
             try:
-                seen.append(ray.get(ref))
+                status = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 self._asked.pop(launch.placement_group, None)
                 return Observation(Phase.LOST, message=self._lost(ray, pg, k, _first_line(e)))
+            problem = self._take(ray, job, launch, k, status)
+            if problem:
+                self._asked.pop(launch.placement_group, None)
+                return Observation(Phase.EXITED, 1, problem)
+            seen.append(status)
         failed = [s for s in seen if s.phase is Phase.EXITED and s.exit_code != 0]
         if failed:
             return Observation(Phase.EXITED, failed[0].exit_code, failed[0].message)
@@ -232,6 +253,33 @@ class RayExecutor:
         if any(s.phase is Phase.PREPARING for s in seen):
             return Observation(Phase.PREPARING)
         return Observation(Phase.RUNNING)
+
+    def _take(self, ray: Any, job: JobInfo, launch: RayHandle, node: int,
+              status: NodeStatus) -> str | None:
+        """Serve a node working in a private copy: its working dir, its logs and outputs.
+
+        Returns:
+            Why the share could not take what the node sent, if it could not.
+        """
+        job_dir = Path(job.job_dir)
+        if status.needs_workdir and node not in self._sent.setdefault(launch.placement_group,
+                                                                      set()):
+            try:
+                actor = ray.get_actor(launch.actor(node))
+            except ValueError:
+                return None  # gone since it answered: the next poll finds it lost
+            actor.receive_workdir.remote(_workdir_tar(job_dir))
+            self._sent[launch.placement_group].add(node)
+        if not job_dir.is_dir():  # removed meanwhile: nothing to write into
+            return None
+        try:
+            transfer.write_log_chunks(job_dir, list(status.logs))
+            if status.outputs is not None:
+                transfer.unpack(status.outputs, job_dir / "outputs")
+                self._collected[launch.placement_group].add(node)
+        except (OSError, ValueError, tarfile.TarError) as e:
+            return f"cannot write what node {node} sent into the job's folder {job_dir}: {e}"
+        return None
 
     def _lost(self, ray: Any, pg: Any, node: int, why: str) -> str:
         """A message naming the Ray node that held bundle ``node``."""
@@ -264,6 +312,18 @@ class RayExecutor:
             except ValueError:
                 continue  # never started, or dead already
         return actors
+
+
+def _workdir_tar(job_dir: Path) -> bytes | str:
+    """The job's working dir as a tar for a node without the share, or why there is none."""
+    if not (job_dir / "wd").is_dir():
+        return f"the service has no working dir at {job_dir / 'wd'}"
+    try:
+        return transfer.pack(job_dir / "wd", "the working dir")
+    except transfer.TooLargeError as e:
+        return str(e)
+    except OSError as e:
+        return f"the service cannot read the working dir: {e}"
 
 
 def _first_line(e: BaseException) -> str:

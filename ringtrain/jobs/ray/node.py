@@ -8,6 +8,12 @@ the rendezvous store at the first bundle's node address, on a port the first nod
 Logs go straight into the job's folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``),
 written line by line, so ``job logs --follow`` reads them as they come.
 
+A node that does not see the job's folder (no shared filesystem there), or whose machine sets
+``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
+folder): it asks the executor for the working dir, and its answers to :meth:`NodeRunner.status`
+carry its new log bytes and, once it exited, its outputs (:mod:`ringtrain.jobs.ray.transfer`),
+which the executor writes into the share.
+
 The actor's worker process imports this module before the actor starts, so it imports nothing
 heavy (no pydantic, no ringtrain models): it is on the path from submit to running.
 
@@ -19,10 +25,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +39,13 @@ from pathlib import Path
 from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.ray import transfer
+
+#: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
+#: private copies, even where it sees the service's share.
+SCRATCH_VAR = "RINGTRAIN_RAY_SCRATCH"
+#: How long a node without the share waits for the executor to send the working dir.
+_WORKDIR_WAIT_S = 60.0
 
 _PR_SET_PDEATHSIG = 1
 # Args: the actor's pid, the process group of one rank (or preparation). Ends with the group.
@@ -64,11 +80,18 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded)."""
+    """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded).
+
+    A node working in a private copy also says whether it waits for the working dir, and
+    carries its new log chunks and, once exited and asked, its outputs as a tar.
+    """
 
     phase: Phase
     exit_code: int | None = None
     message: str = ""
+    needs_workdir: bool = False
+    logs: tuple[transfer.Chunk, ...] = ()
+    outputs: bytes | None = None
 
 
 class NodeRunner:
@@ -89,6 +112,11 @@ class NodeRunner:
         self._children: list[subprocess.Popen] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # The folder the node works in: the job's folder on the share, or a private copy.
+        self.work_dir = Path(plan.job_dir)
+        self._private = False
+        self._workdir: bytes | str | None = None  # the tar, or why the executor sent none
+        self._workdir_came = threading.Event()
 
     def rendezvous(self) -> tuple[str, int]:
         """The address rank 0 serves the rendezvous store at (node 0's actor only)."""
@@ -102,14 +130,46 @@ class NodeRunner:
                                                 daemon=True)
                 self._thread.start()
 
-    def status(self) -> NodeStatus:
-        """Where the node is."""
-        return self._status
+    def status(self, log_offsets: dict[str, int] | None = None,
+               want_outputs: bool = False) -> NodeStatus:
+        """Where the node is; from a private copy, with what the share does not hold yet.
+
+        Args:
+            log_offsets: the size of each log file in the job's folder on the share.
+            want_outputs: send the outputs if the node exited.
+        """
+        status = self._status  # before reading the logs: exited means they are complete
+        if not self._private:
+            return status
+        waiting = not self._workdir_came.is_set()
+        chunks, more = transfer.new_log_chunks(self.work_dir, log_offsets or {})
+        if more and status.phase is Phase.EXITED:  # exited once the backlog is sent
+            status = NodeStatus(Phase.RUNNING)
+        outputs = None
+        if want_outputs and status.phase is Phase.EXITED \
+                and (self.work_dir / "outputs").is_dir():
+            try:
+                outputs = transfer.pack(self.work_dir / "outputs",
+                                        f"the outputs of node {self.plan.node}")
+            except (transfer.TooLargeError, OSError) as e:
+                return NodeStatus(Phase.EXITED, status.exit_code or 1, str(e), logs=tuple(chunks))
+        return NodeStatus(status.phase, status.exit_code, status.message,
+                          needs_workdir=waiting and status.phase is Phase.PREPARING,
+                          logs=tuple(chunks), outputs=outputs)
+
+    def receive_workdir(self, data: bytes | str) -> None:
+        """The working dir for a private copy, as a tar, or why the executor has none."""
+        if not self._workdir_came.is_set():
+            self._workdir = data
+            self._workdir_came.set()
 
     def stop(self, force: bool) -> None:
         """SIGTERM (``force``: SIGKILL) every process the node started, by process group."""
         self._stopping = True
+        self._workdir_came.set()  # a node waiting for its working dir stops waiting
         self._signal(signal.SIGKILL if force else signal.SIGTERM)
+        if force and self._private:  # the service has what it needs of the copy by now
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _signal(self, sig: int) -> None:
         with self._lock:
@@ -123,7 +183,7 @@ class NodeRunner:
 
     def _run(self) -> None:
         try:
-            code, message = self._share_problem() or self._prepare()
+            code, message = self._locate() or self._prepare()
             if code == 0 and not self._stopping:
                 self._status = NodeStatus(Phase.RUNNING)
                 code, message = self._ranks()
@@ -134,20 +194,51 @@ class NodeRunner:
             code, message = code or 1, "stopped by the service"
         self._status = NodeStatus(Phase.EXITED, code, message)
 
-    def _share_problem(self) -> tuple[int, str] | None:
-        """Why this node cannot run the job, if it does not see the job's folder on the share."""
-        if (Path(self.plan.job_dir) / "wd").is_dir():
+    def _locate(self) -> tuple[int, str] | None:
+        """Use the job's folder on the share, or make a private copy; why not, if neither."""
+        scratch = os.environ.get(SCRATCH_VAR)
+        if not scratch and (self.work_dir / "wd").is_dir():
+            return None
+        root = Path(scratch or tempfile.gettempdir()) / "ringtrain-ray"
+        root.mkdir(parents=True, exist_ok=True)
+        self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self.plan.first_node}.{self.plan.node}.",
+                                              dir=root))
+        self._private = True
+        self._workdir_came.wait(_WORKDIR_WAIT_S)
+        problem = self._workdir if isinstance(self._workdir, str) else (
+            None if self._workdir is not None else
+            f"no answer within {_WORKDIR_WAIT_S:g} s")
+        if problem is None:
+            try:
+                transfer.unpack(self._workdir, self.work_dir / "wd")
+                for sub in ("prep", "stdouterr"):
+                    (self.work_dir / sub).mkdir()
+                for value in self._rebased().values():
+                    if os.path.dirname(value) == str(self.work_dir / "outputs"):
+                        os.makedirs(value, exist_ok=True)
+            except (OSError, tarfile.TarError) as e:
+                problem = f"cannot unpack it in {self.work_dir}: {e}"
+        self._workdir = None  # the tar is not needed any more
+        if problem is None:
             return None
         return EXIT_NOT_STARTED, (
             f"node {self.plan.node} ({self.ip}) does not see the job's folder "
-            f"{self.plan.job_dir}: every Ray node must see the service's share at the same path "
-            "(a shared filesystem mounted there; see docs/jobs.md, Ray clusters)")
+            f"{self.plan.job_dir} and could not get a private copy of it: {problem}")[:1000]
+
+    def _rebased(self) -> dict[str, str]:
+        """The job's variables, with paths into its share folder moved to the private copy."""
+        if not self._private:
+            return self.plan.environ
+        shared = self.plan.job_dir.rstrip("/")
+        return {key: str(self.work_dir) + value[len(shared):]
+                if value == shared or value.startswith(shared + "/") else value
+                for key, value in self.plan.environ.items()}
 
     def _prepare(self) -> tuple[int, str]:
         command, k = self.plan.job_preparation, self.plan.node
         if not command:
             return 0, ""
-        prep = Path(self.plan.job_dir) / "prep"
+        prep = self.work_dir / "prep"
         env = {**self._base_env(), NODE_INDEX: str(k)}
         try:
             proc = self._spawn(command, env, prep / f"node.{k}.stdout", prep / f"node.{k}.stderr")
@@ -173,7 +264,7 @@ class NodeRunner:
                    "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ppn),
                    "GROUP_RANK": str(plan.node), "MASTER_ADDR": master_addr,
                    "MASTER_PORT": str(master_port)}
-            logs = Path(plan.job_dir) / "stdouterr" / f"rank.{rank}"
+            logs = self.work_dir / "stdouterr" / f"rank.{rank}"
             logs.mkdir(parents=True, exist_ok=True)
             try:
                 procs.append((rank, self._spawn(plan.command, env, logs / "stdout",
@@ -204,14 +295,14 @@ class NodeRunner:
 
     def _base_env(self) -> dict[str, str]:
         bin_dir = os.path.dirname(sys.executable)  # `python` in a command is the actor's
-        env = {**os.environ, **self.plan.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self._rebased(), "PYTHONUNBUFFERED": "1"}
         env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
         return env
 
     def _spawn(self, command: str, env: dict[str, str], stdout: Path,
                stderr: Path) -> subprocess.Popen:
         with open(stdout, "ab") as out, open(stderr, "ab") as err:
-            proc = subprocess.Popen(["sh", "-c", command], cwd=Path(self.plan.job_dir) / "wd",
+            proc = subprocess.Popen(["sh", "-c", command], cwd=self.work_dir / "wd",
                                     env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True, preexec_fn=_die_with_parent)
         with self._lock:
