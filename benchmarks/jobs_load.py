@@ -40,7 +40,7 @@ from pathlib import Path
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, read_server_file, start_server, stop_server
 from ringtrain.jobs.errors import JobsError
-from ringtrain.jobs import proc_stat
+from ringtrain import proc_stat
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec

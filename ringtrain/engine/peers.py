@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.proc_stat import is_alive, start_ticks
+
 _PROC = Path("/proc")
 #: How long a survivor waits for a dying peer's process to end: its sockets may close a moment
 #: before the process does (an exception unwinding, atexit handlers).
@@ -51,27 +53,16 @@ class PeerProcess:
             machine = f"{boot}/{os.readlink('/proc/self/ns/pid')}"
         except OSError:  # no /proc: nothing can be checked, and nothing claimed
             machine = ""
-        fields = _stat_fields(os.getpid())
-        return cls(host, os.getpid(), machine, int(fields[19]) if fields else -1)
+        ticks = start_ticks(os.getpid())
+        return cls(host, os.getpid(), machine, -1 if ticks is None else ticks)
 
     def describe(self, rank: int) -> str:
         """``rank 1 (host node1, pid 4242)``."""
         return f"rank {rank} (host {self.host}, pid {self.pid})"
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/PID/stat (state, ppid, ...), or ``None`` if there is no such process."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    return stat[stat.rindex(")") + 2:].split()
-
-
 def _gone(peer: PeerProcess) -> bool:
-    fields = _stat_fields(peer.pid)
-    return fields is None or fields[0] in ("Z", "X") or int(fields[19]) != peer.start_ticks
+    return not is_alive(peer.pid, peer.start_ticks)
 
 
 class Peers:

@@ -17,7 +17,7 @@ from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
 from ringtrain.jobs.home import Home, service_token, service_url
-from ringtrain.jobs.proc_stat import is_alive
+from ringtrain.proc_stat import is_alive
 from ringtrain.jobs.server_info import ServerInfo
 
 START_TIMEOUT_S = 30.0

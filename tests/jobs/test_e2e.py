@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from ringtrain.jobs import proc_stat
+from ringtrain import proc_stat
 from ringtrain.jobs.connect import read_server_file
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home

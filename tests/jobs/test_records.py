@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs import proc_stat
+from ringtrain import proc_stat
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor

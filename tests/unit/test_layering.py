@@ -30,7 +30,7 @@ ROOT = Path(ringtrain.__file__).parent
 #: prefix covers the module of that name and everything below it).
 UNITS: dict[str, tuple[str, ...]] = {
     "leaf": ("ringtrain.__init__", "ringtrain.errors", "ringtrain.op_types",
-             "ringtrain.log_level"),
+             "ringtrain.log_level", "ringtrain.proc_stat"),
     "backends": ("ringtrain.backends",),
     "engine.config": ("ringtrain.engine.config",),
     "engine": ("ringtrain.engine",),
@@ -41,7 +41,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "runner": ("ringtrain.runner",),
     "jobs.common": ("ringtrain.jobs.__init__", "ringtrain.jobs.models", "ringtrain.jobs.errors",
                     "ringtrain.jobs.home", "ringtrain.jobs.api.schemas",
-                    "ringtrain.jobs.proc_stat", "ringtrain.jobs.envvars",
+                    "ringtrain.jobs.envvars",
                     "ringtrain.jobs.server_info", "ringtrain.jobs.record_file"),
     "jobs.client": ("ringtrain.jobs.client", "ringtrain.jobs.connect"),
     "jobs.cli": ("ringtrain.jobs.cli",),

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ringtrain.jobs import proc_stat
+from ringtrain import proc_stat
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import NodeLoss, Observation

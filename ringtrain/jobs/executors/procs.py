@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from ringtrain.jobs.envvars import JOB_ID
-from ringtrain.jobs.proc_stat import is_alive, stat_fields
+from ringtrain.proc_stat import is_alive, stat_fields
 
 log = logging.getLogger(__name__)
 

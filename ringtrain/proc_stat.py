@@ -1,8 +1,8 @@
 """Whether a pid still names the process it named, from Linux's ``/proc/<pid>/stat``.
 
-A leaf that both sides of the job service use: the CLI's client to see whether a server still
-runs, the executor to see whether a job's runner does. The start time tells a live process from
-a reused pid after a restart.
+A leaf: the job service's client reads it to see whether a server still runs, its executor
+whether a job's runner does, and the engine which peer rank died. The start time tells a live
+process from a reused pid after a restart.
 """
 
 from __future__ import annotations
