@@ -50,10 +50,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
 
 
 def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
-    if args.output == "json":
-        output.emit_json(info)
-    else:
-        print(output.cluster_text(info))
+    output.emit(args.output, info, lambda: output.cluster_text(info))
     return 0
 
 
@@ -72,10 +69,8 @@ def _create(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     clusters = connect(url=args.url, token=args.token).list_clusters()
-    if args.output == "json":
-        output.emit_json(clusters)
-    else:
-        print(output.clusters_table(clusters) if clusters else "no clusters")
+    output.emit(args.output, clusters,
+                lambda: output.clusters_table(clusters) if clusters else "no clusters")
     return 0
 
 

@@ -37,10 +37,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
 
 def show(args: argparse.Namespace, deployment: DeploymentInfo) -> None:
     """Print one deployment as ``-o`` asks."""
-    if args.output == "json":
-        output.emit_json(deployment)
-    else:
-        print(output.deployment_text(deployment))
+    output.emit(args.output, deployment, lambda: output.deployment_text(deployment))
 
 
 def wait_ready(client: JobsClient, deployment_id: str, timeout_s: float) -> DeploymentInfo:
@@ -74,10 +71,8 @@ def _client(args: argparse.Namespace) -> JobsClient:
 
 def _list(args: argparse.Namespace) -> int:
     deployments = _client(args).list_deployments()
-    if args.output == "json":
-        output.emit_json(deployments)
-    else:
-        print(output.deployments_table(deployments) if deployments else "no deployments")
+    output.emit(args.output, deployments,
+                lambda: output.deployments_table(deployments) if deployments else "no deployments")
     return 0
 
 

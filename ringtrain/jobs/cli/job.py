@@ -99,10 +99,7 @@ def _resolve_paths(spec: JobSpec) -> JobSpec:
 
 
 def _show_job(args: argparse.Namespace, job: JobInfo) -> int:
-    if args.output == "json":
-        output.emit_json(job)
-    else:
-        print(output.job_text(job))
+    output.emit(args.output, job, lambda: output.job_text(job))
     return 0
 
 
@@ -139,10 +136,7 @@ def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int
 def _list(args: argparse.Namespace) -> int:
     jobs = _client(args).list_jobs(args.experiment, args.cluster,
                                    JobState(args.state) if args.state else None)
-    if args.output == "json":
-        output.emit_json(jobs)
-    else:
-        print(output.jobs_table(jobs) if jobs else "no jobs")
+    output.emit(args.output, jobs, lambda: output.jobs_table(jobs) if jobs else "no jobs")
     return 0
 
 
@@ -167,10 +161,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _files(args: argparse.Namespace) -> int:
     files = _client(args).list_files(args.id, args.path)
-    if args.output == "json":
-        output.emit_json(files)
-    else:
-        print(output.files_table(files) if files else "no files")
+    output.emit(args.output, files, lambda: output.files_table(files) if files else "no files")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,6 +24,14 @@ def emit_json(value: Any) -> None:
         return v
 
     print(json.dumps(plain(value), indent=2))
+
+
+def emit(fmt: str, value: Any, text: Callable[[], str]) -> None:
+    """Print ``value`` as JSON when ``fmt`` (the ``-o`` choice) is ``json``, else ``text()``."""
+    if fmt == "json":
+        emit_json(value)
+    else:
+        print(text())
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
