@@ -92,7 +92,7 @@ class JobService:
             address = start_private_head(self.share.root.parent / "ray")
         alive = [n for n in self.ray.nodes(address) if n.alive]
         # Each machine's agent starts now, so that the first job does not wait for it.
-        ensure_agents(self.ray.connect(address), spec.name)
+        ensure_agents(self.ray.connect(address))
         return spec.model_copy(update={"address": address,
                                        "nodes": spec.nodes or len(alive)})
 

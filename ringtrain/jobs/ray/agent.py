@@ -2,8 +2,9 @@
 
 Starting a Ray actor costs a new Python worker process (seconds on a busy machine), so a job's
 nodes are not actors of their own: each Ray node has one :class:`NodeAgent`, detached and named
-after the ringtrain cluster and the Ray node (``agent.<cluster>.<node id>`` in the ``ringtrain``
-namespace), pinned to its node and holding no resources. It runs a :class:`NodeRunner` per node
+after the Ray node (``agent.<node id>`` in the ``ringtrain`` namespace), pinned to its node and
+holding no resources; every ringtrain cluster on that Ray cluster shares it, so a machine costs
+one idle worker process however many clusters use it. It runs a :class:`NodeRunner` per node
 of an attempt, keyed ``<job id>.<attempt>.node<k>``; the attempt's placement group only reserves
 the CPUs and GPUs its ranks use. The service creates the agents when a cluster is attached and
 whenever a placed attempt lands on a node without one, and finds them again by name after a
@@ -23,30 +24,30 @@ from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
 _CONCURRENCY = 64
 
 
-def agent_name(cluster: str, node_id: str) -> str:
-    """The Ray actor name of the agent of cluster ``cluster`` on the Ray node ``node_id``."""
-    return f"agent.{cluster}.{node_id}"
+def agent_name(node_id: str) -> str:
+    """The Ray actor name of the agent on the Ray node ``node_id``."""
+    return f"agent.{node_id}"
 
 
-def ensure_agent(ray: Any, cluster: str, node_id: str) -> Any:
-    """The agent of ``cluster`` on the Ray node ``node_id``, created if there is none.
+def ensure_agent(ray: Any, node_id: str) -> Any:
+    """The agent on the Ray node ``node_id``, created if there is none.
 
     Creation is asynchronous: the handle answers once the agent's worker has started.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return ray.remote(NodeAgent).options(
-        name=agent_name(cluster, node_id), get_if_exists=True, lifetime="detached", num_cpus=0,
+        name=agent_name(node_id), get_if_exists=True, lifetime="detached", num_cpus=0,
         max_concurrency=_CONCURRENCY, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
 
 
-def ensure_agents(ray: Any, cluster: str) -> None:
-    """Make sure every alive node of the Ray cluster has ``cluster``'s agent (at attach time,
-    so that a job's first start does not wait for one)."""
+def ensure_agents(ray: Any) -> None:
+    """Make sure every alive node of the Ray cluster has its agent (at attach time, so that a
+    job's first start does not wait for one)."""
     for node in ray.nodes():
         if node["Alive"]:
-            ensure_agent(ray, cluster, node["NodeID"])
+            ensure_agent(ray, node["NodeID"])
 
 
 class NodeAgent:

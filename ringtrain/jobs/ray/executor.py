@@ -141,7 +141,7 @@ class RayExecutor:
         # whose outputs are in the share.
         self._sent: dict[str, set[int]] = {}
         self._collected: dict[str, set[int]] = {}
-        self._warm: set[str] = set()  # clusters whose agents this process made sure of
+        self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
         if job.attempt > 0:
@@ -153,9 +153,9 @@ class RayExecutor:
             raise OSError(str(e)) from None
         from ray.util.placement_group import placement_group
 
-        if job.cluster not in self._warm:  # agents made at attach, or by a previous service
-            ensure_agents(ray, job.cluster)
-            self._warm.add(job.cluster)
+        if address not in self._warm:  # agents made at attach, or by a previous service
+            ensure_agents(ray)
+            self._warm.add(address)
         spec = job.spec
         handle = RayHandle(address, f"{job.id}.{job.attempt}", spec.node_count, job.attempt,
                            self.clock())
@@ -201,7 +201,7 @@ class RayExecutor:
     def stop(self, job: JobInfo, launch: RayHandle | None, force: bool) -> None:
         handle = launch or self._guess(job)
         ray = self.connection.connect(handle.address)
-        for k, agent in self._found_agents(ray, job, handle):
+        for k, agent in self._found_agents(ray, handle):
             agent.stop.remote(handle.key(k), force)
 
     def set_nodes(self, job: JobInfo, launch: RayHandle | None, nodes: list[int]) -> None:
@@ -218,7 +218,7 @@ class RayExecutor:
             ray.get(self._starting.pop(name, []), timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
             pass  # its agent is gone, and its ranks with it
-        agents = self._found_agents(ray, job, handle)
+        agents = self._found_agents(ray, handle)
         for held in (self._placed, self._agents, self._asked, self._failed, self._sent,
                      self._collected):
             held.pop(name, None)
@@ -237,7 +237,7 @@ class RayExecutor:
         name = launch.placement_group
         agents = self._agents.get(name)
         if agents is None:  # found by name, or made on a machine that has none yet
-            agents = self._agents[name] = [ensure_agent(ray, job.cluster, self._placed[name][k])
+            agents = self._agents[name] = [ensure_agent(ray, self._placed[name][k])
                                            for k in range(launch.node_count)]
         if name in self._starting:
             starting = self._starting[name]
@@ -329,7 +329,7 @@ class RayExecutor:
         spec, name = job.spec, launch.placement_group
         environ = self.share.job_environ(job)
         inputs = {n: path for n, path in spec.inputs.items() if "://" not in path}
-        first_agent = agent_name(job.cluster, self._placed[name][0])
+        first_agent = agent_name(self._placed[name][0])
         self._starting[name] = [agent.start.remote(launch.key(k), NodePlan(
             job_dir=job.job_dir, node=k, node_count=spec.node_count,
             process_count_per_node=spec.process_count_per_node, command=spec.command,
@@ -347,7 +347,8 @@ class RayExecutor:
         job_dir = Path(job.job_dir)
         name = launch.placement_group
         if status.needs_workdir and node not in self._sent.setdefault(name, set()):
-            tar = _workdir_tar(job, status.missing_inputs)
+            tar = transfer.private_copy(job_dir, {name: job.spec.inputs.get(name, "")
+                                                  for name in status.missing_inputs})
             self._agents[name][node].receive_workdir.remote(launch.key(node), tar)
             self._sent[name].add(node)
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
@@ -393,7 +394,7 @@ class RayExecutor:
         return RayHandle(self.address_of(job.cluster), f"{job.id}.{job.attempt}",
                          job.spec.node_count, job.attempt, self.clock())
 
-    def _found_agents(self, ray: Any, job: JobInfo, handle: RayHandle) -> list[tuple[int, Any]]:
+    def _found_agents(self, ray: Any, handle: RayHandle) -> list[tuple[int, Any]]:
         """The agents that may run nodes of the attempt, by node: none before Ray placed it."""
         if handle.placement_group in self._agents:
             return list(enumerate(self._agents[handle.placement_group]))
@@ -406,7 +407,7 @@ class RayExecutor:
         found = []
         for k, node_id in table.get("bundles_to_node_id", {}).items():
             try:
-                found.append((int(k), ray.get_actor(agent_name(job.cluster, node_id))))
+                found.append((int(k), ray.get_actor(agent_name(node_id))))
             except ValueError:
                 continue  # gone with its machine
         return found
@@ -424,28 +425,6 @@ def _bundle(job: JobInfo) -> dict[str, float]:
     if spec.gpus_per_process:
         bundle["GPU"] = float(spec.process_count_per_node * spec.gpus_per_process)
     return bundle
-
-
-def _workdir_tar(job: JobInfo, missing_inputs: tuple[str, ...]) -> bytes | str:
-    """The job's working dir, with the inputs a node does not see, as a tar for a node without
-    the share, or why there is none."""
-    wd = Path(job.job_dir) / "wd"
-    if not wd.is_dir():
-        return f"the service has no working dir at {wd}"
-    parts = {"wd": wd}
-    for name in missing_inputs:
-        path = job.spec.inputs.get(name, "")
-        if "://" in path or not Path(path).exists():
-            return f"the service has no input {name} at {path!r}"
-        parts[transfer.input_arcname(name, path)] = Path(path)
-    what = "the working dir" + (f" and inputs {', '.join(missing_inputs)}" if missing_inputs
-                                else "")
-    try:
-        return transfer.pack_tree(parts, what)
-    except transfer.TooLargeError as e:
-        return str(e)
-    except OSError as e:
-        return f"the service cannot read {what}: {e}"
 
 
 def _first_line(e: BaseException) -> str:

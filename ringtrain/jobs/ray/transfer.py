@@ -68,6 +68,31 @@ def input_arcname(name: str, path: str) -> str:
     return f"inputs/{name}/{os.path.basename(path.rstrip('/')) or name}"
 
 
+def private_copy(job_dir: Path, inputs: dict[str, str]) -> bytes | str:
+    """What a node without the share needs: the job's working dir and ``inputs`` (its inputs
+    the node does not see, by name), as a tar from :func:`pack_tree`, or why there is none.
+
+    Args:
+        job_dir: the job's folder on the share.
+        inputs: the paths of the inputs to send, as the service sees them, by name.
+    """
+    wd = job_dir / "wd"
+    if not wd.is_dir():
+        return f"the service has no working dir at {wd}"
+    parts = {"wd": wd}
+    for name, path in inputs.items():
+        if "://" in path or not os.path.exists(path):
+            return f"the service has no input {name} at {path!r}"
+        parts[input_arcname(name, path)] = Path(path)
+    what = "the working dir" + (f" and inputs {', '.join(inputs)}" if inputs else "")
+    try:
+        return pack_tree(parts, what)
+    except TooLargeError as e:
+        return str(e)
+    except OSError as e:
+        return f"the service cannot read {what}: {e}"
+
+
 def _size(path: Path) -> int:
     if not path.is_dir():
         return os.lstat(path).st_size
