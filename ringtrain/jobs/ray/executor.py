@@ -247,7 +247,7 @@ class RayExecutor:
             for k, ref in enumerate(starting):
                 try:
                     ray.get(ref)
-                except ray.exceptions.RayActorError as e:
+                except ray.exceptions.RayError as e:  # its agent died, or could not start
                     return Observation(Phase.LOST,
                                        message=self._lost(ray, launch, k, _first_line(e)))
             del self._starting[name]
@@ -268,7 +268,7 @@ class RayExecutor:
                 continue
             try:
                 status = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
+            except ray.exceptions.RayError as e:  # its agent died, or could not start
                 self._asked.pop(name, None)
                 return Observation(Phase.LOST, message=self._lost(ray, launch, k, _first_line(e)))
             if status is None:
@@ -312,8 +312,9 @@ class RayExecutor:
             if failure is not None:
                 return Observation(Phase.EXITED, failure.exit_code, failure.message)
             return Observation(Phase.EXITED, 0)
-        if self._failing(name):
-            return self._failing(name)
+        if name in self._failed:  # the job stays where it was while the others stop
+            return self._failing(name) or Observation(
+                Phase.PREPARING if job.running_at is None else Phase.RUNNING)
         if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
         return Observation(Phase.RUNNING)
