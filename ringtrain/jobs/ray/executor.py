@@ -101,11 +101,25 @@ class RayHandle:
 
 @dataclass(frozen=True)
 class _Failure:
-    """A node's failure, kept while the attempt's other nodes stop and send their outputs."""
+    """How an attempt ends (a node failed, or was lost), kept while its other nodes stop and
+    send their outputs.
 
-    exit_code: int
+    Attributes:
+        phase: what the attempt ends as: exited (with ``exit_code``), or lost.
+        exit_code: the failed node's exit code.
+        message: what happened, naming the node.
+        since: when it was seen, against the drain's bound.
+        gone: nodes whose agents are gone, asked nothing any more.
+    """
+
+    phase: Phase
+    exit_code: int | None
     message: str
     since: float
+    gone: frozenset[int] = frozenset()
+
+    def observation(self) -> Observation:
+        return Observation(self.phase, self.exit_code, self.message)
 
 
 class RayExecutor:
@@ -135,7 +149,7 @@ class RayExecutor:
         # status calls in flight (asked again once every agent answered); a node's failure.
         self._starting: dict[str, list[Any]] = {}
         self._started: set[str] = set()
-        self._asked: dict[str, list[Any]] = {}
+        self._asked: dict[str, dict[int, Any]] = {}
         self._failed: dict[str, _Failure] = {}
         # Nodes working in private copies, by placement group: sent the working dir, and
         # whose outputs are in the share.
@@ -186,8 +200,16 @@ class RayExecutor:
         if state == "RESCHEDULING":
             # Placed once, then a machine of it went: Ray would place that bundle anew, but
             # the ranks on the other machines cannot take a new peer.
-            self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
-            return Observation(Phase.LOST, message=self._lost(ray, launch, None, "Ray lost it"))
+            if launch.placement_group not in self._agents:  # not watched by this process yet
+                self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
+                return Observation(Phase.LOST, message=self._lost(
+                    ray, launch, self._dead_node(ray, launch), "Ray lost it"))
+            if launch.placement_group not in self._failed:
+                node = self._dead_node(ray, launch)
+                self._fail(launch, _Failure(Phase.LOST, None,
+                                            self._lost(ray, launch, node, "Ray lost it"),
+                                            self.clock(), frozenset({node})))
+            return self._observe(ray, job, launch)
         if state != "CREATED":
             if job.state == JobState.TERMINATING:  # nothing of it runs yet
                 return Observation(Phase.LOST, message="stopped before Ray placed it")
@@ -252,40 +274,49 @@ class RayExecutor:
                                        message=self._lost(ray, launch, k, _first_line(e)))
             del self._starting[name]
             self._started.add(name)
+        failure = self._failed.get(name)
+        gone = failure.gone if failure else frozenset()
         refs = self._asked.get(name)
         collected = self._collected.setdefault(name, set())
         if refs is None:
             offsets = transfer.log_sizes(Path(job.job_dir))
-            refs = self._asked[name] = [agent.status.remote(launch.key(k), offsets,
-                                                            k not in collected)
-                                        for k, agent in enumerate(agents)]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_STATUS_WAIT_S)
+            refs = self._asked[name] = {
+                k: agent.status.remote(launch.key(k), offsets, k not in collected)
+                for k, agent in enumerate(agents) if k not in gone}
+        if not refs:  # every node's agent is gone
+            del self._asked[name]
+            return self._failed[name].observation()
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_STATUS_WAIT_S)
         answered = {ref.hex() for ref in ready}
         seen: dict[int, NodeStatus] = {}
         unknown = []
-        for k, ref in enumerate(refs):
+        for k, ref in refs.items():
             if ref.hex() not in answered:
                 continue
             try:
                 status = ray.get(ref)
-            except ray.exceptions.RayError as e:  # its agent died, or could not start
-                self._asked.pop(name, None)
-                return Observation(Phase.LOST, message=self._lost(ray, launch, k, _first_line(e)))
+            except ray.exceptions.RayError as e:  # its agent died (with its machine, say)
+                del self._asked[name]
+                self._fail(launch, _Failure(
+                    Phase.LOST, None, self._lost(ray, launch, k, _first_line(e)), self.clock(),
+                    gone | {k}))
+                return self._draining(job, name)
             if status is None:
                 unknown.append(k)
                 continue
             problem = self._take(job, launch, k, status)
             if problem:
-                self._asked.pop(name, None)
+                del self._asked[name]
                 return Observation(Phase.EXITED, 1, problem)
             seen[k] = status
         if unknown and (seen or name in self._started):
-            self._asked.pop(name, None)
+            del self._asked[name]
             return Observation(Phase.LOST, message=self._lost(
                 ray, launch, unknown[0], "its agent does not know it: the agent was restarted"))
         if len(seen) + len(unknown) < len(refs):  # an agent still starting, or busy
-            return self._failing(name) or Observation(
-                Phase.PREPARING if job.running_at is None else Phase.RUNNING)
+            if name in self._failed:
+                return self._draining(job, name)
+            return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
         del self._asked[name]
         if unknown:  # no node of it started anywhere: start them all
             if job.state == JobState.TERMINATING:
@@ -293,38 +324,49 @@ class RayExecutor:
             self._start_nodes(job, launch, agents)
             return Observation(Phase.PREPARING)
         self._started.add(name)
-        return self._outcome(job, launch, agents, seen)
+        return self._outcome(job, launch, seen)
 
-    def _outcome(self, job: JobInfo, launch: RayHandle, agents: list[Any],
+    def _outcome(self, job: JobInfo, launch: RayHandle,
                  seen: dict[int, NodeStatus]) -> Observation:
-        """The attempt's phase once every node answered."""
+        """The attempt's phase once every node still there answered."""
         name = launch.placement_group
         failed = next((s for s in seen.values() if s.phase is Phase.EXITED and s.exit_code),
                       None)
         if failed is not None and name not in self._failed:
-            # The first failure stops the others; their outputs still come back.
-            self._failed[name] = _Failure(failed.exit_code or 1, failed.message, self.clock())
-            for k, agent in enumerate(agents):
-                if seen[k].phase is not Phase.EXITED:
-                    agent.stop.remote(launch.key(k), True)
+            self._fail(launch, _Failure(Phase.EXITED, failed.exit_code, failed.message,
+                                        self.clock()))
         if all(s.phase is Phase.EXITED for s in seen.values()):
             failure = self._failed.get(name)
-            if failure is not None:
-                return Observation(Phase.EXITED, failure.exit_code, failure.message)
-            return Observation(Phase.EXITED, 0)
-        if name in self._failed:  # the job stays where it was while the others stop
-            return self._failing(name) or Observation(
-                Phase.PREPARING if job.running_at is None else Phase.RUNNING)
+            return failure.observation() if failure else Observation(Phase.EXITED, 0)
+        if name in self._failed:
+            return self._draining(job, name)
         if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
         return Observation(Phase.RUNNING)
 
-    def _failing(self, name: str) -> Observation | None:
-        """The failure of a failed attempt whose other nodes take too long to stop."""
-        failure = self._failed.get(name)
-        if failure is None or self.clock() - failure.since < _DRAIN_S:
-            return None
-        return Observation(Phase.EXITED, failure.exit_code, failure.message)
+    def _fail(self, launch: RayHandle, failure: _Failure) -> None:
+        """Note how the attempt ends and stop its other nodes; their outputs still come back.
+
+        A second failure while they stop only adds the nodes it lost to the first.
+        """
+        name = launch.placement_group
+        first = self._failed.get(name)
+        if first is not None:
+            self._failed[name] = _Failure(first.phase, first.exit_code, first.message,
+                                          first.since, first.gone | failure.gone)
+            return
+        self._failed[name] = failure
+        for k, agent in enumerate(self._agents[name]):
+            if k not in failure.gone:
+                agent.stop.remote(launch.key(k), True)
+
+    def _draining(self, job: JobInfo, name: str) -> Observation:
+        """A failed attempt's phase while its other nodes stop: where the job was, until they
+        have all exited or the drain's bound passed."""
+        failure = self._failed[name]
+        if self.clock() - failure.since >= _DRAIN_S:
+            return failure.observation()
+        return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
 
     def _start_nodes(self, job: JobInfo, launch: RayHandle, agents: list[Any]) -> None:
         spec, name = job.spec, launch.placement_group
@@ -363,16 +405,17 @@ class RayExecutor:
             return f"cannot write what node {node} sent into the job's folder {job_dir}: {e}"
         return None
 
-    def _lost(self, ray: Any, launch: RayHandle, node: int | None, why: str) -> str:
-        """A message naming the Ray node that held bundle ``node`` (``None``: the first of the
-        attempt's machines that is no longer alive)."""
+    def _dead_node(self, ray: Any, launch: RayHandle) -> int:
+        """The first node of the attempt whose Ray machine is no longer alive."""
         placed = self._placed.get(launch.placement_group, {})
-        table = ray.nodes()
-        if node is None:
-            alive = {n["NodeID"] for n in table if n["Alive"]}
-            node = next((k for k in range(launch.node_count) if placed.get(k) not in alive), 0)
-        node_id = placed.get(node, "")
-        where = next((n["NodeManagerAddress"] for n in table if n["NodeID"] == node_id), "?")
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return next((k for k in range(launch.node_count) if placed.get(k) not in alive), 0)
+
+    def _lost(self, ray: Any, launch: RayHandle, node: int, why: str) -> str:
+        """A message naming the Ray node that held bundle ``node``."""
+        node_id = self._placed.get(launch.placement_group, {}).get(node, "")
+        where = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                     "?")
         return (f"node {node} of the job was lost: Ray node {node_id[:12]} at {where} ({why}); "
                 "its ranks were stopped")
 
