@@ -119,6 +119,7 @@ class _Failure:
     gone: frozenset[int] = frozenset()
 
     def observation(self) -> Observation:
+        """What the executor reports once the attempt ends."""
         return Observation(self.phase, self.exit_code, self.message)
 
 
@@ -390,8 +391,8 @@ class RayExecutor:
         job_dir = Path(job.job_dir)
         name = launch.placement_group
         if status.needs_workdir and node not in self._sent.setdefault(name, set()):
-            tar = transfer.private_copy(job_dir, {name: job.spec.inputs.get(name, "")
-                                                  for name in status.missing_inputs})
+            tar = transfer.private_copy(job_dir, {i: job.spec.inputs.get(i, "")
+                                                  for i in status.missing_inputs})
             self._agents[name][node].receive_workdir.remote(launch.key(node), tar)
             self._sent[name].add(node)
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
