@@ -26,6 +26,7 @@ from ringtrain.jobs.errors import (
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.ray.agent import ensure_agents
 from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
@@ -90,6 +91,8 @@ class JobService:
         if address == LOCAL:
             address = start_private_head(self.share.root.parent / "ray")
         alive = [n for n in self.ray.nodes(address) if n.alive]
+        # Each machine's agent starts now, so that the first job does not wait for it.
+        ensure_agents(self.ray.connect(address))
         return spec.model_copy(update={"address": address,
                                        "nodes": spec.nodes or len(alive)})
 

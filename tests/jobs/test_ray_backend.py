@@ -1,6 +1,8 @@
 """The ray backend on a real two-node Ray cluster on this machine: gang placement across both
 nodes, a two-node training job, terminate, a service restart, a placement timeout, a node that
-does not see the share, a node that works in a private copy, the README's job on both backends, a lost node (failed and retried).
+does not see the share, a node that works in a private copy (its inputs, and its outputs when
+another node fails), GPUs per process on a raylet that declares GPUs, the README's job on both
+backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
 only, so every Ray test runs inside a network namespace that has only ``lo``: the two
@@ -367,9 +369,89 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
         copies = scratch / "ringtrain-ray"
         assert copies.is_dir()  # one node did work in a private copy ...
         assert list(copies.iterdir()) == []  # ... removed with the attempt
+        # The machine with the share fails; the private copy's rank still runs, is stopped,
+        # and its output comes back all the same.
+        marker = f"ringtrain-ray-drain-{os.getpid()}"
+        failing = ('echo out > "$RINGTRAIN_OUTPUT_MODEL/late.$RANK"; '
+                   'if [ -n "$RINGTRAIN_RAY_SCRATCH" ]; then '
+                   f"exec python -c 'import time; time.sleep(300)' {marker}; "
+                   "else sleep 2; exit 5; fi")
+        job = rays.submit("r", failing, outputs=["model"], working_dir=str(working_dir))
+        done = rays.run_to_end(job.id)
+        assert done.state == JobState.FAILED and done.exit_code == 5, done.message
+        outputs = Path(done.job_dir) / "outputs" / "model"
+        assert sorted(p.name for p in outputs.iterdir()) == ["late.0", "late.1"]
+        wait_for(lambda: pids_running(marker) == [], timeout_s=10)
+        assert list(copies.iterdir()) == []
     finally:
         ray.kill(blocker)
         ray_cluster.remove_node(private)
+
+
+@inside
+def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    from ringtrain.jobs.envvars import input_var
+    from ringtrain.jobs.ray import transfer
+    from ringtrain.jobs.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
+
+    # One node runner, as an agent runs it, on a "machine" where /absent/labels.csv is not:
+    # the service's copy of that input comes in the private copy; one it sees is read in place.
+    monkeypatch.setenv(SCRATCH_VAR, str(tmp_path / "scratch"))
+    job_dir = tmp_path / "share" / "job-1"
+    (job_dir / "wd").mkdir(parents=True)
+    (tmp_path / "labels.csv").write_text("a,b\n")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    inputs = {"labels": "/absent/labels.csv", "seen": str(seen)}
+    plan = NodePlan(job_dir=str(job_dir), node=0, node_count=1, process_count_per_node=1,
+                    command='cat "$RINGTRAIN_INPUT_LABELS"; echo "$RINGTRAIN_INPUT_SEEN"',
+                    job_preparation=None, inputs=inputs, placement_group="job-1.0",
+                    environ={input_var(name): path for name, path in inputs.items()})
+    runner = NodeRunner(plan, lambda: ("127.0.0.1", free_port("127.0.0.1")))
+    runner.run()
+    try:
+        asked = wait_for(lambda: (s := runner.status()).needs_workdir and s, timeout_s=10)
+        assert asked.missing_inputs == ("labels",)
+        runner.receive_workdir(transfer.private_copy(job_dir, {"labels": str(tmp_path /
+                                                                            "labels.csv")}))
+        done = wait_for(lambda: (s := runner.status()).phase is Phase.EXITED and s,
+                        timeout_s=20)
+        assert done.exit_code == 0, done.message
+        logs = {rel: data for rel, _, data in done.logs}
+        assert logs["stdouterr/rank.0/stdout"] == f"a,b\n{seen}\n".encode()
+    finally:
+        runner.discard()
+    assert list((tmp_path / "scratch" / "ringtrain-ray").iterdir()) == []
+
+
+@inside
+def test_gpus_per_process_are_reserved_and_reach_the_ranks(ray_cluster, rays: RayService,
+                                                           tmp_path: Path) -> None:
+    # A raylet declaring two GPUs (none exist here): Ray places and assigns them all the same.
+    gpu_node = ray_cluster.add_node(num_cpus=2, num_gpus=2, node_ip_address="127.0.0.1",
+                                    object_store_memory=80 << 20)
+    try:
+        job = rays.submit("r", 'echo "gpus $CUDA_VISIBLE_DEVICES"', node_count=1,
+                          process_count_per_node=2, gpus_per_process=1)
+        done = rays.run_to_end(job.id)
+        assert done.state == JobState.SUCCEEDED, done.message
+        for rank in range(2):
+            out = (Path(done.job_dir) / "stdouterr" / f"rank.{rank}" / "stdout").read_text()
+            assert sorted(out.split()[1].split(",")) == ["0", "1"], out
+        (tmp_path / "short").mkdir()
+        short = RayService(tmp_path / "short", placement_timeout_s=2.0)
+        short.service.create_cluster(ClusterSpec(name="g", nodes=0, slots=2, backend="ray",
+                                                 address=ray_cluster.address))
+        greedy = short.submit("g", "true", node_count=1, process_count_per_node=2,
+                              gpus_per_process=2)
+        failed = short.run_to_end(greedy.id, timeout_s=30)
+        assert failed.state == JobState.FAILED
+        assert "could not place 1 nodes of 2 free CPUs and 4 free GPUs each" in failed.message
+        assert "2 CPUs/2 GPUs" in failed.message, failed.message
+        short.store.close()
+    finally:
+        ray_cluster.remove_node(gpu_node)
 
 
 class _Idle:

@@ -21,6 +21,9 @@ GOOD = {"node_count": 2, "command": "python train.py"}
     ("node_count", 0, "greater than or equal to 1"),
     ("node_count", "2", "valid integer"),
     ("process_count_per_node", 0, "greater than or equal to 1"),
+    ("gpus_per_process", -1, "greater than or equal to 0"),
+    ("gpus_per_process", 17, "less than or equal to 16"),
+    ("gpus_per_process", 0.5, "valid integer"),
     ("command", "   ", "must not be blank"),
     ("command", 42, "valid string"),
     ("working_dir", ["a"], "valid string"),
@@ -57,6 +60,7 @@ def test_all_bad_fields_are_reported_at_once() -> None:
 def test_defaults_and_conversions() -> None:
     spec = parse_job_spec({**GOOD, "environment": {"EPOCHS": 1, "FAST": True}})
     assert spec.process_count_per_node == 1 and spec.max_retries == 0
+    assert spec.gpus_per_process == 0
     assert spec.priority is Priority.NORMAL
     assert spec.environment == {"EPOCHS": "1", "FAST": "true"}
     assert spec.total_processes == 2
@@ -135,7 +139,7 @@ def test_errors_are_capped_and_echoes_cut() -> None:
         parse_job_spec({**GOOD, **{f"field{i}": "x" * 10_000 for i in range(1000)}})
     assert len(e.value.errors) == 21
     assert e.value.errors[-1] == {"field": "(spec)", "message": "... and 980 more errors"}
-    assert len(str(e.value)) < 5000
+    assert len(str(e.value)) < 6000  # 20 errors, each listing the allowed fields
 
 
 def test_url_inputs_keep_long_segments() -> None:

@@ -91,6 +91,11 @@ class JobSpec(BaseModel):
     node_count: int = Field(ge=1, le=1024, strict=True, description="Nodes the job needs (gang).")
     process_count_per_node: int = Field(
         1, ge=1, le=1024, strict=True, description="Worker processes (ranks) per node.")
+    gpus_per_process: int = Field(
+        0, ge=0, le=16, strict=True,
+        description="GPUs each rank needs. Ray clusters reserve them with the job's nodes and "
+                    "give each rank the node's GPUs in CUDA_VISIBLE_DEVICES; local clusters "
+                    "leave GPUs to the host.")
     command: Command = Field(min_length=1, description="Shell command each rank runs.")
     working_dir: LocalPath | None = Field(
         None, description="Folder copied into the job's folder at submit time; the ranks' cwd.")

@@ -1,21 +1,26 @@
-"""The Ray executor: an attempt is a placement group and one :class:`NodeRunner` actor per node.
+"""The Ray executor: an attempt is a placement group, and a node runner at each node's agent.
 
-``start`` asks Ray for a placement group of ``node_count`` bundles of ``process_count_per_node``
-CPUs each (``STRICT_SPREAD``: every bundle on another machine, when there are several), then
-places node k's actor in bundle k and starts it; it never waits for Ray, so the scheduler's lock
-is held only for a few calls. ``poll`` reads the actors' status; a placement group still pending
-after ``placement_timeout_s`` ends the attempt with a message saying what could not be placed
-(the scheduler fails it, or re-queues it under ``max_retries``).
+``start`` asks Ray for a placement group of ``node_count`` bundles, each holding the CPUs (and
+GPUs) of ``process_count_per_node`` ranks (``STRICT_SPREAD``: every bundle on another machine,
+when there are several); it never waits for Ray, so the scheduler's lock is held only for a few
+calls. The group only reserves resources: once Ray placed it, ``poll`` asks the long-lived agent
+of each bundle's machine (:mod:`ringtrain.jobs.ray.agent`) to run that node, so no Python
+process starts between placement and the ranks. ``poll`` then reads the nodes' status; a
+placement group still pending after ``placement_timeout_s`` ends the attempt with a message
+saying what could not be placed (the scheduler fails it, or re-queues it under ``max_retries``).
+The first node to fail stops the others, and the attempt ends once every node has answered that
+it exited, so the outputs of every node are in the share.
 
 A node that does not see the job's folder works in a private copy (see
-:mod:`ringtrain.jobs.ray.node`): ``poll`` sends it the working dir when it asks, and writes the
-log chunks and outputs its answers carry into the share, so the service's machine does every
-write to the share and ``job logs --follow`` lags by about one scheduler tick.
+:mod:`ringtrain.jobs.ray.node`): ``poll`` sends it the working dir and the inputs it lacks when
+it asks, and writes the log chunks and outputs its answers carry into the share, so the
+service's machine does every write to the share and ``job logs --follow`` lags by about one
+scheduler tick.
 
-Everything is detached and named after the job id and attempt (``<id>.<attempt>`` for the
-placement group, ``<id>.<attempt>.node<k>`` for the actors, in the ``ringtrain`` namespace), so a
-restarted service finds a running attempt again from its stored handle, or from the job alone,
-and never starts it twice.
+The placement group is detached and named after the job id and attempt (``<id>.<attempt>``; a
+node is ``<id>.<attempt>.node<k>`` at its agent), so a restarted service finds a running attempt
+again from its stored handle, or from the job alone: an agent starts a node only once, and a
+node that no agent knows any more is lost, never started a second time.
 """
 
 from __future__ import annotations
@@ -33,19 +38,22 @@ from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
 from ringtrain.jobs.ray import transfer
+from ringtrain.jobs.ray.agent import agent_name, ensure_agent, ensure_agents
 from ringtrain.jobs.ray.connection import RayConnection
-from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
+from ringtrain.jobs.ray.node import NodePlan, NodeStatus
 from ringtrain.jobs.share import Share
 
 log = logging.getLogger(__name__)
 
 #: How long an attempt may wait for Ray to place its nodes.
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
-#: How long one poll waits for the actors' answers; an actor still starting answers at a later
+#: How long one poll waits for the agents' answers; an agent still starting answers at a later
 #: poll, so the scheduler's tick never waits for it.
 _STATUS_WAIT_S = 0.05
-#: How long releasing an attempt waits for its actors to stop their ranks.
+#: How long releasing an attempt waits for the agents to stop its nodes.
 _STOP_TIMEOUT_S = 5.0
+#: How long a failed attempt waits for its other nodes to exit and send their outputs.
+_DRAIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class RayHandle:
     Attributes:
         address: the Ray cluster's address.
         placement_group: the placement group's name (``<job id>.<attempt>``).
-        node_count: nodes (bundles and actors) of the attempt.
+        node_count: nodes (bundles) of the attempt.
         attempt: the attempt.
         started_at: when it was asked for, against the placement timeout.
     """
@@ -66,9 +74,9 @@ class RayHandle:
     attempt: int
     started_at: float
 
-    def actor(self, node: int) -> str:
-        """The name of node ``node``'s actor."""
-        return actor_name(self.placement_group, node)
+    def key(self, node: int) -> str:
+        """Node ``node``'s key at its agent."""
+        return f"{self.placement_group}.node{node}"
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored with the job."""
@@ -91,9 +99,28 @@ class RayHandle:
         return handle
 
 
-def actor_name(placement_group: str, node: int) -> str:
-    """The name of one node's actor of the attempt whose placement group is ``placement_group``."""
-    return f"{placement_group}.node{node}"
+@dataclass(frozen=True)
+class _Failure:
+    """How an attempt ends (a node failed, or was lost), kept while its other nodes stop and
+    send their outputs.
+
+    Attributes:
+        phase: what the attempt ends as: exited (with ``exit_code``), or lost.
+        exit_code: the failed node's exit code.
+        message: what happened, naming the node.
+        since: when it was seen, against the drain's bound.
+        gone: nodes whose agents are gone, asked nothing any more.
+    """
+
+    phase: Phase
+    exit_code: int | None
+    message: str
+    since: float
+    gone: frozenset[int] = frozenset()
+
+    def observation(self) -> Observation:
+        """What the executor reports once the attempt ends."""
+        return Observation(self.phase, self.exit_code, self.message)
 
 
 class RayExecutor:
@@ -116,12 +143,20 @@ class RayExecutor:
         self.address_of = address_of
         self.placement_timeout_s = placement_timeout_s
         self.clock = clock
-        # Status calls in flight, by placement group: asked again once every actor answered.
-        self._asked: dict[str, list[Any]] = {}
+        # By placement group: the Ray node of each bundle, and its agent.
+        self._placed: dict[str, dict[int, str]] = {}
+        self._agents: dict[str, list[Any]] = {}
+        # By placement group: start calls in flight; attempts known started at their agents;
+        # status calls in flight (asked again once every agent answered); a node's failure.
+        self._starting: dict[str, list[Any]] = {}
+        self._started: set[str] = set()
+        self._asked: dict[str, dict[int, Any]] = {}
+        self._failed: dict[str, _Failure] = {}
         # Nodes working in private copies, by placement group: sent the working dir, and
         # whose outputs are in the share.
         self._sent: dict[str, set[int]] = {}
         self._collected: dict[str, set[int]] = {}
+        self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
         if job.attempt > 0:
@@ -132,27 +167,16 @@ class RayExecutor:
         except InvalidRequestError as e:
             raise OSError(str(e)) from None
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        if address not in self._warm:  # agents made at attach, or by a previous service
+            ensure_agents(ray)
+            self._warm.add(address)
         spec = job.spec
         handle = RayHandle(address, f"{job.id}.{job.attempt}", spec.node_count, job.attempt,
                            self.clock())
-        cpus = spec.process_count_per_node
-        pg = placement_group([{"CPU": cpus}] * spec.node_count, name=handle.placement_group,
-                             strategy="STRICT_SPREAD" if spec.node_count > 1 else "PACK",
-                             lifetime="detached")
-        runner = ray.remote(NodeRunner)
-        environ = self.share.job_environ(job)
-        for k in range(spec.node_count):
-            plan = NodePlan(job_dir=job.job_dir, node=k, node_count=spec.node_count,
-                            process_count_per_node=cpus, command=spec.command,
-                            job_preparation=spec.job_preparation, environ=environ,
-                            first_node=handle.actor(0))
-            actor = runner.options(
-                name=handle.actor(k), lifetime="detached", num_cpus=cpus, max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=k)).remote(plan)
-            actor.run.remote()
+        placement_group([_bundle(job)] * spec.node_count, name=handle.placement_group,
+                        strategy="STRICT_SPREAD" if spec.node_count > 1 else "PACK",
+                        lifetime="detached")
         log.info("job %s attempt %d: placement group %s on Ray at %s", job.id, job.attempt,
                  handle.placement_group, address)
         return handle
@@ -172,22 +196,36 @@ class RayExecutor:
             return Observation(Phase.LOST, message=f"Ray has no placement group "
                                                    f"{launch.placement_group} any more")
         # The table, not pg.wait(0): a zero wait can time out before Ray answers at all.
-        if placement_group_table(pg).get("state") != "CREATED":
+        table = placement_group_table(pg)
+        state = table.get("state")
+        if state == "RESCHEDULING":
+            # Placed once, then a machine of it went: Ray would place that bundle anew, but
+            # the ranks on the other machines cannot take a new peer.
+            if launch.placement_group not in self._agents:  # not watched by this process yet
+                self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
+                return Observation(Phase.LOST, message=self._lost(
+                    ray, launch, self._dead_node(ray, launch), "Ray lost it"))
+            if launch.placement_group not in self._failed:
+                node = self._dead_node(ray, launch)
+                self._fail(launch, _Failure(Phase.LOST, None,
+                                            self._lost(ray, launch, node, "Ray lost it"),
+                                            self.clock(), frozenset({node})))
+            return self._observe(ray, job, launch)
+        if state != "CREATED":
             if job.state == JobState.TERMINATING:  # nothing of it runs yet
                 return Observation(Phase.LOST, message="stopped before Ray placed it")
             waited = self.clock() - launch.started_at
             if waited > self.placement_timeout_s:
                 return Observation(Phase.LOST, message=self._unplaced(job, waited))
             return Observation(Phase.PREPARING)
-        return self._observe(ray, job, launch, pg)
+        self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
+        return self._observe(ray, job, launch)
 
     def stop(self, job: JobInfo, launch: RayHandle | None, force: bool) -> None:
         handle = launch or self._guess(job)
         ray = self.connection.connect(handle.address)
-        for actor in self._actors(ray, handle):
-            actor.stop.remote(force)
-            if force:
-                ray.kill(actor, no_restart=True)
+        for k, agent in self._found_agents(ray, handle):
+            agent.stop.remote(handle.key(k), force)
 
     def set_nodes(self, job: JobInfo, launch: RayHandle | None, nodes: list[int]) -> None:
         # The service refuses elastic specs on Ray clusters at submit (JobService._check).
@@ -198,63 +236,152 @@ class RayExecutor:
         ray = self.connection.connect(handle.address)
         from ray.util import get_placement_group, remove_placement_group
 
-        actors = self._actors(ray, handle)
-        for held in (self._asked, self._sent, self._collected):
-            held.pop(handle.placement_group, None)
-        try:  # kill the ranks' process groups first, then the actors
-            ray.get([a.stop.remote(True) for a in actors], timeout=_STOP_TIMEOUT_S)
+        name = handle.placement_group
+        try:  # a start still in flight lands before the node is forgotten
+            ray.get(self._starting.pop(name, []), timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
-            pass  # a lost node's actor: its watchdogs kill its ranks
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+            pass  # its agent is gone, and its ranks with it
+        agents = self._found_agents(ray, handle)
+        for held in (self._placed, self._agents, self._asked, self._failed, self._sent,
+                     self._collected):
+            held.pop(name, None)
+        self._started.discard(name)
+        try:  # kill the ranks' process groups, then free the resources they held
+            ray.get([a.forget.remote(handle.key(k)) for k, a in agents], timeout=_STOP_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a lost node's agent: its watchdogs kill its ranks
         try:
-            remove_placement_group(get_placement_group(handle.placement_group))
+            remove_placement_group(get_placement_group(name))
         except ValueError:
             pass  # never created, or removed already
 
-    def _observe(self, ray: Any, job: JobInfo, launch: RayHandle, pg: Any) -> Observation:
-        refs = self._asked.get(launch.placement_group)
-        collected = self._collected.setdefault(launch.placement_group, set())
-        if refs is None:
-            refs = []
-            offsets = transfer.log_sizes(Path(job.job_dir))
-            for k in range(launch.node_count):
+    def _observe(self, ray: Any, job: JobInfo, launch: RayHandle) -> Observation:
+        """The attempt's phase from its nodes' answers, once Ray placed it."""
+        name = launch.placement_group
+        agents = self._agents.get(name)
+        if agents is None:  # found by name, or made on a machine that has none yet
+            agents = self._agents[name] = [ensure_agent(ray, self._placed[name][k])
+                                           for k in range(launch.node_count)]
+        if name in self._starting:
+            starting = self._starting[name]
+            ready, _ = ray.wait(starting, num_returns=len(starting), timeout=_STATUS_WAIT_S)
+            if len(ready) < len(starting):
+                return Observation(Phase.PREPARING)
+            for k, ref in enumerate(starting):
                 try:
-                    refs.append(ray.get_actor(launch.actor(k)).status.remote(
-                        offsets, k not in collected))
-                except ValueError:
+                    ray.get(ref)
+                except ray.exceptions.RayError as e:  # its agent died, or could not start
                     return Observation(Phase.LOST,
-                                       message=self._lost(ray, pg, k, "its actor is gone"))
-            self._asked[launch.placement_group] = refs
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_STATUS_WAIT_S)
+                                       message=self._lost(ray, launch, k, _first_line(e)))
+            del self._starting[name]
+            self._started.add(name)
+        failure = self._failed.get(name)
+        gone = failure.gone if failure else frozenset()
+        refs = self._asked.get(name)
+        collected = self._collected.setdefault(name, set())
+        if refs is None:
+            offsets = transfer.log_sizes(Path(job.job_dir))
+            refs = self._asked[name] = {
+                k: agent.status.remote(launch.key(k), offsets, k not in collected)
+                for k, agent in enumerate(agents) if k not in gone}
+        if not refs:  # every node's agent is gone
+            del self._asked[name]
+            return self._failed[name].observation()
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_STATUS_WAIT_S)
         answered = {ref.hex() for ref in ready}
-        seen: list[NodeStatus] = []
-        for k, ref in enumerate(refs):
+        seen: dict[int, NodeStatus] = {}
+        unknown = []
+        for k, ref in refs.items():
             if ref.hex() not in answered:
                 continue
             try:
                 status = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                self._asked.pop(launch.placement_group, None)
-                return Observation(Phase.LOST, message=self._lost(ray, pg, k, _first_line(e)))
-            problem = self._take(ray, job, launch, k, status)
+            except ray.exceptions.RayError as e:  # its agent died (with its machine, say)
+                del self._asked[name]
+                self._fail(launch, _Failure(
+                    Phase.LOST, None, self._lost(ray, launch, k, _first_line(e)), self.clock(),
+                    gone | {k}))
+                return self._draining(job, name)
+            if status is None:
+                unknown.append(k)
+                continue
+            problem = self._take(job, launch, k, status)
             if problem:
-                self._asked.pop(launch.placement_group, None)
+                del self._asked[name]
                 return Observation(Phase.EXITED, 1, problem)
-            seen.append(status)
-        failed = [s for s in seen if s.phase is Phase.EXITED and s.exit_code != 0]
-        if failed:
-            return Observation(Phase.EXITED, failed[0].exit_code, failed[0].message)
-        if len(seen) < len(refs):  # an actor still starting, or busy
+            seen[k] = status
+        if unknown and (seen or name in self._started):
+            del self._asked[name]
+            return Observation(Phase.LOST, message=self._lost(
+                ray, launch, unknown[0], "its agent does not know it: the agent was restarted"))
+        if len(seen) + len(unknown) < len(refs):  # an agent still starting, or busy
+            if name in self._failed:
+                return self._draining(job, name)
             return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
-        del self._asked[launch.placement_group]
-        if all(s.phase is Phase.EXITED for s in seen):
-            return Observation(Phase.EXITED, 0)
-        if any(s.phase is Phase.PREPARING for s in seen):
+        del self._asked[name]
+        if unknown:  # no node of it started anywhere: start them all
+            if job.state == JobState.TERMINATING:
+                return Observation(Phase.LOST, message="stopped before its nodes started")
+            self._start_nodes(job, launch, agents)
+            return Observation(Phase.PREPARING)
+        self._started.add(name)
+        return self._outcome(job, launch, seen)
+
+    def _outcome(self, job: JobInfo, launch: RayHandle,
+                 seen: dict[int, NodeStatus]) -> Observation:
+        """The attempt's phase once every node still there answered."""
+        name = launch.placement_group
+        failed = next((s for s in seen.values() if s.phase is Phase.EXITED and s.exit_code),
+                      None)
+        if failed is not None and name not in self._failed:
+            self._fail(launch, _Failure(Phase.EXITED, failed.exit_code, failed.message,
+                                        self.clock()))
+        if all(s.phase is Phase.EXITED for s in seen.values()):
+            failure = self._failed.get(name)
+            return failure.observation() if failure else Observation(Phase.EXITED, 0)
+        if name in self._failed:
+            return self._draining(job, name)
+        if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
         return Observation(Phase.RUNNING)
 
-    def _take(self, ray: Any, job: JobInfo, launch: RayHandle, node: int,
+    def _fail(self, launch: RayHandle, failure: _Failure) -> None:
+        """Note how the attempt ends and stop its other nodes; their outputs still come back.
+
+        A second failure while they stop only adds the nodes it lost to the first.
+        """
+        name = launch.placement_group
+        first = self._failed.get(name)
+        if first is not None:
+            self._failed[name] = _Failure(first.phase, first.exit_code, first.message,
+                                          first.since, first.gone | failure.gone)
+            return
+        self._failed[name] = failure
+        for k, agent in enumerate(self._agents[name]):
+            if k not in failure.gone:
+                agent.stop.remote(launch.key(k), True)
+
+    def _draining(self, job: JobInfo, name: str) -> Observation:
+        """A failed attempt's phase while its other nodes stop: where the job was, until they
+        have all exited or the drain's bound passed."""
+        failure = self._failed[name]
+        if self.clock() - failure.since >= _DRAIN_S:
+            return failure.observation()
+        return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
+
+    def _start_nodes(self, job: JobInfo, launch: RayHandle, agents: list[Any]) -> None:
+        spec, name = job.spec, launch.placement_group
+        environ = self.share.job_environ(job)
+        inputs = {n: path for n, path in spec.inputs.items() if "://" not in path}
+        first_agent = agent_name(self._placed[name][0])
+        self._starting[name] = [agent.start.remote(launch.key(k), NodePlan(
+            job_dir=job.job_dir, node=k, node_count=spec.node_count,
+            process_count_per_node=spec.process_count_per_node, command=spec.command,
+            job_preparation=spec.job_preparation, environ=environ, inputs=inputs,
+            placement_group=name, gpus=spec.process_count_per_node * spec.gpus_per_process,
+            first_agent=first_agent, first_key=launch.key(0))) for k, agent in enumerate(agents)]
+
+    def _take(self, job: JobInfo, launch: RayHandle, node: int,
               status: NodeStatus) -> str | None:
         """Serve a node working in a private copy: its working dir, its logs and outputs.
 
@@ -262,68 +389,87 @@ class RayExecutor:
             Why the share could not take what the node sent, if it could not.
         """
         job_dir = Path(job.job_dir)
-        if status.needs_workdir and node not in self._sent.setdefault(launch.placement_group,
-                                                                      set()):
-            try:
-                actor = ray.get_actor(launch.actor(node))
-            except ValueError:
-                return None  # gone since it answered: the next poll finds it lost
-            actor.receive_workdir.remote(_workdir_tar(job_dir))
-            self._sent[launch.placement_group].add(node)
+        name = launch.placement_group
+        if status.needs_workdir and node not in self._sent.setdefault(name, set()):
+            tar = transfer.private_copy(job_dir, {i: job.spec.inputs.get(i, "")
+                                                  for i in status.missing_inputs})
+            self._agents[name][node].receive_workdir.remote(launch.key(node), tar)
+            self._sent[name].add(node)
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
             return None
         try:
             transfer.write_log_chunks(job_dir, list(status.logs))
             if status.outputs is not None:
                 transfer.unpack(status.outputs, job_dir / "outputs")
-                self._collected[launch.placement_group].add(node)
+                self._collected[name].add(node)
         except (OSError, ValueError, tarfile.TarError) as e:
             return f"cannot write what node {node} sent into the job's folder {job_dir}: {e}"
         return None
 
-    def _lost(self, ray: Any, pg: Any, node: int, why: str) -> str:
-        """A message naming the Ray node that held bundle ``node``."""
-        from ray.util import placement_group_table
+    def _dead_node(self, ray: Any, launch: RayHandle) -> int:
+        """The first node of the attempt whose Ray machine is no longer alive."""
+        placed = self._placed.get(launch.placement_group, {})
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return next((k for k in range(launch.node_count) if placed.get(k) not in alive), 0)
 
-        node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(node, "")
-        where = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
+    def _lost(self, ray: Any, launch: RayHandle, node: int, why: str) -> str:
+        """A message naming the Ray node that held bundle ``node``."""
+        node_id = self._placed.get(launch.placement_group, {}).get(node, "")
+        where = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                     "?")
         return (f"node {node} of the job was lost: Ray node {node_id[:12]} at {where} ({why}); "
                 "its ranks were stopped")
 
     def _unplaced(self, job: JobInfo, waited: float) -> str:
         spec = job.spec
         alive = [n for n in self.connection.nodes(self.address_of(job.cluster)) if n.alive]
-        return (f"Ray could not place {spec.node_count} nodes of {spec.process_count_per_node} "
-                f"free CPUs each, on {'distinct machines' if spec.node_count > 1 else 'a machine'}"
+        gpus = spec.process_count_per_node * spec.gpus_per_process
+        need = f"{spec.process_count_per_node} free CPUs" + (f" and {gpus} free GPUs" if gpus
+                                                             else "")
+        have = ", ".join(f"{n.cpus_free:g}" + (f" CPUs/{n.gpus_free:g} GPUs" if gpus else "")
+                         for n in alive) or "no"
+        return (f"Ray could not place {spec.node_count} nodes of {need} each, on "
+                f"{'distinct machines' if spec.node_count > 1 else 'a machine'}"
                 f", within {waited:.0f} s (placement timeout {self.placement_timeout_s:g} s); the "
-                f"Ray cluster has {len(alive)} alive nodes with "
-                f"{', '.join(f'{n.cpus_free:g}' for n in alive) or 'no'} free CPUs")
+                f"Ray cluster has {len(alive)} alive nodes with {have} free"
+                f"{'' if gpus else ' CPUs'}")
 
     def _guess(self, job: JobInfo) -> RayHandle:
         """The handle of the job's current attempt, from its id alone."""
         return RayHandle(self.address_of(job.cluster), f"{job.id}.{job.attempt}",
                          job.spec.node_count, job.attempt, self.clock())
 
-    def _actors(self, ray: Any, handle: RayHandle) -> list[Any]:
-        actors = []
-        for k in range(handle.node_count):
+    def _found_agents(self, ray: Any, handle: RayHandle) -> list[tuple[int, Any]]:
+        """The agents that may run nodes of the attempt, by node: none before Ray placed it."""
+        if handle.placement_group in self._agents:
+            return list(enumerate(self._agents[handle.placement_group]))
+        from ray.util import get_placement_group, placement_group_table
+
+        try:
+            table = placement_group_table(get_placement_group(handle.placement_group))
+        except ValueError:
+            return []
+        found = []
+        for k, node_id in table.get("bundles_to_node_id", {}).items():
             try:
-                actors.append(ray.get_actor(handle.actor(k)))
+                found.append((int(k), ray.get_actor(agent_name(node_id))))
             except ValueError:
-                continue  # never started, or dead already
-        return actors
+                continue  # gone with its machine
+        return found
 
 
-def _workdir_tar(job_dir: Path) -> bytes | str:
-    """The job's working dir as a tar for a node without the share, or why there is none."""
-    if not (job_dir / "wd").is_dir():
-        return f"the service has no working dir at {job_dir / 'wd'}"
-    try:
-        return transfer.pack(job_dir / "wd", "the working dir")
-    except transfer.TooLargeError as e:
-        return str(e)
-    except OSError as e:
-        return f"the service cannot read the working dir: {e}"
+def _bundle_nodes(table: dict[str, Any]) -> dict[int, str]:
+    """The Ray node of each placed bundle, from the placement group's table."""
+    return {int(k): v for k, v in table.get("bundles_to_node_id", {}).items()}
+
+
+def _bundle(job: JobInfo) -> dict[str, float]:
+    """One node's resources: the CPUs, and GPUs if any, of its ranks."""
+    spec = job.spec
+    bundle = {"CPU": float(spec.process_count_per_node)}
+    if spec.gpus_per_process:
+        bundle["GPU"] = float(spec.process_count_per_node * spec.gpus_per_process)
+    return bundle
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,24 +1,26 @@
-"""One node of a job on Ray: the actor that runs a node's preparation and its ranks.
+"""One node of a job on Ray: what runs a node's preparation and its ranks.
 
-The Ray executor places one :class:`NodeRunner` actor in each bundle of the job's placement
-group. Each runs the spec's ``job_preparation`` for its node, then starts its
+The Ray node's agent (:mod:`.agent`) holds one :class:`NodeRunner` per node of an attempt placed
+on its machine. Each runs the spec's ``job_preparation`` for its node, then starts its
 ``process_count_per_node`` ranks with the torchrun-style variables that ``ringtrain.torch.init()``
 reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 serves
-the rendezvous store at the first bundle's node address, on a port the first node's actor picks.
-Logs go straight into the job's folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``),
-written line by line, so ``job logs --follow`` reads them as they come.
+the rendezvous store at the first bundle's node address, on a port node 0's runner picks. A job
+asking for GPUs gets, in ``CUDA_VISIBLE_DEVICES`` of every rank of a node, the GPUs Ray assigned
+to the node's bundle (read by a task placed in the bundle). Logs go straight into the job's folder
+on the share (``stdouterr/rank.N/``, ``prep/node.K.*``), written line by line, so
+``job logs --follow`` reads them as they come.
 
 A node that does not see the job's folder (no shared filesystem there), or whose machine sets
 ``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
-folder): it asks the executor for the working dir, and its answers to :meth:`NodeRunner.status`
-carry its new log bytes and, once it exited, its outputs (:mod:`ringtrain.jobs.ray.transfer`),
-which the executor writes into the share.
+folder): it asks the executor for the working dir and the inputs it does not see, and its
+answers to :meth:`NodeRunner.status` carry its new log bytes and, once it exited, its outputs
+(:mod:`ringtrain.jobs.ray.transfer`), which the executor writes into the share.
 
-The actor's worker process imports this module before the actor starts, so it imports nothing
-heavy (no pydantic, no ringtrain models): it is on the path from submit to running.
+The agent's worker process imports this module before the agent starts, so it imports nothing
+heavy (no pydantic, no ringtrain models).
 
-Ranks run in sessions of their own and get SIGKILL when the actor's process dies
-(``PR_SET_PDEATHSIG``): a lost node, or a killed actor, leaves no rank behind.
+Ranks run in sessions of their own and get SIGKILL when the agent's process dies
+(``PR_SET_PDEATHSIG``): a lost node, or a killed agent, leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtrain.jobs.envvars import NODE_INDEX
+from ringtrain.jobs.envvars import NODE_INDEX, input_var
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.ray import transfer
@@ -44,11 +48,14 @@ from ringtrain.jobs.ray import transfer
 #: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
 #: private copies, even where it sees the service's share.
 SCRATCH_VAR = "RINGTRAIN_RAY_SCRATCH"
-#: How long a node without the share waits for the executor to send the working dir.
+#: How long a node without the share waits for the executor to send the working dir, a node
+#: for node 0's rendezvous address, and a GPU node for Ray to say which GPUs it has.
 _WORKDIR_WAIT_S = 60.0
+_RENDEZVOUS_WAIT_S = 60.0
+_GPU_WAIT_S = 60.0
 
 _PR_SET_PDEATHSIG = 1
-# Args: the actor's pid, the process group of one rank (or preparation). Ends with the group.
+# Args: the agent's pid, the process group of one rank (or preparation). Ends with the group.
 _WATCHDOG = ('while kill -0 "$1" 2>/dev/null && kill -0 -- "-$2" 2>/dev/null; do sleep 0.5; '
              'done; kill -KILL -- "-$2" 2>/dev/null; exit 0')
 
@@ -65,7 +72,12 @@ class NodePlan:
         command: the shell command every rank runs.
         job_preparation: the shell command this node runs first, if any.
         environ: the job's variables (spec environment, job id, folders, inputs and outputs).
-        first_node: the actor name of node 0, which serves the rendezvous address.
+        inputs: the spec's inputs that are paths (not URLs), by name.
+        placement_group: the name of the attempt's placement group (the node is its bundle
+            ``node``).
+        gpus: GPUs of the node's bundle (0: none).
+        first_agent: the actor name of node 0's agent, which serves the rendezvous address.
+        first_key: node 0's key at that agent.
     """
 
     job_dir: str
@@ -75,36 +87,45 @@ class NodePlan:
     command: str
     job_preparation: str | None
     environ: dict[str, str] = field(default_factory=dict)
-    first_node: str = ""
+    inputs: dict[str, str] = field(default_factory=dict)
+    placement_group: str = ""
+    gpus: int = 0
+    first_agent: str = ""
+    first_key: str = ""
 
 
 @dataclass(frozen=True)
 class NodeStatus:
     """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded).
 
-    A node working in a private copy also says whether it waits for the working dir, and
-    carries its new log chunks and, once exited and asked, its outputs as a tar.
+    A node working in a private copy also says whether it waits for the working dir (and
+    which inputs it needs with it), and carries its new log chunks and, once exited and asked,
+    its outputs as a tar.
     """
 
     phase: Phase
     exit_code: int | None = None
     message: str = ""
     needs_workdir: bool = False
+    missing_inputs: tuple[str, ...] = ()
     logs: tuple[transfer.Chunk, ...] = ()
     outputs: bytes | None = None
 
 
 class NodeRunner:
-    """The Ray actor of one node of one attempt (``ray.remote`` is applied by the executor).
+    """One node of one attempt, run by the agent of the Ray node it was placed on.
 
     Args:
         plan: what the node runs.
+        rendezvous_of: node 0's rendezvous address, ``None`` while node 0 has not started.
     """
 
-    def __init__(self, plan: NodePlan):
+    def __init__(self, plan: NodePlan,
+                 rendezvous_of: Callable[[], tuple[str, int] | None]):
         import ray  # inside a Ray worker: present
 
         self.plan = plan
+        self.rendezvous_of = rendezvous_of
         self.ip = ray.util.get_node_ip_address()
         self.port = free_port(self.ip) if plan.node == 0 else 0
         self._lock = threading.Lock()
@@ -117,9 +138,10 @@ class NodeRunner:
         self._private = False
         self._workdir: bytes | str | None = None  # the tar, or why the executor sent none
         self._workdir_came = threading.Event()
+        self._missing_inputs: tuple[str, ...] = ()
 
     def rendezvous(self) -> tuple[str, int]:
-        """The address rank 0 serves the rendezvous store at (node 0's actor only)."""
+        """The address rank 0 serves the rendezvous store at (node 0 only)."""
         return self.ip, self.port
 
     def run(self) -> None:
@@ -155,10 +177,12 @@ class NodeRunner:
                 return NodeStatus(Phase.EXITED, status.exit_code or 1, str(e), logs=tuple(chunks))
         return NodeStatus(status.phase, status.exit_code, status.message,
                           needs_workdir=waiting and status.phase is Phase.PREPARING,
-                          logs=tuple(chunks), outputs=outputs)
+                          missing_inputs=self._missing_inputs, logs=tuple(chunks),
+                          outputs=outputs)
 
     def receive_workdir(self, data: bytes | str) -> None:
-        """The working dir for a private copy, as a tar, or why the executor has none."""
+        """The working dir and missing inputs for a private copy, as a tar from
+        :func:`transfer.pack_tree` (``wd/``, ``inputs/<name>/``), or why the executor has none."""
         if not self._workdir_came.is_set():
             self._workdir = data
             self._workdir_came.set()
@@ -168,7 +192,11 @@ class NodeRunner:
         self._stopping = True
         self._workdir_came.set()  # a node waiting for its working dir stops waiting
         self._signal(signal.SIGKILL if force else signal.SIGTERM)
-        if force and self._private:  # the service has what it needs of the copy by now
+
+    def discard(self) -> None:
+        """Kill what is left and remove the private copy: the service has what it needs of it."""
+        self.stop(True)
+        if self._private:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _signal(self, sig: int) -> None:
@@ -187,7 +215,7 @@ class NodeRunner:
             if code == 0 and not self._stopping:
                 self._status = NodeStatus(Phase.RUNNING)
                 code, message = self._ranks()
-        except Exception as e:  # e.g. node 0's actor gone before it gave the rendezvous address
+        except Exception as e:  # e.g. node 0's agent gone before it gave the rendezvous address
             self._signal(signal.SIGKILL)
             code, message = 1, f"node {self.plan.node} ({self.ip}) failed: {e!r}"[:500]
         if self._stopping:
@@ -201,8 +229,11 @@ class NodeRunner:
             return None
         root = Path(scratch or tempfile.gettempdir()) / "ringtrain-ray"
         root.mkdir(parents=True, exist_ok=True)
-        self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self.plan.first_node}.{self.plan.node}.",
-                                              dir=root))
+        self.work_dir = Path(tempfile.mkdtemp(
+            prefix=f"{self.plan.placement_group}.node{self.plan.node}.", dir=root))
+        # Inputs this machine sees at their path are read there, as on a node with the share.
+        self._missing_inputs = tuple(sorted(
+            name for name, path in self.plan.inputs.items() if not os.path.exists(path)))
         self._private = True
         self._workdir_came.wait(_WORKDIR_WAIT_S)
         problem = self._workdir if isinstance(self._workdir, str) else (
@@ -210,9 +241,9 @@ class NodeRunner:
             f"no answer within {_WORKDIR_WAIT_S:g} s")
         if problem is None:
             try:
-                transfer.unpack(self._workdir, self.work_dir / "wd")
-                for sub in ("prep", "stdouterr"):
-                    (self.work_dir / sub).mkdir()
+                transfer.unpack(self._workdir, self.work_dir)
+                for sub in ("wd", "prep", "stdouterr"):
+                    (self.work_dir / sub).mkdir(exist_ok=True)
                 for value in self._rebased().values():
                     if os.path.dirname(value) == str(self.work_dir / "outputs"):
                         os.makedirs(value, exist_ok=True)
@@ -226,13 +257,18 @@ class NodeRunner:
             f"{self.plan.job_dir} and could not get a private copy of it: {problem}")[:1000]
 
     def _rebased(self) -> dict[str, str]:
-        """The job's variables, with paths into its share folder moved to the private copy."""
+        """The job's variables, with paths into its share folder moved to the private copy, and
+        the inputs this machine does not see moved to their copies."""
         if not self._private:
             return self.plan.environ
         shared = self.plan.job_dir.rstrip("/")
-        return {key: str(self.work_dir) + value[len(shared):]
-                if value == shared or value.startswith(shared + "/") else value
-                for key, value in self.plan.environ.items()}
+        env = {key: str(self.work_dir) + value[len(shared):]
+               if value == shared or value.startswith(shared + "/") else value
+               for key, value in self.plan.environ.items()}
+        for name in self._missing_inputs:
+            copy = transfer.input_arcname(name, self.plan.inputs[name])
+            env[input_var(name)] = str(self.work_dir / copy)
+        return env
 
     def _prepare(self) -> tuple[int, str]:
         command, k = self.plan.job_preparation, self.plan.node
@@ -251,16 +287,14 @@ class NodeRunner:
         return 0, ""
 
     def _ranks(self) -> tuple[int, str]:
-        import ray
-
         plan = self.plan
-        master = ray.get_actor(plan.first_node)
-        master_addr, master_port = ray.get(master.rendezvous.remote(), timeout=60)
+        master_addr, master_port = self._rendezvous()
+        gpus = {"CUDA_VISIBLE_DEVICES": self._gpu_ids()} if plan.gpus else {}
         ppn, size = plan.process_count_per_node, plan.node_count * plan.process_count_per_node
         procs = []
         for local in range(ppn):
             rank = plan.node * ppn + local
-            env = {**self._base_env(), "RANK": str(rank), "WORLD_SIZE": str(size),
+            env = {**self._base_env(), **gpus, "RANK": str(rank), "WORLD_SIZE": str(size),
                    "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ppn),
                    "GROUP_RANK": str(plan.node), "MASTER_ADDR": master_addr,
                    "MASTER_PORT": str(master_port)}
@@ -273,6 +307,36 @@ class NodeRunner:
                 self._signal(signal.SIGKILL)
                 return EXIT_NOT_STARTED, f"could not start rank {rank}: {e.strerror}"
         return self._wait(procs)
+
+    def _rendezvous(self) -> tuple[str, int]:
+        """Node 0's rendezvous address; node 0 may start after this node.
+
+        Raises:
+            TimeoutError: node 0 did not start within the wait.
+        """
+        deadline = time.monotonic() + _RENDEZVOUS_WAIT_S
+        while (address := self.rendezvous_of()) is None:
+            if time.monotonic() > deadline or self._stopping:
+                raise TimeoutError(f"node 0 gave no rendezvous address within "
+                                   f"{_RENDEZVOUS_WAIT_S:g} s")
+            time.sleep(0.05)
+        return address
+
+    def _gpu_ids(self) -> str:
+        """The GPUs Ray assigned to the node's bundle, as ``CUDA_VISIBLE_DEVICES`` lists them.
+
+        The agent holds no GPUs itself; a task that takes all of the bundle's GPUs reads which
+        ones they are (a bundle's GPUs stay the same GPUs while its group exists).
+        """
+        import ray
+        from ray.util import get_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        where = PlacementGroupSchedulingStrategy(get_placement_group(self.plan.placement_group),
+                                                 placement_group_bundle_index=self.plan.node)
+        task = ray.remote(_assigned_gpus).options(num_cpus=0, num_gpus=self.plan.gpus,
+                                                  scheduling_strategy=where)
+        return ",".join(str(i) for i in ray.get(task.remote(), timeout=_GPU_WAIT_S))
 
     def _wait(self, procs: list[tuple[int, subprocess.Popen]]) -> tuple[int, str]:
         """Wait for the node's ranks; the first to fail stops the others."""
@@ -294,7 +358,7 @@ class NodeRunner:
         return 0, ""
 
     def _base_env(self) -> dict[str, str]:
-        bin_dir = os.path.dirname(sys.executable)  # `python` in a command is the actor's
+        bin_dir = os.path.dirname(sys.executable)  # `python` in a command is the agent's
         env = {**os.environ, **self._rebased(), "PYTHONUNBUFFERED": "1"}
         env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
         return env
@@ -310,16 +374,22 @@ class NodeRunner:
         if self._stopping:  # a stop that came while it started
             os.killpg(proc.pid, signal.SIGKILL)
         # PR_SET_PDEATHSIG reaches the shell only; the watchdog kills the whole process group
-        # once this actor's process is gone, whatever its ranks started below them.
+        # once the agent's process is gone, whatever its ranks started below them.
         subprocess.Popen(["sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), str(proc.pid)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
         return proc
 
 
+def _assigned_gpus() -> list:
+    import ray
+
+    return ray.get_gpu_ids()
+
+
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: SIGKILL when the actor's thread that started it
-    # (which waits for it) goes away, e.g. with a killed actor or raylet.
+    # Runs in the child between fork and exec: SIGKILL when the agent's thread that started it
+    # (which waits for it) goes away, e.g. with a killed agent or raylet.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

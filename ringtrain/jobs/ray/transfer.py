@@ -1,7 +1,7 @@
 """Files of a job carried through Ray, for nodes that do not see the service's share.
 
 Such a node works in a private copy of the job's folder: the working dir comes to it as a tar,
-its logs go back as chunks read from offsets the service already holds (a chunk sent twice lands
+with the spec's inputs that the node does not see at their paths, its logs go back as chunks read from offsets the service already holds (a chunk sent twice lands
 at the same place, so nothing is lost or doubled when an answer is lost or the service
 restarts), and its outputs go back as a tar once it exited. Both tars are bounded: a bigger one
 is refused with a message naming the limit.
@@ -16,7 +16,7 @@ import os
 import tarfile
 from pathlib import Path
 
-#: The most bytes of working dir, and of one node's outputs, carried through Ray.
+#: The most bytes of working dir and inputs, and of one node's outputs, carried through Ray.
 TRANSFER_LIMIT = 64 << 20
 #: The most bytes of one log file sent in one answer; a longer backlog goes in later answers.
 LOG_CHUNK = 1 << 20
@@ -32,10 +32,16 @@ class TooLargeError(ValueError):
 
 
 def pack(folder: Path, what: str, limit: int = TRANSFER_LIMIT) -> bytes:
-    """The files below ``folder`` as an uncompressed tar.
+    """The files below ``folder`` as an uncompressed tar (see :func:`pack_tree`)."""
+    return pack_tree({".": folder}, what, limit)
+
+
+def pack_tree(parts: dict[str, Path], what: str, limit: int = TRANSFER_LIMIT) -> bytes:
+    """Files and folders as one uncompressed tar, each at its own path in it.
 
     Args:
-        folder: the folder to pack.
+        parts: what to pack (a file, or a folder with everything below it), by its path in
+            the tar.
         what: what it is, for the error message (e.g. ``"the working dir"``).
         limit: the most bytes its files may add up to.
 
@@ -43,17 +49,55 @@ def pack(folder: Path, what: str, limit: int = TRANSFER_LIMIT) -> bytes:
         TooLargeError: the files add up to more than ``limit``.
         OSError: a file cannot be read.
     """
-    size = sum(os.lstat(os.path.join(top, name)).st_size
-               for top, _, names in os.walk(folder) for name in names)
+    size = sum(_size(path) for path in parts.values())
     if size > limit:
         raise TooLargeError(f"{what} holds {size / 2**20:.1f} MiB, over the "
                             f"{limit / 2**20:g} MiB a Ray node without the service's "
-                            "share can exchange with it; mount the share on every Ray node at "
-                            "the service's path (docs/jobs.md, Ray clusters)")
+                            "share can exchange with it; mount the share (and the inputs) on "
+                            "every Ray node at the service's paths (docs/jobs.md, Ray clusters)")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(folder, arcname=".")
+        for arcname, path in parts.items():
+            tar.add(path, arcname=arcname)
     return buffer.getvalue()
+
+
+def input_arcname(name: str, path: str) -> str:
+    """Where the input ``name`` at ``path`` goes in a private copy: ``inputs/<name>/<its name>``
+    (the file or folder keeps its own name, extension included)."""
+    return f"inputs/{name}/{os.path.basename(path.rstrip('/')) or name}"
+
+
+def private_copy(job_dir: Path, inputs: dict[str, str]) -> bytes | str:
+    """What a node without the share needs: the job's working dir and ``inputs`` (its inputs
+    the node does not see, by name), as a tar from :func:`pack_tree`, or why there is none.
+
+    Args:
+        job_dir: the job's folder on the share.
+        inputs: the paths of the inputs to send, as the service sees them, by name.
+    """
+    wd = job_dir / "wd"
+    if not wd.is_dir():
+        return f"the service has no working dir at {wd}"
+    parts = {"wd": wd}
+    for name, path in inputs.items():
+        if "://" in path or not os.path.exists(path):
+            return f"the service has no input {name} at {path!r}"
+        parts[input_arcname(name, path)] = Path(path)
+    what = "the working dir" + (f" and inputs {', '.join(inputs)}" if inputs else "")
+    try:
+        return pack_tree(parts, what)
+    except TooLargeError as e:
+        return str(e)
+    except OSError as e:
+        return f"the service cannot read {what}: {e}"
+
+
+def _size(path: Path) -> int:
+    if not path.is_dir():
+        return os.lstat(path).st_size
+    return sum(os.lstat(os.path.join(top, name)).st_size
+               for top, _, names in os.walk(path) for name in names)
 
 
 def unpack(data: bytes, folder: Path) -> None:
