@@ -159,8 +159,9 @@ class Engine:
         self._caller_blocked = threading.Event()  # a submitter waits for a result: stop gathering
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
-        threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
-                         daemon=True).start()
+        self._watch = threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
+                                       daemon=True)
+        self._watch.start()
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -244,7 +245,14 @@ class Engine:
                 self._ring_locked(NEGOTIATE)
             self._caller_blocked.set()  # this thread now waits for the engine
         if threading.current_thread() is not self._thread:
+            deadline = time.monotonic() + timeout
             self._thread.join(timeout)
+            # The watch ends once the engine has (it waits on _stopped), but may be inside a
+            # store call: a daemon thread still in C++ when the interpreter finalizes aborts the
+            # process ("terminate called without an active exception", exit 134) after a
+            # training run that succeeded.
+            if not self._thread.is_alive():
+                self._watch.join(max(deadline - time.monotonic(), 0.0))
         self.timeline.stop()
 
     @property

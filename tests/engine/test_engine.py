@@ -230,6 +230,20 @@ def test_shutdown_on_one_rank_stops_every_rank_and_fails_what_is_pending(start_e
             submit(engine, "too.late", torch.ones(1))
 
 
+def test_shutdown_returns_with_none_of_the_engines_threads_left(start_engines):
+    # A daemon thread still inside a store call when the interpreter finalizes aborts the
+    # process after a run that succeeded: shutdown must end the pending watch too.
+    before = set(threading.enumerate())
+    _, engines = start_engines(2)
+    started = [t for t in threading.enumerate()
+               if t not in before and t.name.startswith("ringtrain-")]
+    assert sorted(t.name for t in started) == ["ringtrain-engine"] * 2 + [
+        "ringtrain-pending-watch"] * 2
+    for engine in engines:
+        engine.shutdown(timeout=WAIT_S)
+    assert [t.name for t in started if t.is_alive()] == []
+
+
 def test_a_unit_whose_block_closes_after_shutdown_fails_its_handles(start_engines):
     _, engines = start_engines(2)
     with engines[1].one_round():
