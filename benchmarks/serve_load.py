@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -43,8 +45,8 @@ from pathlib import Path
 
 import httpx
 import torch
-
 from lean_load import closed_loop, encode_post
+
 from ringtrain.models.fashion_cnn import FashionCNN
 from ringtrain.models.saved import ModelInfo, load_model, save_model
 from ringtrain.proc_stat import stat_fields
@@ -207,6 +209,8 @@ def main() -> int:
             "benchmark": "serve_load", "model": info.arch, "cores": len(os.sched_getaffinity(0)),
             "load_avg_before": [round(x, 2) for x in os.getloadavg()],
             "tensors": "binary" if args.binary else "json", "load_generator": args.load_generator,
+            # uvicorn parses HTTP with httptools where it is installed, else with h11.
+            "http_parser": "httptools" if importlib.util.find_spec("httptools") else "h11",
             "server_threads": threads, "model_ms": round(one, 3),
             f"model_ms_per_input_at_{args.max_batch_size}": round(batched, 3),
             "batching_ceiling": round(one / batched, 2), "p99_budget_ms": args.p99_budget_ms}
@@ -215,11 +219,11 @@ def main() -> int:
                  "unbatched": ["--max-batch-size", "1"]}
         for mode, flags in modes.items():
             proc, url = start_server(model_dir, [*flags, "--threads", str(threads)])
+            drive: Callable[[int, float], dict[str, object]]
             if args.load_generator == "lean":
-                request = encode_post(url, INFER, body, headers)
-                drive = lambda n, d: closed_loop(url, request, n, d)  # noqa: E731
+                drive = functools.partial(closed_loop, url, encode_post(url, INFER, body, headers))
             else:
-                drive = lambda n, d: httpx_closed_loop(url, body, headers, n, d)  # noqa: E731
+                drive = functools.partial(httpx_closed_loop, url, body, headers)
             try:
                 result[mode] = sweep(url, proc.pid, drive, clients, args.duration)
             finally:

@@ -32,7 +32,12 @@ from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.infer_route import InferRoute, add_infer_operation, run_inputs
 from ringtrain.serve.metrics import RequestMetrics, ServeMetrics
 from ringtrain.serve.predictor import InputError, Predictor
-from ringtrain.serve.problems import HTTPProblem, error_json, problem_of, validation_message
+from ringtrain.serve.problems import (
+    HTTPProblem,
+    error_json,
+    problem_of,
+    validation_message,
+)
 from ringtrain.serve.schemas import ErrorBody, ModelMetadata, TensorSpec
 from ringtrain.web.body_limit import BodyLimit
 from ringtrain.web.exposure import bearer_matches

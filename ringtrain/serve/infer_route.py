@@ -27,7 +27,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ringtrain.serve.batching import DynamicBatcher
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import InputError, Predictor
-from ringtrain.serve.problems import HTTPProblem, error_json, problem_of, validation_message
+from ringtrain.serve.problems import (
+    HTTPProblem,
+    error_json,
+    problem_of,
+    validation_message,
+)
 from ringtrain.serve.schemas import ErrorBody, InferRequest, InferResponse
 from ringtrain.serve.tensors import (
     HEADER_LENGTH,
@@ -116,7 +121,7 @@ class InferRoute:
             body, headers = await self._answer(scope, receive, path[len(_PREFIX):-len(_SUFFIX)],
                                                started)
             status = 200
-        except Exception as e:  # noqa: BLE001 - every failure becomes an answer
+        except Exception as e:
             if not isinstance(e, (HTTPProblem, InputError)):
                 log.exception("the inference route failed")
             problem = problem_of(e, self.config.timeout_s)

@@ -43,12 +43,11 @@ def serve(model: Path, config: ServeConfig,
         SavedModelError: The model cannot be loaded.
         OSError: The address cannot be bound.
     """
+    import torch
     import uvicorn
 
     from ringtrain.serve.app import create_app
     from ringtrain.serve.predictor import Predictor
-
-    import torch
 
     check_bind(config.host, config.token, "the model server",
                "anyone could then spend this host's processors on it")
