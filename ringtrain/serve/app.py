@@ -161,10 +161,11 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         if not kind.startswith(_IMAGE_TYPES):
             raise HTTPProblem(415, f"Content-Type {kind or '(none)'} is not an image: send the "
                                   "file's bytes with Content-Type image/jpeg or image/png")
-        data = await request.body()
-        if not data:
-            raise InputError("the body is empty: send the image file's bytes")
-        item = await run_in_threadpool(predictor.decode_image, data)
+        with batcher.incoming():  # a batch forming now waits for this image
+            data = await request.body()
+            if not data:
+                raise InputError("the body is empty: send the image file's bytes")
+            item = await run_in_threadpool(predictor.decode_image, data)
         (result,) = await run_inputs(batcher, config, [item], started)
         answer = predictor.describe(result, top_k, min_score)
         if predictor.detection:  # boxes are in these pixels

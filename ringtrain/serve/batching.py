@@ -2,8 +2,10 @@
 
 Requests put their inputs on a bounded queue and get an ``asyncio.Future`` each, of the event loop
 they were submitted from. One worker thread (inference never runs on the event loop) takes the
-first waiting input, waits up to ``max_wait_s`` for more to join it, up to ``max_batch_size``,
-runs the batch and hands the whole batch's results to the loop in one ``call_soon_threadsafe``
+first waiting input, takes the others waiting, and waits up to ``max_wait_s`` for more to join
+it (up to ``max_batch_size``) only while more are on their way (requests the server is reading
+or parsing, see :meth:`DynamicBatcher.incoming`): an input alone runs at once, so that batching
+costs a lone request nothing. It then runs the batch and hands the whole batch's results to the loop in one ``call_soon_threadsafe``
 (one wake-up of the loop per batch, not one per input). A full queue refuses at once
 (:class:`QueueFullError`, which the server answers 503) rather than grow; an input whose request
 has already timed out or gone is skipped, not run.
@@ -16,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +72,7 @@ class DynamicBatcher:
     Args:
         run_batch: Takes a list of inputs, returns one result per input, in order.
         max_batch_size: Most inputs per batch (1: no batching).
-        max_wait_s: How long a batch's first input waits for others.
+        max_wait_s: How long a batch's first input waits for others on their way.
         queue_size: Inputs waiting at most.
         on_batch: Called after each batch with its size and run time in seconds (metrics).
         clock: Monotonic seconds (injectable for tests).
@@ -86,6 +89,8 @@ class DynamicBatcher:
         self._on_batch = on_batch
         self._clock = clock
         self._closing = threading.Event()
+        # Written on the event loop only; the worker reads it (a stale read costs one wait).
+        self._incoming = 0
         self._thread = threading.Thread(target=self._work, name="batcher", daemon=True)
 
     @property
@@ -97,6 +102,16 @@ class DynamicBatcher:
     def accepting(self) -> bool:
         """False once :meth:`close` began."""
         return not self._closing.is_set()
+
+    @contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Around reading and parsing a request whose inputs will be submitted: while any is
+        inside, a forming batch waits (up to ``max_wait_s``) for them; use it on the loop."""
+        self._incoming += 1
+        try:
+            yield
+        finally:
+            self._incoming -= 1
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -186,8 +201,10 @@ class DynamicBatcher:
         while len(batch) < self.max_batch_size:
             left = until - self._clock()
             try:
-                batch.append(self._queue.get(timeout=left) if left > 0
-                             else self._queue.get_nowait())
+                if left > 0 and self._incoming and self._queue.empty():
+                    batch.append(self._queue.get(timeout=left))
+                else:
+                    batch.append(self._queue.get_nowait())
             except queue.Empty:
                 break
         return batch

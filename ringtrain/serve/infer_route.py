@@ -141,13 +141,15 @@ class InferRoute:
         if name != self.config.model_name:
             raise HTTPProblem(404, f"no model {name!r}; this server serves "
                                    f"{self.config.model_name!r}")
-        data = await _read_body(receive)
-        length = head.get(_HEADER_LENGTH)
-        large = len(data) > INLINE_BYTES
-        if large:
-            request, items = await asyncio.to_thread(self._inputs, data, length)
-        else:
-            request, items = self._inputs(data, length)
+        with self.batcher.incoming():  # a batch forming now waits for these inputs
+            data = await _read_body(receive)
+            length = head.get(_HEADER_LENGTH)
+            large = len(data) > INLINE_BYTES
+            if large:
+                request, items = await asyncio.to_thread(self._inputs, data, length)
+            else:
+                request, items = self._inputs(data, length)
+        # No await until run_inputs has queued them.
         results = await run_inputs(self.batcher, self.config, items, started)
         binary = wants_binary_output(request)
         if large:

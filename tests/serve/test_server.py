@@ -183,8 +183,9 @@ def test_other_bad_requests_and_the_server_stays_up(client: httpx.Client) -> Non
 
 
 def test_concurrent_requests_are_batched_and_metrics_show_it(tiny_classifier: Path) -> None:
+    # A slow model: the inputs that arrive while one batch runs form the next.
     config = ServeConfig(max_batch_size=8, max_wait_ms=100)
-    with running(Predictor.load(tiny_classifier), config) as c:
+    with running(SlowPredictor.load(tiny_classifier), config) as c:
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda _: c.post("/v2/models/model/infer",
                                                    json=_tensor(1)).status_code, range(8)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,6 +52,25 @@ def test_waiting_inputs_join_one_batch_up_to_the_maximum() -> None:
     _on_loop(test)
     assert model.batches[0] == [0, 1, 2, 3] and [i for b in model.batches for i in b] == list(range(6))
     assert batcher.close(5)
+
+
+def test_an_input_alone_runs_at_once_and_a_batch_waits_only_for_inputs_on_their_way() -> None:
+    model = Recorder()
+    batcher = DynamicBatcher(model, max_batch_size=2, max_wait_s=30, queue_size=16)
+
+    async def test() -> None:
+        batcher.start()
+        started = time.monotonic()
+        assert await batcher.run([1], 10) == [10]
+        assert time.monotonic() - started < 5  # not the 30 s of max_wait
+        with batcher.incoming():  # a request being parsed: the batch of 2 waits for it
+            first = batcher.submit(2, 10)
+            await asyncio.sleep(0.2)
+            second = batcher.submit(3, 10)
+        assert await _results([first, second]) == [20, 30]
+    _on_loop(test)
+    assert model.batches == [[1], [2, 3]]
+    batcher.close(5)
 
 
 def test_batch_size_one_runs_inputs_alone() -> None:
