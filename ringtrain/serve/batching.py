@@ -5,8 +5,9 @@ they were submitted from. One worker thread (inference never runs on the event l
 first waiting input, takes the others waiting, and waits up to ``max_wait_s`` for more to join
 it (up to ``max_batch_size``) only while more are on their way (requests the server is reading
 or parsing, see :meth:`DynamicBatcher.incoming`): an input alone runs at once, so that batching
-costs a lone request nothing. It then runs the batch and hands the whole batch's results to the loop in one ``call_soon_threadsafe``
-(one wake-up of the loop per batch, not one per input). A full queue refuses at once
+costs a lone request nothing. It then runs the batch and hands the whole batch's results to the
+loop in one ``call_soon_threadsafe`` (one wake-up of the loop per batch, not one per input, and
+no thread of the loop's executor in between). A full queue refuses at once
 (:class:`QueueFullError`, which the server answers 503) rather than grow; an input whose request
 has already timed out or gone is skipped, not run.
 """
@@ -145,7 +146,7 @@ class DynamicBatcher:
         return pending.future
 
     async def run(self, items: Sequence[Any], timeout_s: float) -> list[Any]:
-        """Queue ``items`` (all or none) and wait for their results.
+        """Queue ``items`` and wait for their results.
 
         Args:
             items: The inputs of one request.
@@ -155,7 +156,8 @@ class DynamicBatcher:
             Their results, in order.
 
         Raises:
-            QueueFullError: The queue has no room for all of them (none is queued).
+            QueueFullError: The queue has no room for all of them (those already queued are
+                withdrawn: the worker skips them).
             ClosedError: The batcher is draining.
             TimeoutError: Not all ran within ``timeout_s`` (those not begun are skipped).
             Exception: What the model raised on their batch.
