@@ -45,7 +45,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from lean_load import closed_loop, encode_post
+from lean_load import closed_loop, encode_post, measured
 
 from ringtrain.models.fashion_cnn import FashionCNN
 from ringtrain.models.saved import ModelInfo, load_model, save_model
@@ -136,19 +136,7 @@ def httpx_closed_loop(url: str, body: bytes, headers: dict[str, str], clients: i
             await asyncio.gather(*(one_client() for _ in range(clients)))
             return time.perf_counter() - started
 
-    cpu = time.process_time()
-    elapsed = asyncio.run(run())
-    cpu = time.process_time() - cpu
-    latencies.sort()
-
-    def pct(p: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2) \
-            if latencies else float("nan")
-
-    return {"clients": clients, "throughput_rps": round(len(latencies) / elapsed, 1),
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "codes": codes,
-            "failed": sum(n for c, n in codes.items() if c not in ("200", "503")),
-            "client_cpu_ms": round(cpu * 1000 / max(sum(codes.values()), 1), 3)}
+    return measured(run, clients, latencies, codes)
 
 
 def cpu_seconds(pid: int) -> float:
