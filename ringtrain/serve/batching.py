@@ -1,20 +1,26 @@
 """Dynamic batching: inputs of concurrent requests run through the model together.
 
-Requests put their inputs on a bounded queue and get a ``concurrent.futures.Future`` each. One
-worker thread (inference never runs on the event loop) takes the first waiting input, waits up
-to ``max_wait_s`` for more to join it, up to ``max_batch_size``, runs the batch and completes the
-futures. A full queue refuses at once (:class:`QueueFullError`, which the server answers 503)
-rather than grow; an input whose request has already timed out or gone is skipped, not run.
+Requests put their inputs on a bounded queue and get an ``asyncio.Future`` each, of the event loop
+they were submitted from. One worker thread (inference never runs on the event loop) takes the
+first waiting input, takes the others waiting, and waits up to ``max_wait_s`` for more to join
+it (up to ``max_batch_size``) only while more are on their way (requests the server is reading
+or parsing, see :meth:`DynamicBatcher.incoming`): an input alone runs at once, so that batching
+costs a lone request nothing. It then runs the batch and hands the whole batch's results to the
+loop in one ``call_soon_threadsafe`` (one wake-up of the loop per batch, not one per input, and
+no thread of the loop's executor in between). A full queue refuses at once
+(:class:`QueueFullError`, which the server answers 503) rather than grow; an input whose request
+has already timed out or gone is skipped, not run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +40,31 @@ class ClosedError(RingtrainError):
 @dataclass
 class _Pending:
     item: Any
-    future: Future
+    future: asyncio.Future
     deadline: float
+
+
+def _settle(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    """On the event loop: complete the futures of one batch (those still waited for)."""
+    for future, result, error in outcomes:
+        if future.done():  # its request gave up meanwhile
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+def _hand_over(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    """From the worker: one call onto each loop that waits for some of ``outcomes``."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+    for loop, part in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, part)
+        except RuntimeError:  # that loop is closed: nobody waits for these any more
+            log.debug("dropped %d results for a closed event loop", len(part))
 
 
 class DynamicBatcher:
@@ -44,7 +73,7 @@ class DynamicBatcher:
     Args:
         run_batch: Takes a list of inputs, returns one result per input, in order.
         max_batch_size: Most inputs per batch (1: no batching).
-        max_wait_s: How long a batch's first input waits for others.
+        max_wait_s: How long a batch's first input waits for others on their way.
         queue_size: Inputs waiting at most.
         on_batch: Called after each batch with its size and run time in seconds (metrics).
         clock: Monotonic seconds (injectable for tests).
@@ -61,6 +90,8 @@ class DynamicBatcher:
         self._on_batch = on_batch
         self._clock = clock
         self._closing = threading.Event()
+        # Written on the event loop only; the worker reads it (a stale read costs one wait).
+        self._incoming = 0
         self._thread = threading.Thread(target=self._work, name="batcher", daemon=True)
 
     @property
@@ -73,33 +104,74 @@ class DynamicBatcher:
         """False once :meth:`close` began."""
         return not self._closing.is_set()
 
+    @contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Around reading and parsing a request whose inputs will be submitted: while any is
+        inside, a forming batch waits (up to ``max_wait_s``) for them; use it on the loop."""
+        self._incoming += 1
+        try:
+            yield
+        finally:
+            self._incoming -= 1
+
     def start(self) -> None:
         """Start the worker thread."""
         self._thread.start()
 
-    def submit(self, item: Any, timeout_s: float) -> Future:
-        """Queue one input.
+    def submit(self, item: Any, timeout_s: float) -> asyncio.Future:
+        """Queue one input; call it on the event loop that will await the result.
 
         Args:
             item: The input.
             timeout_s: After this many seconds the input is no longer worth running.
 
         Returns:
-            A future of its result (an exception if the batch failed or it timed out first).
+            A future of its result (an exception if the batch failed or it timed out first);
+            cancel it to have the input skipped if it has not run yet.
 
         Raises:
             QueueFullError: The queue is full.
             ClosedError: The batcher is draining.
+            RuntimeError: No event loop runs in this thread.
         """
         if self._closing.is_set():
             raise ClosedError("the server is shutting down and takes no new requests")
-        pending = _Pending(item, Future(), self._clock() + timeout_s)
+        pending = _Pending(item, asyncio.get_running_loop().create_future(),
+                           self._clock() + timeout_s)
         try:
             self._queue.put_nowait(pending)
         except queue.Full:
             raise QueueFullError(f"the queue holds {self._queue.maxsize} inputs; try again "
                                  "shortly") from None
         return pending.future
+
+    async def run(self, items: Sequence[Any], timeout_s: float) -> list[Any]:
+        """Queue ``items`` and wait for their results.
+
+        Args:
+            items: The inputs of one request.
+            timeout_s: Seconds to wait for all of them.
+
+        Returns:
+            Their results, in order.
+
+        Raises:
+            QueueFullError: The queue has no room for all of them (those already queued are
+                withdrawn: the worker skips them).
+            ClosedError: The batcher is draining.
+            TimeoutError: Not all ran within ``timeout_s`` (those not begun are skipped).
+            Exception: What the model raised on their batch.
+        """
+        futures: list[asyncio.Future] = []
+        try:
+            for item in items:
+                futures.append(self.submit(item, timeout_s))
+            if len(futures) == 1:  # the usual case, without gather's task
+                return [await asyncio.wait_for(futures[0], timeout_s)]
+            return await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+        finally:
+            for f in futures:
+                f.cancel()  # a no-op on those done; the worker skips the others
 
     def close(self, timeout_s: float) -> bool:
         """Stop taking input, let the worker finish what is queued, wait for it.
@@ -111,13 +183,14 @@ class DynamicBatcher:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         finished = not self._thread.is_alive()
+        left = []
         while True:  # anything the worker did not reach
             try:
                 pending = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if pending.future.set_running_or_notify_cancel():
-                pending.future.set_exception(ClosedError("the server stopped before this ran"))
+            left.append((pending.future, None, ClosedError("the server stopped before this ran")))
+        _hand_over(left)
         return finished
 
     def _next_batch(self) -> list[_Pending]:
@@ -130,8 +203,10 @@ class DynamicBatcher:
         while len(batch) < self.max_batch_size:
             left = until - self._clock()
             try:
-                batch.append(self._queue.get(timeout=left) if left > 0
-                             else self._queue.get_nowait())
+                if left > 0 and self._incoming and self._queue.empty():
+                    batch.append(self._queue.get(timeout=left))
+                else:
+                    batch.append(self._queue.get_nowait())
             except queue.Empty:
                 break
         return batch
@@ -140,25 +215,20 @@ class DynamicBatcher:
         while not (self._closing.is_set() and self._queue.empty()):
             batch = self._next_batch()
             now = self._clock()
-            live = []
-            for pending in batch:
-                if not pending.future.set_running_or_notify_cancel():
-                    continue  # its request gave up (timeout, client gone)
-                if now > pending.deadline:
-                    pending.future.set_exception(TimeoutError("timed out waiting in the queue"))
-                    continue
-                live.append(pending)
+            expired = [(p.future, None, TimeoutError("timed out waiting in the queue"))
+                       for p in batch if now > p.deadline and not p.future.done()]
+            # A done future here was cancelled: its request gave up (timeout, client gone).
+            live = [p for p in batch if now <= p.deadline and not p.future.done()]
             if not live:
+                _hand_over(expired)
                 continue
             started = self._clock()
             try:
                 results = self._run_batch([p.item for p in live])
             except Exception as e:
                 log.exception("inference failed on a batch of %d", len(live))
-                for p in live:
-                    p.future.set_exception(e)
+                _hand_over(expired + [(p.future, None, e) for p in live])
                 continue
             if self._on_batch is not None:
                 self._on_batch(len(live), self._clock() - started)
-            for p, result in zip(live, results):
-                p.future.set_result(result)
+            _hand_over(expired + [(p.future, r, None) for p, r in zip(live, results)])

@@ -52,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="largest request body in MiB (default 16)")
     p.add_argument("--drain", type=float, default=d.drain_s,
                    help=f"seconds requests in flight get on stop (default {d.drain_s:g})")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="torch threads for the model (default: the cores less one, at least 1)")
     p.add_argument("--ready-file", type=Path,
                    help="once listening, write {\"url\", \"pid\"} here as JSON (deployments "
                         "find their replicas this way)")
@@ -97,7 +99,8 @@ def main(argv: list[str]) -> int:
             host=args.host, port=args.port, token=args.token or None, model_name=args.name,
             device=args.device, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
             queue_size=args.queue_size, timeout_s=args.timeout,
-            max_body_bytes=int(args.max_body_mib * (1 << 20)), drain_s=args.drain)
+            max_body_bytes=int(args.max_body_mib * (1 << 20)), drain_s=args.drain,
+            threads=args.threads)
         with ExitStack() as stack:
             model = _model_path(args, stack)
             serve(model, config, on_ready=lambda url: _announce(

@@ -23,6 +23,9 @@ class ServeConfig:
         timeout_s: A request not answered by then gets 504 (its input is dropped if not begun).
         max_body_bytes: Larger request bodies get 413 unread.
         drain_s: On stop, how long requests already accepted may take to finish.
+        threads: Torch's intra-op threads for the model; ``None``: one less than the cores this
+            process may use (at least one), so that the event loop keeps a core while a batch
+            runs instead of fighting torch's threads for it.
     """
 
     host: str = "127.0.0.1"
@@ -36,6 +39,7 @@ class ServeConfig:
     timeout_s: float = 10.0
     max_body_bytes: int = 16 << 20
     drain_s: float = 10.0
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         bad = []
@@ -49,6 +53,8 @@ class ServeConfig:
             bad.append(f"queue size {self.queue_size} must be at least 1")
         if self.timeout_s <= 0 or self.drain_s < 0:
             bad.append("the request timeout must be positive and the drain time not negative")
+        if self.threads is not None and self.threads < 1:
+            bad.append(f"threads {self.threads} must be at least 1")
         if self.max_body_bytes < 1024:
             bad.append(f"max body {self.max_body_bytes} bytes is below 1 KiB")
         if not self.model_name or "/" in self.model_name:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,15 @@ from ringtrain.serve.config import ServeConfig
 from ringtrain.web.exposure import bind_socket, check_bind, client_url
 
 log = logging.getLogger(__name__)
+
+
+def model_threads(asked: int | None) -> int:
+    """Torch's intra-op threads: ``asked``, else one less than this process's cores (at least 1).
+
+    The model's batch runs on one thread and the event loop on another; with as many torch
+    threads as cores they fight over the cores, and torch's threads spin while they wait.
+    """
+    return asked if asked is not None else max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def serve(model: Path, config: ServeConfig,
@@ -33,6 +43,7 @@ def serve(model: Path, config: ServeConfig,
         SavedModelError: The model cannot be loaded.
         OSError: The address cannot be bound.
     """
+    import torch
     import uvicorn
 
     from ringtrain.serve.app import create_app
@@ -40,6 +51,7 @@ def serve(model: Path, config: ServeConfig,
 
     check_bind(config.host, config.token, "the model server",
                "anyone could then spend this host's processors on it")
+    torch.set_num_threads(model_threads(config.threads))
     predictor = Predictor.load(model, config.device)
     app = create_app(predictor, config)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +16,9 @@ import torch
 
 from ringtrain.errors import ConfigError
 from ringtrain.serve.config import ServeConfig
+from ringtrain.serve.infer_route import INLINE_BYTES
 from ringtrain.serve.predictor import Predictor
-from ringtrain.serve.server import serve
+from ringtrain.serve.server import model_threads, serve
 from tests.serve.conftest import CLASSES, SlowPredictor, running
 
 
@@ -47,7 +49,13 @@ def test_health_and_metadata(client: httpx.Client) -> None:
     meta = client.get("/v2/models/model").json()
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 12, 12]}]
     assert meta["outputs"][0]["shape"] == [-1, 3] and meta["classes"] == CLASSES
-    assert client.get("/openapi.json").json()["paths"]["/v2/models/{name}/infer"]
+    schema = client.get("/openapi.json").json()
+    infer = schema["paths"]["/v2/models/{name}/infer"]["post"]
+    body = infer["requestBody"]["content"]
+    assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/InferRequest"
+    assert "application/octet-stream" in body and {"200", "400", "503"} <= set(infer["responses"])
+    for name in ("InferRequest", "InferResponse", "TensorInput", "ErrorBody"):
+        assert name in schema["components"]["schemas"], name
 
 
 def test_infer_answers_the_models_own_probabilities(client: httpx.Client,
@@ -163,16 +171,21 @@ def test_other_bad_requests_and_the_server_stays_up(client: httpx.Client) -> Non
     assert r.status_code == 400, r.text
     r = client.post("/v2/models/model/image", content=_png(), headers={"content-type": "text/plain"})
     assert r.status_code == 415 and "image/png" in r.json()["error"]
-    r = client.post("/v2/models/model/image", content=b"x" * (65 * 1024),
-                    headers={"content-type": "image/png"})
-    assert r.status_code == 413 and "larger than" in r.json()["detail"]
+    for route in ("image", "infer"):
+        r = client.post(f"/v2/models/model/{route}", content=b"x" * (65 * 1024),
+                        headers={"content-type": "image/png"})
+        assert r.status_code == 413 and "larger than" in r.json()["detail"]
+    r = client.post("/v2/models/model/infer", content=b"{}",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "inputs: Field required" in r.json()["error"], r.text
     assert client.get("/v2/health/ready").status_code == 200
     assert client.post("/v2/models/model/infer", json=_tensor(1)).status_code == 200
 
 
 def test_concurrent_requests_are_batched_and_metrics_show_it(tiny_classifier: Path) -> None:
+    # A slow model: the inputs that arrive while one batch runs form the next.
     config = ServeConfig(max_batch_size=8, max_wait_ms=100)
-    with running(Predictor.load(tiny_classifier), config) as c:
+    with running(SlowPredictor.load(tiny_classifier), config) as c:
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda _: c.post("/v2/models/model/infer",
                                                    json=_tensor(1)).status_code, range(8)))
@@ -234,6 +247,14 @@ def test_a_token_is_required_when_set_and_needed_off_loopback(tiny_classifier: P
         assert c.get("/v2/health/ready").status_code == 401
         ok = c.get("/v2/health/ready", headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+        r = c.post("/v2/models/model/infer", json=_tensor(1))
+        assert r.status_code == 401 and "Bearer" in r.json()["error"]
+        r = c.post("/v2/models/model/infer", json=_tensor(1),
+                   headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = c.post("/v2/models/model/infer", json=_tensor(1),
+                   headers={"authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [1, 3]
     with pytest.raises(ConfigError, match="pass --token"):
         serve(tiny_classifier, ServeConfig(host="0.0.0.0"))
 
@@ -241,3 +262,40 @@ def test_a_token_is_required_when_set_and_needed_off_loopback(tiny_classifier: P
 def test_config_refuses_impossible_settings() -> None:
     with pytest.raises(ConfigError, match="max batch size 0"):
         ServeConfig(max_batch_size=0)
+    with pytest.raises(ConfigError, match="threads 0"):
+        ServeConfig(threads=0)
+
+
+def test_torch_threads_leave_the_event_loop_a_core() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert model_threads(None) == max(1, cores - 1)
+    assert model_threads(3) == 3
+
+
+def test_a_body_above_the_inline_size_is_answered_as_a_small_one(tiny_classifier: Path) -> None:
+    # 60 inputs as JSON numbers: a body over INLINE_BYTES, decoded and encoded off the loop.
+    predictor = Predictor.load(tiny_classifier)
+    x = torch.rand(60, 1, 12, 12)
+    body = {"inputs": [{"name": "input", "shape": [60, 1, 12, 12], "datatype": "FP32",
+                        "data": x.flatten().tolist()}]}
+    assert len(json.dumps(body)) > INLINE_BYTES
+    with running(predictor, ServeConfig()) as c:
+        r = c.post("/v2/models/model/infer", json=body)
+        assert r.status_code == 200, r.text
+    got = torch.tensor(r.json()["outputs"][0]["data"]).view(60, 3)
+    assert torch.allclose(got, torch.softmax(predictor.model(x), dim=1), atol=1e-5)
+
+
+class _FailingPredictor(Predictor):
+    def predict(self, items: list[torch.Tensor]) -> list[object]:
+        raise RuntimeError("out of memory (on purpose)")
+
+
+def test_a_failing_model_is_500_for_that_request_and_the_server_stays_up(
+        tiny_classifier: Path) -> None:
+    with running(_FailingPredictor.load(tiny_classifier), ServeConfig()) as c:
+        r = c.post("/v2/models/model/infer", json=_tensor(1))
+        assert r.status_code == 500 and "out of memory (on purpose)" in r.json()["error"]
+        assert c.get("/v2/health/ready").status_code == 200
+        text = c.get("/metrics").text
+    assert 'ringtrain_serve_requests_total{code="500",route="/v2/models/{name}/infer"} 1.0' in text

@@ -1,0 +1,70 @@
+"""How the model server answers what went wrong: a status, a message that names the problem,
+and the JSON body every error shares (``{"error", "detail"}``, as :class:`ErrorBody` describes).
+
+Both the FastAPI routes and the lean inference route (:mod:`ringtrain.serve.infer_route`) answer
+through here, so a client sees one error format whichever route it called.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ringtrain.errors import RingtrainError
+from ringtrain.serve.batching import ClosedError, QueueFullError
+from ringtrain.serve.predictor import InputError
+
+#: Seconds a client refused with 503 is told to wait.
+RETRY_AFTER_S = "1"
+
+
+class HTTPProblem(RingtrainError):
+    """A request the server answers with ``status`` and ``message``.
+
+    Args:
+        status: The HTTP status.
+        message: What was wrong and what to do.
+        headers: Extra response headers (``Retry-After``).
+    """
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+def error_json(message: str) -> bytes:
+    """The body of every error answer."""
+    return json.dumps({"error": message, "detail": message}).encode()
+
+
+def validation_message(errors: Iterable[Mapping[str, Any]]) -> str:
+    """Pydantic's validation errors as one line (the first ten)."""
+    problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                         for err in list(errors)[:10])
+    return f"invalid request: {problems}"
+
+
+def problem_of(error: Exception, timeout_s: float) -> HTTPProblem:
+    """The answer to an exception raised while a request's inputs were queued or run.
+
+    Args:
+        error: What :meth:`~ringtrain.serve.batching.DynamicBatcher.run` (or the request's own
+            checks) raised.
+        timeout_s: The server's request timeout, for the 504's message.
+
+    Returns:
+        400 for bad input, 503 with ``Retry-After`` for a full or draining queue, 504 past the
+        timeout, 500 if the model failed (that request fails, not the server).
+    """
+    if isinstance(error, HTTPProblem):
+        return error
+    if isinstance(error, InputError):
+        return HTTPProblem(400, str(error))
+    if isinstance(error, (QueueFullError, ClosedError)):
+        return HTTPProblem(503, str(error), {"Retry-After": RETRY_AFTER_S})
+    if isinstance(error, TimeoutError):
+        return HTTPProblem(504, f"no answer within {timeout_s:g} s: the server is overloaded; "
+                                "try again or lower the load")
+    return HTTPProblem(500, f"inference failed: {type(error).__name__}: {error}")
