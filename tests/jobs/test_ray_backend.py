@@ -351,8 +351,10 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
         working_dir = tmp_path / "project"
         working_dir.mkdir()
         (working_dir / "greeting.txt").write_text("hello")
+        (working_dir / "big.bin").write_bytes(b"\1" * (9 << 20))  # over one 8 MiB message
         command = ('for i in 1 2 3 4; do echo tick $i rank $RANK; sleep 1; done; '
-                   'cp greeting.txt "$RINGTRAIN_OUTPUT_MODEL/from.$RANK"')
+                   'cp greeting.txt "$RINGTRAIN_OUTPUT_MODEL/from.$RANK"; '
+                   'cat big.bin big.bin > "$RINGTRAIN_OUTPUT_MODEL/big.$RANK"')
         job = rays.submit("r", command, outputs=["model"], working_dir=str(working_dir))
         running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
         job_dir = Path(running.job_dir)
@@ -366,6 +368,8 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
         for rank, log in enumerate(logs):
             assert log.read_text() == "".join(f"tick {i} rank {rank}\n" for i in range(1, 5))
             assert (job_dir / "outputs" / "model" / f"from.{rank}").read_text() == "hello"
+            assert (job_dir / "outputs" / "model" / f"big.{rank}").read_bytes() == \
+                b"\1" * (18 << 20)
         copies = scratch / "ringtrain-ray"
         assert copies.is_dir()  # one node did work in a private copy ...
         assert list(copies.iterdir()) == []  # ... removed with the attempt
@@ -400,27 +404,38 @@ def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
     monkeypatch.setenv(SCRATCH_VAR, str(tmp_path / "scratch"))
     job_dir = tmp_path / "share" / "job-1"
     (job_dir / "wd").mkdir(parents=True)
+    (job_dir / "wd" / "big.bin").write_bytes(os.urandom(100_000))
     (tmp_path / "labels.csv").write_text("a,b\n")
     seen = tmp_path / "seen"
     seen.mkdir()
     inputs = {"labels": "/absent/labels.csv", "seen": str(seen)}
     plan = NodePlan(job_dir=str(job_dir), node=0, node_count=1, process_count_per_node=1,
-                    command='cat "$RINGTRAIN_INPUT_LABELS"; echo "$RINGTRAIN_INPUT_SEEN"',
+                    command='cat "$RINGTRAIN_INPUT_LABELS"; echo "$RINGTRAIN_INPUT_SEEN"; '
+                            'wc -c < big.bin',
                     job_preparation=None, inputs=inputs, placement_group="job-1.0",
                     environ={input_var(name): path for name, path in inputs.items()})
+    copy = transfer.private_copy(job_dir, {"labels": str(tmp_path / "labels.csv")},
+                                 piece_bytes=16 << 10)
+    assert isinstance(copy, transfer.PrivateCopy) and copy.size > 100_000
     runner = NodeRunner(plan, lambda: ("127.0.0.1", free_port("127.0.0.1")))
     runner.run()
     try:
         asked = wait_for(lambda: (s := runner.status()).needs_workdir and s, timeout_s=10)
         assert asked.missing_inputs == ("labels",)
-        runner.receive_workdir(transfer.private_copy(job_dir, {"labels": str(tmp_path /
-                                                                            "labels.csv")}))
+        # Sent in several pieces, each from what the node says it holds.
+        pieces = 0
+        while (status := runner.status()).needs_workdir:
+            runner.receive_workdir(copy.piece(status.workdir_received))
+            pieces += 1
+            assert pieces < 100
+        assert pieces >= 7
         done = wait_for(lambda: (s := runner.status()).phase is Phase.EXITED and s,
                         timeout_s=20)
         assert done.exit_code == 0, done.message
-        logs = {rel: data for rel, _, data in done.logs}
-        assert logs["stdouterr/rank.0/stdout"] == f"a,b\n{seen}\n".encode()
+        logs = {rel: data for rel, _, data in done.chunks}
+        assert logs["stdouterr/rank.0/stdout"] == f"a,b\n{seen}\n100000\n".encode()
     finally:
+        copy.close()
         runner.discard()
     assert list((tmp_path / "scratch" / "ringtrain-ray").iterdir()) == []
 
