@@ -245,9 +245,7 @@ class RayExecutor:
         except (ray.exceptions.RayError, TimeoutError):
             pass  # its agent is gone, and its ranks with it
         agents = self._found_agents(ray, handle)
-        for copy in self._copies.pop(name, {}).values():
-            if isinstance(copy, transfer.PrivateCopy):
-                copy.close()
+        self._drop_copies(name)
         for held in (self._placed, self._agents, self._asked, self._failed, self._pending):
             held.pop(name, None)
         self._started.discard(name)
@@ -346,7 +344,14 @@ class RayExecutor:
             return self._draining(job, name)
         if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
+        self._drop_copies(name)  # every node has its working dir
         return Observation(Phase.RUNNING)
+
+    def _drop_copies(self, name: str) -> None:
+        """Remove the attempt's private copy tars from the service's temporary folder."""
+        for copy in self._copies.pop(name, {}).values():
+            if isinstance(copy, transfer.PrivateCopy):
+                copy.close()
 
     def _fail(self, launch: RayHandle, failure: _Failure) -> None:
         """Note how the attempt ends and stop its other nodes; their outputs still come back.

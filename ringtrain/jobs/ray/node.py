@@ -158,24 +158,23 @@ class NodeRunner:
                                                 daemon=True)
                 self._thread.start()
 
-    def status(self, offsets: dict[str, int] | None = None,
-               budget: int = transfer.ANSWER_BYTES) -> NodeStatus:
+    def status(self, offsets: dict[str, int] | None = None) -> NodeStatus:
         """Where the node is; from a private copy, with what the share does not hold yet.
 
         Args:
             offsets: the size of each log and output file in the job's folder on the share.
-            budget: the most file bytes the answer carries.
         """
         status = self._status  # before reading the files: exited means they are complete
         if not self._private:
             return status
         offsets = offsets or {}
+        budget = transfer.ANSWER_BYTES
         chunks, pending = transfer.new_chunks(self.work_dir, offsets, transfer.LOG_FOLDERS,
                                               budget, transfer.LOG_CHUNK)
         if status.phase is Phase.EXITED:  # outputs may change while the ranks run
             budget -= sum(len(data) for _, _, data in chunks)
             more, left = transfer.new_chunks(self.work_dir, offsets, transfer.OUTPUT_FOLDERS,
-                                             max(budget, 0))
+                                             budget)
             chunks, pending = chunks + more, pending + left
         receiver = self._receiver
         return NodeStatus(status.phase, status.exit_code, status.message,

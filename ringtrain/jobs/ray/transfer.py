@@ -59,7 +59,9 @@ class PrivateCopy:
 
     def __init__(self, parts: dict[str, Path], piece_bytes: int = ANSWER_BYTES):
         self.piece_bytes = piece_bytes
-        self._file: IO[bytes] = tempfile.TemporaryFile(prefix="ringtrain-ray-copy.")
+        # Held open until close(): pieces are read from it while the nodes ask.
+        self._file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="ringtrain-ray-copy.")
         try:
             with tarfile.open(fileobj=self._file, mode="w") as tar:
                 for arcname, path in parts.items():
