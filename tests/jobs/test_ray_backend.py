@@ -130,6 +130,38 @@ def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
         local_only.load_handle(handle.to_json())
 
 
+def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
+    from ringtrain.jobs.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.ray.node import NodeStatus
+
+    # The executor's side of a node without the share, without Ray: what a node's answers carry
+    # is written into the share, and a drain that ends before a file arrived in full says so.
+    now = [100.0]
+    executor = RayExecutor(Share(tmp_path), RayConnection(), lambda name: "127.0.0.1:1",
+                           clock=lambda: now[0])
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    job = JobInfo(id="j1", cluster="r", spec=parse_job_spec({"node_count": 2, "command": "x"}),
+                  state="running", created_at=0.0, running_at=1.0, job_dir=str(job_dir))
+    launch = RayHandle("127.0.0.1:1", "j1.0", 2, 0, 0.0)
+    partial = NodeStatus(Phase.EXITED, 137, chunks=(("outputs/model/big.1", 0, b"x" * 10),),
+                         pending=("outputs/model/big.1",))
+    assert executor._take(job, launch, 1, partial) is None
+    assert (job_dir / "outputs" / "model" / "big.1").read_bytes() == b"x" * 10
+    executor._failed["j1.0"] = _Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0])
+    assert executor._draining(job, "j1.0").phase is Phase.RUNNING  # still waiting for it
+    now[0] += _DRAIN_S
+    ended = executor._draining(job, "j1.0")
+    assert (ended.phase, ended.exit_code) == (Phase.EXITED, 5)
+    assert ended.message == ("rank 0 exited with code 5; within 10 s these files did not reach "
+                             "the share in full (node 1: outputs/model/big.1)")
+    outside = NodeStatus(Phase.RUNNING, chunks=(("wd/train.py", 0, b"x"),))
+    assert executor._take(job, launch, 0, outside) == (
+        f"cannot write what node 0 sent into the job's folder {job_dir}: a Ray node sent a "
+        "chunk for 'wd/train.py', outside the job's stdouterr and prep and outputs")
+    assert not (job_dir / "wd").exists()
+
+
 class RayService:
     """A job service with the routing executor, attached to a Ray cluster, ticked by the test."""
 
