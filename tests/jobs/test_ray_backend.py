@@ -448,7 +448,8 @@ def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
                     environ={input_var(name): path for name, path in inputs.items()})
     copy = transfer.private_copy(job_dir, {"labels": str(tmp_path / "labels.csv")},
                                  piece_bytes=16 << 10)
-    assert isinstance(copy, transfer.PrivateCopy) and copy.size > 100_000
+    assert isinstance(copy, transfer.PrivateCopy)
+    assert wait_for(lambda: copy.size, timeout_s=10) > 100_000
     runner = NodeRunner(plan, lambda: ("127.0.0.1", free_port("127.0.0.1")))
     runner.run()
     try:

@@ -13,16 +13,31 @@ import pytest
 
 from ringtrain.jobs.ray import transfer
 
+from .conftest import wait_for
+
 CARRIED = transfer.LOG_FOLDERS + transfer.OUTPUT_FOLDERS
+
+
+def _packed(copy: transfer.PrivateCopy | str) -> transfer.PrivateCopy:
+    """The copy once its tar is complete."""
+    assert isinstance(copy, transfer.PrivateCopy), copy
+    assert wait_for(lambda: copy.size is not None or copy.problem, timeout_s=10) is True
+    return copy
 
 
 def _send(copy: transfer.PrivateCopy, receiver: transfer.TarReceiver) -> int:
     """Pieces from the offsets the receiver reports until it has the tar; how many."""
     pieces = 0
-    while not receiver.take(copy.piece(receiver.received)):
+    while not receiver.take(_piece(copy, receiver.received)):
         pieces += 1
         assert pieces < 1000
     return pieces + 1
+
+
+def _piece(copy: transfer.PrivateCopy, offset: int) -> transfer.Piece:
+    piece = copy.piece(offset)
+    assert not isinstance(piece, str), piece
+    return piece
 
 
 def test_a_private_copy_comes_in_pieces_with_the_inputs_asked_for(tmp_path: Path) -> None:
@@ -36,7 +51,7 @@ def test_a_private_copy_comes_in_pieces_with_the_inputs_asked_for(tmp_path: Path
     (tmp_path / "images" / "cat" / "1.jpg").write_bytes(b"\xff\xd8")
     copy = transfer.private_copy(job_dir, {"labels": str(tmp_path / "labels.csv"),
                                            "images": f"{tmp_path}/images/"}, piece_bytes=4096)
-    assert isinstance(copy, transfer.PrivateCopy)
+    copy = _packed(copy)
     receiver = transfer.TarReceiver(tmp_path / "copy.tar")
     try:
         assert _send(copy, receiver) == -(-copy.size // 4096)
@@ -53,12 +68,11 @@ def test_a_private_copy_comes_in_pieces_with_the_inputs_asked_for(tmp_path: Path
 def test_repeated_early_and_restarted_pieces_leave_one_exact_tar(tmp_path: Path) -> None:
     (tmp_path / "job" / "wd").mkdir(parents=True)
     (tmp_path / "job" / "wd" / "a").write_bytes(os.urandom(10_000))
-    copy = transfer.private_copy(tmp_path / "job", {}, piece_bytes=1000)
-    assert isinstance(copy, transfer.PrivateCopy)
+    copy = _packed(transfer.private_copy(tmp_path / "job", {}, piece_bytes=1000))
     receiver = transfer.TarReceiver(tmp_path / "copy.tar")
-    assert not receiver.take(copy.piece(0))
-    assert not receiver.take(copy.piece(0))  # an answer taken twice: dropped
-    assert not receiver.take(copy.piece(3000))  # ahead of what it holds: dropped
+    assert not receiver.take(_piece(copy, 0))
+    assert not receiver.take(_piece(copy, 0))  # an answer taken twice: dropped
+    assert not receiver.take(_piece(copy, 3000))  # ahead of what it holds: dropped
     assert receiver.received == 1000
     # A restarted service packed a tar of another size: the transfer starts over.
     assert not receiver.take((0, b"x" * 10, copy.size + 1))
@@ -69,6 +83,15 @@ def test_repeated_early_and_restarted_pieces_leave_one_exact_tar(tmp_path: Path)
     assert (tmp_path / "out" / "wd" / "a").read_bytes() == \
         (tmp_path / "job" / "wd" / "a").read_bytes()
     copy.close()
+
+
+def test_pieces_of_a_tar_still_being_written_are_taken_until_its_size_is_known(tmp_path: Path
+                                                                               ) -> None:
+    receiver = transfer.TarReceiver(tmp_path / "copy.tar")
+    assert not receiver.take((0, b"abc", -1))  # all there is so far; more may come
+    assert not receiver.take((3, b"", -1))  # nothing new written yet
+    assert receiver.take((3, b"de", 5))
+    assert (tmp_path / "copy.tar").read_bytes() == b"abcde"
 
 
 def test_a_private_copy_says_what_the_service_cannot_send(tmp_path: Path) -> None:
@@ -86,10 +109,14 @@ def test_a_private_copy_names_what_the_service_cannot_read(tmp_path: Path) -> No
     secret.chmod(0)
     if os.access(secret, os.R_OK):
         pytest.skip("root reads a file without read permission")
-    said = transfer.private_copy(tmp_path / "job", {"data": str(secret)})
+    copy = transfer.private_copy(tmp_path / "job", {"data": str(secret)})
+    assert isinstance(copy, transfer.PrivateCopy)
+    wait_for(lambda: copy.problem, timeout_s=10)
+    said = copy.piece(0)
     assert isinstance(said, str)
     assert said.startswith("the service cannot read the working dir and inputs data: ")
     assert "Permission denied" in said
+    copy.close()
 
 
 def test_a_tar_naming_a_path_outside_the_folder_is_refused(tmp_path: Path) -> None:

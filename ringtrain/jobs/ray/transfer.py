@@ -5,8 +5,9 @@ most :data:`ANSWER_BYTES` per message, so no file is too big to carry and no Ray
 whole big file:
 
 * **In**: the service packs the working dir, with the spec's inputs the node does not see at
-  their paths, as one tar into a temporary file (:class:`PrivateCopy`); the node reports how much
-  of it it holds and is sent the next piece (:class:`TarReceiver`), then unpacks it.
+  their paths, as one tar into a temporary file, in a thread (:class:`PrivateCopy`); the node
+  reports how much of it it holds and is sent the next piece of what is written
+  (:class:`TarReceiver`), then unpacks it once the tar is complete.
 * **Out**: the node's logs, and once it exited its outputs, go back as chunks read from the
   sizes the share already holds (:func:`new_chunks`, :func:`write_chunks`): a chunk sent twice
   lands at the same place, so nothing is lost or doubled when an answer is lost, and a restarted
@@ -21,8 +22,8 @@ import os
 import stat
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
-from typing import IO
 
 #: The most file bytes one Ray message carries, in either direction.
 ANSWER_BYTES = 8 << 20
@@ -35,7 +36,8 @@ OUTPUT_FOLDERS = ("outputs",)
 
 #: A chunk of a file: its path in the job folder, the offset it starts at, its bytes.
 Chunk = tuple[str, int, bytes]
-#: A piece of a private copy's tar: its offset, its bytes, and the tar's whole size.
+#: A piece of a private copy's tar: its offset, its bytes, and the tar's whole size (-1 while
+#: the service still writes it).
 Piece = tuple[int, bytes, int]
 
 
@@ -48,37 +50,65 @@ def input_arcname(name: str, path: str) -> str:
 class PrivateCopy:
     """What a node without the share needs, as a tar in a temporary file, sent in pieces.
 
+    The tar is written by a thread of its own, so that a big working dir or input does not hold
+    up the caller (the scheduler's tick): pieces of what is written are sent while it grows, and
+    the tar's size is known once it is complete.
+
     Args:
         parts: what to pack (a file, or a folder with everything below it), by its path in
             the tar.
+        what: what it is, for the message when a file cannot be read.
         piece_bytes: the most bytes of one piece.
-
-    Raises:
-        OSError: a file cannot be read, or the temporary file cannot be written.
     """
 
-    def __init__(self, parts: dict[str, Path], piece_bytes: int = ANSWER_BYTES):
+    def __init__(self, parts: dict[str, Path], what: str, piece_bytes: int = ANSWER_BYTES):
         self.piece_bytes = piece_bytes
-        # Held open until close(): pieces are read from it while the nodes ask.
-        self._file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
-            prefix="ringtrain-ray-copy.")
-        try:
-            with tarfile.open(fileobj=self._file, mode="w") as tar:
-                for arcname, path in parts.items():
-                    tar.add(path, arcname=arcname)
-            self.size = self._file.tell()
-        except BaseException:
-            self._file.close()
-            raise
+        # Held open until close(): pieces are read from it while the nodes ask. Unbuffered, so
+        # that every byte counted in `written` is in the file.
+        self._file = tempfile.TemporaryFile(prefix="ringtrain-ray-copy.",  # noqa: SIM115
+                                            buffering=0)
+        self.written = 0
+        self.size: int | None = None  # once complete
+        self.problem: str | None = None
+        self._what = what
+        self._packer = threading.Thread(target=self._pack, args=(parts,), daemon=True,
+                                        name="ray-private-copy")
+        self._packer.start()
 
-    def piece(self, offset: int) -> Piece:
-        """The piece of the tar starting at ``offset`` (empty past its end)."""
-        self._file.seek(offset)
-        return offset, self._file.read(self.piece_bytes), self.size
+    def piece(self, offset: int) -> Piece | str:
+        """The piece of the tar starting at ``offset`` (empty past what is written so far, its
+        size -1 while it is written), or why there is none."""
+        size = self.size  # before `written`: once complete, everything is written
+        if self.problem is not None:
+            return self.problem
+        data = os.pread(self._file.fileno(), max(min(self.piece_bytes, self.written - offset), 0),
+                        offset)
+        return offset, data, -1 if size is None else size
 
     def close(self) -> None:
-        """Remove the temporary file."""
+        """Remove the temporary file (a tar still being written stops)."""
         self._file.close()
+
+    def write(self, data: bytes) -> int:
+        """Append to the tar (its file object, for :mod:`tarfile`)."""
+        view = memoryview(data)
+        while view:
+            view = view[self._file.write(view):]
+            self.written = self._file.tell()
+        return len(data)
+
+    def tell(self) -> int:
+        """The tar's size so far (its file object, for :mod:`tarfile`)."""
+        return self.written
+
+    def _pack(self, parts: dict[str, Path]) -> None:
+        try:
+            with tarfile.open(fileobj=self, mode="w") as tar:  # type: ignore[call-overload]
+                for arcname, path in parts.items():
+                    tar.add(path, arcname=arcname)
+            self.size = self.written
+        except (OSError, ValueError) as e:  # ValueError: closed while it was written
+            self.problem = f"the service cannot read {self._what}: {e}"
 
 
 def private_copy(job_dir: Path, inputs: dict[str, str],
@@ -101,28 +131,32 @@ def private_copy(job_dir: Path, inputs: dict[str, str],
         parts[input_arcname(name, path)] = Path(path)
     what = "the working dir" + (f" and inputs {', '.join(inputs)}" if inputs else "")
     try:
-        return PrivateCopy(parts, piece_bytes)
+        return PrivateCopy(parts, what, piece_bytes)
     except OSError as e:
-        return f"the service cannot read {what}: {e}"
+        return f"the service cannot write a copy of {what} in its temporary folder: {e}"
 
 
 class TarReceiver:
     """The node's end of a :class:`PrivateCopy`: pieces written in order into ``path``.
 
     Args:
-        path: the file the tar is written to (created on the first piece).
+        path: the file the tar is written to (created empty here).
+
+    Raises:
+        OSError: the file cannot be created.
     """
 
     def __init__(self, path: Path):
         self.path = path
         self.received = 0
         self._total: int | None = None
+        path.write_bytes(b"")
 
     def take(self, piece: Piece) -> bool:
         """Write a piece if it is the next one (a repeated or early one is dropped).
 
-        A piece of a tar of another size (the service restarted and packed files that changed
-        meanwhile) starts the transfer over.
+        A piece of a complete tar of another size than one before (the service restarted and
+        packed files that changed meanwhile) starts the transfer over.
 
         Returns:
             Whether the whole tar has arrived.
@@ -131,15 +165,17 @@ class TarReceiver:
             OSError: the file cannot be written.
         """
         offset, data, total = piece
-        if self._total != total:
-            self._total, self.received = total, 0
+        if total >= 0 and self._total is not None and self._total != total:
+            self.received = 0
             self.path.write_bytes(b"")
+        if total >= 0:
+            self._total = total
         if offset == self.received and data:
             with open(self.path, "r+b") as f:
                 f.seek(offset)
                 f.write(data)
             self.received += len(data)
-        return self.received >= total
+        return self._total is not None and self.received >= self._total
 
 
 def unpack(tar_path: Path, folder: Path) -> None:
