@@ -198,7 +198,10 @@ def file_sizes(job_dir: Path, folders: tuple[str, ...]) -> dict[str, int]:
         for top, _, names in os.walk(job_dir / sub):
             for name in names:
                 path = os.path.join(top, name)
-                info = os.lstat(path)
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:  # removed since it was listed
+                    continue
                 if stat.S_ISREG(info.st_mode):
                     sizes[os.path.relpath(path, job_dir)] = info.st_size
     return sizes
