@@ -130,6 +130,38 @@ def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
         local_only.load_handle(handle.to_json())
 
 
+def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
+    from ringtrain.jobs.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.ray.node import NodeStatus
+
+    # The executor's side of a node without the share, without Ray: what a node's answers carry
+    # is written into the share, and a drain that ends before a file arrived in full says so.
+    now = [100.0]
+    executor = RayExecutor(Share(tmp_path), RayConnection(), lambda name: "127.0.0.1:1",
+                           clock=lambda: now[0])
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    job = JobInfo(id="j1", cluster="r", spec=parse_job_spec({"node_count": 2, "command": "x"}),
+                  state="running", created_at=0.0, running_at=1.0, job_dir=str(job_dir))
+    launch = RayHandle("127.0.0.1:1", "j1.0", 2, 0, 0.0)
+    partial = NodeStatus(Phase.EXITED, 137, chunks=(("outputs/model/big.1", 0, b"x" * 10),),
+                         pending=("outputs/model/big.1",))
+    assert executor._take(job, launch, 1, partial) is None
+    assert (job_dir / "outputs" / "model" / "big.1").read_bytes() == b"x" * 10
+    executor._failed["j1.0"] = _Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0])
+    assert executor._draining(job, "j1.0").phase is Phase.RUNNING  # still waiting for it
+    now[0] += _DRAIN_S
+    ended = executor._draining(job, "j1.0")
+    assert (ended.phase, ended.exit_code) == (Phase.EXITED, 5)
+    assert ended.message == ("rank 0 exited with code 5; within 10 s these files did not reach "
+                             "the share in full (node 1: outputs/model/big.1)")
+    outside = NodeStatus(Phase.RUNNING, chunks=(("wd/train.py", 0, b"x"),))
+    assert executor._take(job, launch, 0, outside) == (
+        f"cannot write what node 0 sent into the job's folder {job_dir}: a Ray node sent a "
+        "chunk for 'wd/train.py', outside the job's stdouterr and prep and outputs")
+    assert not (job_dir / "wd").exists()
+
+
 class RayService:
     """A job service with the routing executor, attached to a Ray cluster, ticked by the test."""
 
@@ -351,8 +383,10 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
         working_dir = tmp_path / "project"
         working_dir.mkdir()
         (working_dir / "greeting.txt").write_text("hello")
+        (working_dir / "big.bin").write_bytes(b"\1" * (9 << 20))  # over one 8 MiB message
         command = ('for i in 1 2 3 4; do echo tick $i rank $RANK; sleep 1; done; '
-                   'cp greeting.txt "$RINGTRAIN_OUTPUT_MODEL/from.$RANK"')
+                   'cp greeting.txt "$RINGTRAIN_OUTPUT_MODEL/from.$RANK"; '
+                   'cat big.bin big.bin > "$RINGTRAIN_OUTPUT_MODEL/big.$RANK"')
         job = rays.submit("r", command, outputs=["model"], working_dir=str(working_dir))
         running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
         job_dir = Path(running.job_dir)
@@ -366,6 +400,8 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
         for rank, log in enumerate(logs):
             assert log.read_text() == "".join(f"tick {i} rank {rank}\n" for i in range(1, 5))
             assert (job_dir / "outputs" / "model" / f"from.{rank}").read_text() == "hello"
+            assert (job_dir / "outputs" / "model" / f"big.{rank}").read_bytes() == \
+                b"\1" * (18 << 20)
         copies = scratch / "ringtrain-ray"
         assert copies.is_dir()  # one node did work in a private copy ...
         assert list(copies.iterdir()) == []  # ... removed with the attempt
@@ -400,27 +436,39 @@ def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
     monkeypatch.setenv(SCRATCH_VAR, str(tmp_path / "scratch"))
     job_dir = tmp_path / "share" / "job-1"
     (job_dir / "wd").mkdir(parents=True)
+    (job_dir / "wd" / "big.bin").write_bytes(os.urandom(100_000))
     (tmp_path / "labels.csv").write_text("a,b\n")
     seen = tmp_path / "seen"
     seen.mkdir()
     inputs = {"labels": "/absent/labels.csv", "seen": str(seen)}
     plan = NodePlan(job_dir=str(job_dir), node=0, node_count=1, process_count_per_node=1,
-                    command='cat "$RINGTRAIN_INPUT_LABELS"; echo "$RINGTRAIN_INPUT_SEEN"',
+                    command='cat "$RINGTRAIN_INPUT_LABELS"; echo "$RINGTRAIN_INPUT_SEEN"; '
+                            'wc -c < big.bin',
                     job_preparation=None, inputs=inputs, placement_group="job-1.0",
                     environ={input_var(name): path for name, path in inputs.items()})
+    copy = transfer.private_copy(job_dir, {"labels": str(tmp_path / "labels.csv")},
+                                 piece_bytes=16 << 10)
+    assert isinstance(copy, transfer.PrivateCopy)
+    assert wait_for(lambda: copy.size, timeout_s=10) > 100_000
     runner = NodeRunner(plan, lambda: ("127.0.0.1", free_port("127.0.0.1")))
     runner.run()
     try:
         asked = wait_for(lambda: (s := runner.status()).needs_workdir and s, timeout_s=10)
         assert asked.missing_inputs == ("labels",)
-        runner.receive_workdir(transfer.private_copy(job_dir, {"labels": str(tmp_path /
-                                                                            "labels.csv")}))
+        # Sent in several pieces, each from what the node says it holds.
+        pieces = 0
+        while (status := runner.status()).needs_workdir:
+            runner.receive_workdir(copy.piece(status.workdir_received))
+            pieces += 1
+            assert pieces < 100
+        assert pieces >= 7
         done = wait_for(lambda: (s := runner.status()).phase is Phase.EXITED and s,
                         timeout_s=20)
         assert done.exit_code == 0, done.message
-        logs = {rel: data for rel, _, data in done.logs}
-        assert logs["stdouterr/rank.0/stdout"] == f"a,b\n{seen}\n".encode()
+        logs = {rel: data for rel, _, data in done.chunks}
+        assert logs["stdouterr/rank.0/stdout"] == f"a,b\n{seen}\n100000\n".encode()
     finally:
+        copy.close()
         runner.discard()
     assert list((tmp_path / "scratch" / "ringtrain-ray").iterdir()) == []
 

@@ -70,22 +70,21 @@ class NodeAgent:
             runner = self._runners[key] = NodeRunner(plan, self._rendezvous_of(plan))
         runner.run()
 
-    def status(self, key: str, log_offsets: dict[str, int] | None = None,
-               want_outputs: bool = False) -> NodeStatus | None:
+    def status(self, key: str, offsets: dict[str, int] | None = None) -> NodeStatus | None:
         """The node's status (see :meth:`NodeRunner.status`); ``None`` for an unknown key."""
         runner = self._runners.get(key)
-        return None if runner is None else runner.status(log_offsets, want_outputs)
+        return None if runner is None else runner.status(offsets)
 
     def rendezvous(self, key: str) -> tuple[str, int] | None:
         """Where node 0 of the attempt ``key`` serves the rendezvous store, if it is here."""
         runner = self._runners.get(key)
         return None if runner is None else runner.rendezvous()
 
-    def receive_workdir(self, key: str, data: bytes | str) -> None:
-        """Hand a private copy's working dir (or why there is none) to the node."""
+    def receive_workdir(self, key: str, piece: tuple[int, bytes, int] | str) -> None:
+        """Hand a piece of a private copy's working dir (or why there is none) to the node."""
         runner = self._runners.get(key)
         if runner is not None:
-            runner.receive_workdir(data)
+            runner.receive_workdir(piece)
 
     def stop(self, key: str, force: bool) -> None:
         """Signal the node's processes (see :meth:`NodeRunner.stop`)."""

@@ -12,10 +12,12 @@ The first node to fail stops the others, and the attempt ends once every node ha
 it exited, so the outputs of every node are in the share.
 
 A node that does not see the job's folder works in a private copy (see
-:mod:`ringtrain.jobs.ray.node`): ``poll`` sends it the working dir and the inputs it lacks when
-it asks, and writes the log chunks and outputs its answers carry into the share, so the
-service's machine does every write to the share and ``job logs --follow`` lags by about one
-scheduler tick.
+:mod:`ringtrain.jobs.ray.node`): while it asks, each ``poll`` sends it the next piece of a tar of
+the working dir and the inputs it lacks, and writes the chunks of logs and (once it exited)
+outputs its answers carry into the share, at most :data:`~ringtrain.jobs.ray.transfer.ANSWER_BYTES`
+a message each way, so the service's machine does every write to the share and ``job logs
+--follow`` lags by about one scheduler tick. A node is done once it exited and the share holds
+all its files; a restarted service asks again from the sizes the share holds.
 
 The placement group is detached and named after the job id and attempt (``<id>.<attempt>``; a
 node is ``<id>.<attempt>.node<k>`` at its agent), so a restarted service finds a running attempt
@@ -26,7 +28,6 @@ node that no agent knows any more is lost, never started a second time.
 from __future__ import annotations
 
 import logging
-import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -54,6 +55,8 @@ _STATUS_WAIT_S = 0.05
 _STOP_TIMEOUT_S = 5.0
 #: How long a failed attempt waits for its other nodes to exit and send their outputs.
 _DRAIN_S = 10.0
+#: The job folder's subfolders that nodes working in private copies send back.
+_CARRIED = transfer.LOG_FOLDERS + transfer.OUTPUT_FOLDERS
 
 
 @dataclass(frozen=True)
@@ -152,10 +155,10 @@ class RayExecutor:
         self._started: set[str] = set()
         self._asked: dict[str, dict[int, Any]] = {}
         self._failed: dict[str, _Failure] = {}
-        # Nodes working in private copies, by placement group: sent the working dir, and
-        # whose outputs are in the share.
-        self._sent: dict[str, set[int]] = {}
-        self._collected: dict[str, set[int]] = {}
+        # By placement group, for nodes working in private copies: the tars of their working
+        # dirs (by the inputs sent with it), and the files each node had not sent in full yet.
+        self._copies: dict[str, dict[tuple[str, ...], transfer.PrivateCopy | str]] = {}
+        self._pending: dict[str, dict[int, tuple[str, ...]]] = {}
         self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
@@ -242,8 +245,8 @@ class RayExecutor:
         except (ray.exceptions.RayError, TimeoutError):
             pass  # its agent is gone, and its ranks with it
         agents = self._found_agents(ray, handle)
-        for held in (self._placed, self._agents, self._asked, self._failed, self._sent,
-                     self._collected):
+        self._drop_copies(name)
+        for held in (self._placed, self._agents, self._asked, self._failed, self._pending):
             held.pop(name, None)
         self._started.discard(name)
         try:  # kill the ranks' process groups, then free the resources they held
@@ -278,12 +281,10 @@ class RayExecutor:
         failure = self._failed.get(name)
         gone = failure.gone if failure else frozenset()
         refs = self._asked.get(name)
-        collected = self._collected.setdefault(name, set())
         if refs is None:
-            offsets = transfer.log_sizes(Path(job.job_dir))
-            refs = self._asked[name] = {
-                k: agent.status.remote(launch.key(k), offsets, k not in collected)
-                for k, agent in enumerate(agents) if k not in gone}
+            offsets = transfer.file_sizes(Path(job.job_dir), _CARRIED)
+            refs = self._asked[name] = {k: agent.status.remote(launch.key(k), offsets)
+                                        for k, agent in enumerate(agents) if k not in gone}
         if not refs:  # every node's agent is gone
             del self._asked[name]
             return self._failed[name].observation()
@@ -336,14 +337,21 @@ class RayExecutor:
         if failed is not None and name not in self._failed:
             self._fail(launch, _Failure(Phase.EXITED, failed.exit_code, failed.message,
                                         self.clock()))
-        if all(s.phase is Phase.EXITED for s in seen.values()):
+        if all(s.phase is Phase.EXITED and not s.pending for s in seen.values()):
             failure = self._failed.get(name)
             return failure.observation() if failure else Observation(Phase.EXITED, 0)
         if name in self._failed:
             return self._draining(job, name)
         if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
+        self._drop_copies(name)  # every node has its working dir
         return Observation(Phase.RUNNING)
+
+    def _drop_copies(self, name: str) -> None:
+        """Remove the attempt's private copy tars from the service's temporary folder."""
+        for copy in self._copies.pop(name, {}).values():
+            if isinstance(copy, transfer.PrivateCopy):
+                copy.close()
 
     def _fail(self, launch: RayHandle, failure: _Failure) -> None:
         """Note how the attempt ends and stop its other nodes; their outputs still come back.
@@ -366,7 +374,14 @@ class RayExecutor:
         have all exited or the drain's bound passed."""
         failure = self._failed[name]
         if self.clock() - failure.since >= _DRAIN_S:
-            return failure.observation()
+            ended = failure.observation()
+            incomplete = "; ".join(f"node {k}: {_listed(files)}" for k, files in
+                                   sorted(self._pending.get(name, {}).items()) if files)
+            if incomplete:
+                ended = Observation(ended.phase, ended.exit_code, (
+                    f"{ended.message}; within {_DRAIN_S:g} s these files did not reach the "
+                    f"share in full ({incomplete})"))
+            return ended
         return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
 
     def _start_nodes(self, job: JobInfo, launch: RayHandle, agents: list[Any]) -> None:
@@ -390,19 +405,20 @@ class RayExecutor:
         """
         job_dir = Path(job.job_dir)
         name = launch.placement_group
-        if status.needs_workdir and node not in self._sent.setdefault(name, set()):
-            tar = transfer.private_copy(job_dir, {i: job.spec.inputs.get(i, "")
-                                                  for i in status.missing_inputs})
-            self._agents[name][node].receive_workdir.remote(launch.key(node), tar)
-            self._sent[name].add(node)
+        if status.needs_workdir:
+            copies = self._copies.setdefault(name, {})
+            copy = copies.get(status.missing_inputs)
+            if copy is None:
+                copy = copies[status.missing_inputs] = transfer.private_copy(
+                    job_dir, {i: job.spec.inputs.get(i, "") for i in status.missing_inputs})
+            piece = copy if isinstance(copy, str) else copy.piece(status.workdir_received)
+            self._agents[name][node].receive_workdir.remote(launch.key(node), piece)
+        self._pending.setdefault(name, {})[node] = status.pending
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
             return None
         try:
-            transfer.write_log_chunks(job_dir, list(status.logs))
-            if status.outputs is not None:
-                transfer.unpack(status.outputs, job_dir / "outputs")
-                self._collected[name].add(node)
-        except (OSError, ValueError, tarfile.TarError) as e:
+            transfer.write_chunks(job_dir, list(status.chunks), _CARRIED)
+        except (OSError, ValueError) as e:
             return f"cannot write what node {node} sent into the job's folder {job_dir}: {e}"
         return None
 
@@ -470,6 +486,12 @@ def _bundle(job: JobInfo) -> dict[str, float]:
     if spec.gpus_per_process:
         bundle["GPU"] = float(spec.process_count_per_node * spec.gpus_per_process)
     return bundle
+
+
+def _listed(files: tuple[str, ...], shown: int = 5) -> str:
+    """The first ``shown`` of ``files``, and how many more."""
+    more = len(files) - shown
+    return ", ".join(files[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _first_line(e: BaseException) -> str:

@@ -12,9 +12,10 @@ on the share (``stdouterr/rank.N/``, ``prep/node.K.*``), written line by line, s
 
 A node that does not see the job's folder (no shared filesystem there), or whose machine sets
 ``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
-folder): it asks the executor for the working dir and the inputs it does not see, and its
-answers to :meth:`NodeRunner.status` carry its new log bytes and, once it exited, its outputs
-(:mod:`ringtrain.jobs.ray.transfer`), which the executor writes into the share.
+folder): it asks the executor for the working dir and the inputs it does not see, which come
+as a tar in pieces, and its answers to :meth:`NodeRunner.status` carry its new log bytes and,
+once it exited, its outputs, in chunks bounded per answer (:mod:`ringtrain.jobs.ray.transfer`),
+which the executor writes into the share.
 
 The agent's worker process imports this module before the agent starts, so it imports nothing
 heavy (no pydantic, no ringtrain models).
@@ -48,8 +49,8 @@ from ringtrain.jobs.ray import transfer
 #: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
 #: private copies, even where it sees the service's share.
 SCRATCH_VAR = "RINGTRAIN_RAY_SCRATCH"
-#: How long a node without the share waits for the executor to send the working dir, a node
-#: for node 0's rendezvous address, and a GPU node for Ray to say which GPUs it has.
+#: How long a node without the share waits for the next piece of its working dir, a node for
+#: node 0's rendezvous address, and a GPU node for Ray to say which GPUs it has.
 _WORKDIR_WAIT_S = 60.0
 _RENDEZVOUS_WAIT_S = 60.0
 _GPU_WAIT_S = 60.0
@@ -98,18 +99,20 @@ class NodePlan:
 class NodeStatus:
     """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded).
 
-    A node working in a private copy also says whether it waits for the working dir (and
-    which inputs it needs with it), and carries its new log chunks and, once exited and asked,
-    its outputs as a tar.
+    A node working in a private copy also says whether it waits for the working dir (which
+    inputs it needs with it, and how many bytes of its tar it holds), and carries chunks of its
+    logs and, once exited, of its outputs; ``pending`` names the files with bytes past them, so
+    the node's files are all in the share once it answered exited with none pending.
     """
 
     phase: Phase
     exit_code: int | None = None
     message: str = ""
     needs_workdir: bool = False
+    workdir_received: int = 0
     missing_inputs: tuple[str, ...] = ()
-    logs: tuple[transfer.Chunk, ...] = ()
-    outputs: bytes | None = None
+    chunks: tuple[transfer.Chunk, ...] = ()
+    pending: tuple[str, ...] = ()
 
 
 class NodeRunner:
@@ -136,8 +139,11 @@ class NodeRunner:
         # The folder the node works in: the job's folder on the share, or a private copy.
         self.work_dir = Path(plan.job_dir)
         self._private = False
-        self._workdir: bytes | str | None = None  # the tar, or why the executor sent none
-        self._workdir_came = threading.Event()
+        self._copy_lock = threading.Lock()
+        self._receiver: transfer.TarReceiver | None = None
+        self._workdir_problem: str | None = None  # why the executor sent none
+        self._workdir_came = threading.Event()  # whole, or refused, or the node stops
+        self._workdir_progress = time.monotonic()
         self._missing_inputs: tuple[str, ...] = ()
 
     def rendezvous(self) -> tuple[str, int]:
@@ -152,40 +158,51 @@ class NodeRunner:
                                                 daemon=True)
                 self._thread.start()
 
-    def status(self, log_offsets: dict[str, int] | None = None,
-               want_outputs: bool = False) -> NodeStatus:
+    def status(self, offsets: dict[str, int] | None = None) -> NodeStatus:
         """Where the node is; from a private copy, with what the share does not hold yet.
 
         Args:
-            log_offsets: the size of each log file in the job's folder on the share.
-            want_outputs: send the outputs if the node exited.
+            offsets: the size of each log and output file in the job's folder on the share.
         """
-        status = self._status  # before reading the logs: exited means they are complete
+        status = self._status  # before reading the files: exited means they are complete
         if not self._private:
             return status
-        waiting = not self._workdir_came.is_set()
-        chunks, more = transfer.new_log_chunks(self.work_dir, log_offsets or {})
-        if more and status.phase is Phase.EXITED:  # exited once the backlog is sent
-            status = NodeStatus(Phase.RUNNING)
-        outputs = None
-        if want_outputs and status.phase is Phase.EXITED \
-                and (self.work_dir / "outputs").is_dir():
-            try:
-                outputs = transfer.pack(self.work_dir / "outputs",
-                                        f"the outputs of node {self.plan.node}")
-            except (transfer.TooLargeError, OSError) as e:
-                return NodeStatus(Phase.EXITED, status.exit_code or 1, str(e), logs=tuple(chunks))
+        offsets = offsets or {}
+        budget = transfer.ANSWER_BYTES
+        chunks, pending = transfer.new_chunks(self.work_dir, offsets, transfer.LOG_FOLDERS,
+                                              budget, transfer.LOG_CHUNK)
+        if status.phase is Phase.EXITED:  # outputs may change while the ranks run
+            budget -= sum(len(data) for _, _, data in chunks)
+            more, left = transfer.new_chunks(self.work_dir, offsets, transfer.OUTPUT_FOLDERS,
+                                             budget)
+            chunks, pending = chunks + more, pending + left
+        receiver = self._receiver
         return NodeStatus(status.phase, status.exit_code, status.message,
-                          needs_workdir=waiting and status.phase is Phase.PREPARING,
-                          missing_inputs=self._missing_inputs, logs=tuple(chunks),
-                          outputs=outputs)
+                          needs_workdir=(not self._workdir_came.is_set()
+                                         and status.phase is Phase.PREPARING),
+                          workdir_received=receiver.received if receiver else 0,
+                          missing_inputs=self._missing_inputs, chunks=tuple(chunks),
+                          pending=tuple(pending))
 
-    def receive_workdir(self, data: bytes | str) -> None:
-        """The working dir and missing inputs for a private copy, as a tar from
-        :func:`transfer.pack_tree` (``wd/``, ``inputs/<name>/``), or why the executor has none."""
-        if not self._workdir_came.is_set():
-            self._workdir = data
-            self._workdir_came.set()
+    def receive_workdir(self, piece: transfer.Piece | str) -> None:
+        """A piece of the private copy's tar from :class:`transfer.PrivateCopy` (``wd/``,
+        ``inputs/<name>/``), or why the executor has none; a piece not at the offset the node
+        holds is dropped (it asks again)."""
+        with self._copy_lock:
+            if self._workdir_came.is_set() or self._receiver is None:
+                return
+            self._workdir_progress = time.monotonic()
+            if isinstance(piece, str):
+                self._workdir_problem = piece
+                self._workdir_came.set()
+                return
+            try:
+                whole = self._receiver.take(piece)
+            except OSError as e:
+                self._workdir_problem = f"cannot write it in {self.work_dir}: {e}"
+                whole = True
+            if whole:
+                self._workdir_came.set()
 
     def stop(self, force: bool) -> None:
         """SIGTERM (``force``: SIGKILL) every process the node started, by process group."""
@@ -234,14 +251,22 @@ class NodeRunner:
         # Inputs this machine sees at their path are read there, as on a node with the share.
         self._missing_inputs = tuple(sorted(
             name for name, path in self.plan.inputs.items() if not os.path.exists(path)))
+        tar = self.work_dir / ".private-copy.tar"
+        with self._copy_lock:
+            self._receiver = transfer.TarReceiver(tar)
+            self._workdir_progress = time.monotonic()
         self._private = True
-        self._workdir_came.wait(_WORKDIR_WAIT_S)
-        problem = self._workdir if isinstance(self._workdir, str) else (
-            None if self._workdir is not None else
-            f"no answer within {_WORKDIR_WAIT_S:g} s")
+        while not self._workdir_came.wait(0.2):
+            if time.monotonic() - self._workdir_progress > _WORKDIR_WAIT_S:
+                break
+        problem = self._workdir_problem
+        if problem is None and not self._workdir_came.is_set():
+            problem = f"no piece of it within {_WORKDIR_WAIT_S:g} s"
+        if problem is None and self._stopping:
+            problem = "stopped by the service"
         if problem is None:
             try:
-                transfer.unpack(self._workdir, self.work_dir)
+                transfer.unpack(tar, self.work_dir)
                 for sub in ("wd", "prep", "stdouterr"):
                     (self.work_dir / sub).mkdir(exist_ok=True)
                 for value in self._rebased().values():
@@ -249,7 +274,7 @@ class NodeRunner:
                         os.makedirs(value, exist_ok=True)
             except (OSError, tarfile.TarError) as e:
                 problem = f"cannot unpack it in {self.work_dir}: {e}"
-        self._workdir = None  # the tar is not needed any more
+        tar.unlink(missing_ok=True)
         if problem is None:
             return None
         return EXIT_NOT_STARTED, (

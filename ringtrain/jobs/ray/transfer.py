@@ -1,65 +1,44 @@
 """Files of a job carried through Ray, for nodes that do not see the service's share.
 
-Such a node works in a private copy of the job's folder: the working dir comes to it as a tar,
-with the spec's inputs that the node does not see at their paths, its logs go back as chunks read from offsets the service already holds (a chunk sent twice lands
-at the same place, so nothing is lost or doubled when an answer is lost or the service
-restarts), and its outputs go back as a tar once it exited. Both tars are bounded: a bigger one
-is refused with a message naming the limit.
+Such a node works in a private copy of the job's folder. Everything crosses Ray in pieces of at
+most :data:`ANSWER_BYTES` per message, so no file is too big to carry and no Ray message holds a
+whole big file:
+
+* **In**: the service packs the working dir, with the spec's inputs the node does not see at
+  their paths, as one tar into a temporary file, in a thread (:class:`PrivateCopy`); the node
+  reports how much of it it holds and is sent the next piece of what is written
+  (:class:`TarReceiver`), then unpacks it once the tar is complete.
+* **Out**: the node's logs, and once it exited its outputs, go back as chunks read from the
+  sizes the share already holds (:func:`new_chunks`, :func:`write_chunks`): a chunk sent twice
+  lands at the same place, so nothing is lost or doubled when an answer is lost, and a restarted
+  service resumes from what the share holds.
 
 Imported by the node actor's worker: standard library only.
 """
 
 from __future__ import annotations
 
-import io
 import os
+import stat
 import tarfile
+import tempfile
+import threading
 from pathlib import Path
 
-#: The most bytes of working dir and inputs, and of one node's outputs, carried through Ray.
-TRANSFER_LIMIT = 64 << 20
-#: The most bytes of one log file sent in one answer; a longer backlog goes in later answers.
+#: The most file bytes one Ray message carries, in either direction.
+ANSWER_BYTES = 8 << 20
+#: The most bytes of one log file in one answer, so one busy log does not hold back the others.
 LOG_CHUNK = 1 << 20
 #: The job folder's subfolders holding logs, as the share lays them out.
 LOG_FOLDERS = ("stdouterr", "prep")
+#: The job folder's subfolder holding outputs.
+OUTPUT_FOLDERS = ("outputs",)
 
-#: A log chunk: the file's path in the job folder, the offset it starts at, its bytes.
+#: A chunk of a file: its path in the job folder, the offset it starts at, its bytes.
 Chunk = tuple[str, int, bytes]
-
-
-class TooLargeError(ValueError):
-    """A folder too big to carry through Ray; the message says which and how big."""
-
-
-def pack(folder: Path, what: str, limit: int = TRANSFER_LIMIT) -> bytes:
-    """The files below ``folder`` as an uncompressed tar (see :func:`pack_tree`)."""
-    return pack_tree({".": folder}, what, limit)
-
-
-def pack_tree(parts: dict[str, Path], what: str, limit: int = TRANSFER_LIMIT) -> bytes:
-    """Files and folders as one uncompressed tar, each at its own path in it.
-
-    Args:
-        parts: what to pack (a file, or a folder with everything below it), by its path in
-            the tar.
-        what: what it is, for the error message (e.g. ``"the working dir"``).
-        limit: the most bytes its files may add up to.
-
-    Raises:
-        TooLargeError: the files add up to more than ``limit``.
-        OSError: a file cannot be read.
-    """
-    size = sum(_size(path) for path in parts.values())
-    if size > limit:
-        raise TooLargeError(f"{what} holds {size / 2**20:.1f} MiB, over the "
-                            f"{limit / 2**20:g} MiB a Ray node without the service's "
-                            "share can exchange with it; mount the share (and the inputs) on "
-                            "every Ray node at the service's paths (docs/jobs.md, Ray clusters)")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for arcname, path in parts.items():
-            tar.add(path, arcname=arcname)
-    return buffer.getvalue()
+#: A piece of a private copy's tar: its offset, its bytes, and the tar's whole size (-1 while
+#: the service still writes it).
+Piece = tuple[int, bytes, int]
 
 
 def input_arcname(name: str, path: str) -> str:
@@ -68,13 +47,79 @@ def input_arcname(name: str, path: str) -> str:
     return f"inputs/{name}/{os.path.basename(path.rstrip('/')) or name}"
 
 
-def private_copy(job_dir: Path, inputs: dict[str, str]) -> bytes | str:
-    """What a node without the share needs: the job's working dir and ``inputs`` (its inputs
-    the node does not see, by name), as a tar from :func:`pack_tree`, or why there is none.
+class PrivateCopy:
+    """What a node without the share needs, as a tar in a temporary file, sent in pieces.
+
+    The tar is written by a thread of its own, so that a big working dir or input does not hold
+    up the caller (the scheduler's tick): pieces of what is written are sent while it grows, and
+    the tar's size is known once it is complete.
+
+    Args:
+        parts: what to pack (a file, or a folder with everything below it), by its path in
+            the tar.
+        what: what it is, for the message when a file cannot be read.
+        piece_bytes: the most bytes of one piece.
+    """
+
+    def __init__(self, parts: dict[str, Path], what: str, piece_bytes: int = ANSWER_BYTES):
+        self.piece_bytes = piece_bytes
+        # Held open until close(): pieces are read from it while the nodes ask. Unbuffered, so
+        # that every byte counted in `written` is in the file.
+        self._file = tempfile.TemporaryFile(prefix="ringtrain-ray-copy.",  # noqa: SIM115
+                                            buffering=0)
+        self.written = 0
+        self.size: int | None = None  # once complete
+        self.problem: str | None = None
+        self._what = what
+        self._packer = threading.Thread(target=self._pack, args=(parts,), daemon=True,
+                                        name="ray-private-copy")
+        self._packer.start()
+
+    def piece(self, offset: int) -> Piece | str:
+        """The piece of the tar starting at ``offset`` (empty past what is written so far, its
+        size -1 while it is written), or why there is none."""
+        size = self.size  # before `written`: once complete, everything is written
+        if self.problem is not None:
+            return self.problem
+        data = os.pread(self._file.fileno(), max(min(self.piece_bytes, self.written - offset), 0),
+                        offset)
+        return offset, data, -1 if size is None else size
+
+    def close(self) -> None:
+        """Remove the temporary file (a tar still being written stops)."""
+        self._file.close()
+
+    def write(self, data: bytes) -> int:
+        """Append to the tar (its file object, for :mod:`tarfile`)."""
+        view = memoryview(data)
+        while view:
+            view = view[self._file.write(view):]
+            self.written = self._file.tell()
+        return len(data)
+
+    def tell(self) -> int:
+        """The tar's size so far (its file object, for :mod:`tarfile`)."""
+        return self.written
+
+    def _pack(self, parts: dict[str, Path]) -> None:
+        try:
+            with tarfile.open(fileobj=self, mode="w") as tar:  # type: ignore[call-overload]
+                for arcname, path in parts.items():
+                    tar.add(path, arcname=arcname)
+            self.size = self.written
+        except (OSError, ValueError) as e:  # ValueError: closed while it was written
+            self.problem = f"the service cannot read {self._what}: {e}"
+
+
+def private_copy(job_dir: Path, inputs: dict[str, str],
+                 piece_bytes: int = ANSWER_BYTES) -> PrivateCopy | str:
+    """The job's working dir and ``inputs`` (the inputs a node does not see, by name) as a
+    :class:`PrivateCopy`, or why there is none.
 
     Args:
         job_dir: the job's folder on the share.
         inputs: the paths of the inputs to send, as the service sees them, by name.
+        piece_bytes: the most bytes of one piece.
     """
     wd = job_dir / "wd"
     if not wd.is_dir():
@@ -86,75 +131,143 @@ def private_copy(job_dir: Path, inputs: dict[str, str]) -> bytes | str:
         parts[input_arcname(name, path)] = Path(path)
     what = "the working dir" + (f" and inputs {', '.join(inputs)}" if inputs else "")
     try:
-        return pack_tree(parts, what)
-    except TooLargeError as e:
-        return str(e)
+        return PrivateCopy(parts, what, piece_bytes)
     except OSError as e:
-        return f"the service cannot read {what}: {e}"
+        return f"the service cannot write a copy of {what} in its temporary folder: {e}"
 
 
-def _size(path: Path) -> int:
-    if not path.is_dir():
-        return os.lstat(path).st_size
-    return sum(os.lstat(os.path.join(top, name)).st_size
-               for top, _, names in os.walk(path) for name in names)
+class TarReceiver:
+    """The node's end of a :class:`PrivateCopy`: pieces written in order into ``path``.
+
+    Args:
+        path: the file the tar is written to (created empty here).
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.received = 0
+        self._total: int | None = None
+        path.write_bytes(b"")
+
+    def take(self, piece: Piece) -> bool:
+        """Write a piece if it is the next one (a repeated or early one is dropped).
+
+        A piece of a complete tar of another size than one before (the service restarted and
+        packed files that changed meanwhile) starts the transfer over.
+
+        Returns:
+            Whether the whole tar has arrived.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        offset, data, total = piece
+        if total >= 0 and self._total is not None and self._total != total:
+            self.received = 0
+            self.path.write_bytes(b"")
+        if total >= 0:
+            self._total = total
+        if offset == self.received and data:
+            with open(self.path, "r+b") as f:
+                f.seek(offset)
+                f.write(data)
+            self.received += len(data)
+        return self._total is not None and self.received >= self._total
 
 
-def unpack(data: bytes, folder: Path) -> None:
-    """Extract a tar from :func:`pack` into ``folder`` (no links out, no absolute paths).
+def unpack(tar_path: Path, folder: Path) -> None:
+    """Extract a tar into ``folder`` (no links out, no absolute paths).
 
     Raises:
         tarfile.TarError: the tar is malformed or names a path outside ``folder``.
         OSError: a file cannot be written.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+    with tarfile.open(tar_path, mode="r") as tar:
         tar.extractall(folder, filter="data")
 
 
-def log_sizes(job_dir: Path) -> dict[str, int]:
-    """The size of every log file of a job folder, by its path in the folder."""
+def file_sizes(job_dir: Path, folders: tuple[str, ...]) -> dict[str, int]:
+    """The size of every regular file below ``folders`` of a job folder, by its path in the
+    folder (links are left out: they are not carried)."""
     sizes = {}
-    for sub in LOG_FOLDERS:
+    for sub in folders:
         for top, _, names in os.walk(job_dir / sub):
             for name in names:
                 path = os.path.join(top, name)
-                sizes[os.path.relpath(path, job_dir)] = os.path.getsize(path)
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:  # removed since it was listed
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    sizes[os.path.relpath(path, job_dir)] = info.st_size
     return sizes
 
 
-def new_log_chunks(job_dir: Path, offsets: dict[str, int]) -> tuple[list[Chunk], bool]:
-    """What the log files of ``job_dir`` hold past ``offsets`` (0 for a file not there).
+def new_chunks(job_dir: Path, offsets: dict[str, int], folders: tuple[str, ...],
+               budget: int = ANSWER_BYTES,
+               per_file: int | None = None) -> tuple[list[Chunk], list[str]]:
+    """What the files below ``folders`` of ``job_dir`` hold past ``offsets``.
+
+    A file not in ``offsets`` starts at 0 (an empty one is sent as an empty chunk, so that it
+    is created).
+
+    Args:
+        job_dir: the folder read from.
+        offsets: how much of each file the receiver holds, by path in the folder.
+        folders: the subfolders to read.
+        budget: the most bytes of all chunks together.
+        per_file: the most bytes of one file (``None``: the budget).
 
     Returns:
-        The chunks, at most :data:`LOG_CHUNK` bytes of each file, and whether any file had more.
+        The chunks, and the files that still have bytes past them.
     """
-    chunks, more = [], False
-    for rel, size in log_sizes(job_dir).items():
+    chunks, pending = [], []
+    for rel, size in file_sizes(job_dir, folders).items():
         start = offsets.get(rel, 0)
-        if size <= start:
+        if size < start or (size == start and rel in offsets):
             continue
-        with open(job_dir / rel, "rb") as f:
-            f.seek(start)
-            data = f.read(LOG_CHUNK)
-        more = more or start + len(data) < size
-        chunks.append((rel, start, data))
-    return chunks, more
+        take = min(size - start, budget, per_file if per_file is not None else budget)
+        data = b""
+        if take:
+            with open(job_dir / rel, "rb") as f:
+                f.seek(start)
+                data = f.read(take)
+        if data or size == 0:
+            chunks.append((rel, start, data))
+        budget -= len(data)
+        if start + len(data) < size:
+            pending.append(rel)
+    return chunks, pending
 
 
-def write_log_chunks(job_dir: Path, chunks: list[Chunk]) -> None:
-    """Write chunks from :func:`new_log_chunks` into the job folder on the share.
+def write_chunks(job_dir: Path, chunks: list[Chunk], folders: tuple[str, ...]) -> None:
+    """Write chunks from :func:`new_chunks` into the job folder on the share, at their offsets.
 
     Raises:
-        ValueError: a chunk names a path outside the job's log folders.
+        ValueError: a chunk names a path outside ``folders`` of the job folder, or one through
+            a symbolic link.
         OSError: a file cannot be written.
     """
     for rel, start, data in chunks:
         parts = Path(rel).parts
-        if not parts or parts[0] not in LOG_FOLDERS or ".." in parts or Path(rel).is_absolute():
-            raise ValueError(f"a Ray node sent a log chunk for {rel!r}, outside the job's logs")
-        path = job_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "r+b" if path.exists() else "wb") as f:
+        if not parts or parts[0] not in folders or ".." in parts or Path(rel).is_absolute() \
+                or len(parts) < 2:
+            raise ValueError(f"a Ray node sent a chunk for {rel!r}, outside the job's "
+                             f"{' and '.join(folders)}")
+        folder = job_dir
+        for part in parts[:-1]:
+            folder = folder / part
+            if folder.is_symlink():
+                raise ValueError(f"a Ray node sent a chunk for {rel!r}, through the link "
+                                 f"{folder}")
+            folder.mkdir(exist_ok=True)
+        if (job_dir / rel).is_symlink():
+            raise ValueError(f"a Ray node sent a chunk for {rel!r}, a link on the share")
+        fd = os.open(job_dir / rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with open(fd, "wb") as f:
             f.seek(start)
             f.write(data)
