@@ -37,6 +37,12 @@ def _run(args: list[str]) -> dict[str, object]:
     return json.loads(lines[0])
 
 
+def _tree_tiles(tmp_path: Path) -> Path:
+    data = tmp_path / "trees"
+    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    return data
+
+
 @needs_fashion
 def test_cifar_cnn_on_padded_fashion_checkpoints_and_saves_a_servable_model(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -79,12 +85,12 @@ def test_resnet_on_an_image_folder(tmp_path: Path) -> None:
 @needs_vision
 @pytest.mark.slow
 def test_retinanet_trains_evaluates_with_pycocotools_and_saves(tmp_path: Path) -> None:
-    data = tmp_path / "trees"
-    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    data = _tree_tiles(tmp_path)
     out = tmp_path / "out"
     metrics = _run([str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
                     "--limit-train", "2", "--image-size", "96", "--output-dir", str(out)])
     assert metrics["epochs"] == 1 and 0 <= float(metrics["map_50"]) <= 1
+    assert metrics["steps"] == 1 and metrics["global_batch"] == 2
     history = json.loads((out / "metrics.json").read_text())
     assert [h["epoch"] for h in history] == [1] and {"map", "map_50", "recall_100"} <= set(
         history[0])
@@ -110,8 +116,7 @@ def test_retinanet_recipes_share_the_batch_or_scale_the_learning_rate() -> None:
 @needs_vision
 @pytest.mark.slow
 def test_retinanet_two_workers_take_one_workers_steps_and_global_batch(tmp_path: Path) -> None:
-    data = tmp_path / "trees"
-    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    data = _tree_tiles(tmp_path)
     metrics = _run(["-m", "ringtrain.cli", "run", "-np", "2", sys.executable,
                     str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
                     "--limit-train", "4", "--image-size", "96", "--output-dir",
