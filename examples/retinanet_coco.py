@@ -37,7 +37,6 @@ from ringtrain.models.detection import (
 )
 from ringtrain.models.saved import ModelInfo, save_model
 
-
 #: How N processes share the work; the first is the default.
 RECIPES = {
     "same-steps": "each process takes --batch-size / N images per step: the global batch, the "
