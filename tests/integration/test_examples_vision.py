@@ -37,6 +37,12 @@ def _run(args: list[str]) -> dict[str, object]:
     return json.loads(lines[0])
 
 
+def _tree_tiles(tmp_path: Path) -> Path:
+    data = tmp_path / "trees"
+    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    return data
+
+
 @needs_fashion
 def test_cifar_cnn_on_padded_fashion_checkpoints_and_saves_a_servable_model(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -79,12 +85,12 @@ def test_resnet_on_an_image_folder(tmp_path: Path) -> None:
 @needs_vision
 @pytest.mark.slow
 def test_retinanet_trains_evaluates_with_pycocotools_and_saves(tmp_path: Path) -> None:
-    data = tmp_path / "trees"
-    assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
+    data = _tree_tiles(tmp_path)
     out = tmp_path / "out"
     metrics = _run([str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
                     "--limit-train", "2", "--image-size", "96", "--output-dir", str(out)])
     assert metrics["epochs"] == 1 and 0 <= float(metrics["map_50"]) <= 1
+    assert metrics["steps"] == 1 and metrics["global_batch"] == 2
     history = json.loads((out / "metrics.json").read_text())
     assert [h["epoch"] for h in history] == [1] and {"map", "map_50", "recall_100"} <= set(
         history[0])
@@ -92,3 +98,29 @@ def test_retinanet_trains_evaluates_with_pycocotools_and_saves(tmp_path: Path) -
     assert info.task == "detection" and info.classes == ["Tree"]
     (detections,) = model([torch.rand(3, 80, 80)])
     assert set(detections) == {"boxes", "labels", "scores"}
+
+
+def test_retinanet_recipes_share_the_batch_or_scale_the_learning_rate() -> None:
+    spec = importlib.util.spec_from_file_location("example_retinanet_coco",
+                                                  EXAMPLES / "retinanet_coco.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.work_share("same-steps", 4, 5e-4, 2) == (2, 5e-4)
+    assert example.work_share("scale-lr", 4, 5e-4, 2) == (4, 1e-3)
+    with pytest.raises(SystemExit, match="pass a multiple of 2, or --recipe scale-lr"):
+        example.work_share("same-steps", 3, 5e-4, 2)
+
+
+@needs_deepforest
+@needs_vision
+@pytest.mark.slow
+def test_retinanet_two_workers_take_one_workers_steps_and_global_batch(tmp_path: Path) -> None:
+    data = _tree_tiles(tmp_path)
+    metrics = _run(["-m", "ringtrain.cli", "run", "-np", "2", sys.executable,
+                    str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
+                    "--limit-train", "4", "--image-size", "96", "--output-dir",
+                    str(tmp_path / "out")])
+    # One process would take 4 tiles / batch 2 = 2 steps; each of two takes 1 image per step.
+    assert metrics["world_size"] == 2 and metrics["recipe"] == "same-steps"
+    assert metrics["steps"] == 2 and metrics["global_batch"] == 2
