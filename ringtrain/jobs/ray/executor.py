@@ -159,6 +159,9 @@ class RayExecutor:
         # dirs (by the inputs sent with it), and the files each node had not sent in full yet.
         self._copies: dict[str, dict[tuple[str, ...], transfer.PrivateCopy | str]] = {}
         self._pending: dict[str, dict[int, tuple[str, ...]]] = {}
+        # Attempts with a node in a private copy: only their polls list the job's carried files
+        # (the listing walks outputs/, which jobs on the share need not pay for every tick).
+        self._private: set[str] = set()
         self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
@@ -249,6 +252,7 @@ class RayExecutor:
         for held in (self._placed, self._agents, self._asked, self._failed, self._pending):
             held.pop(name, None)
         self._started.discard(name)
+        self._private.discard(name)
         try:  # kill the ranks' process groups, then free the resources they held
             ray.get([a.forget.remote(handle.key(k)) for k, a in agents], timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
@@ -282,7 +286,10 @@ class RayExecutor:
         gone = failure.gone if failure else frozenset()
         refs = self._asked.get(name)
         if refs is None:
-            offsets = transfer.file_sizes(Path(job.job_dir), _CARRIED)
+            # An attempt not yet known private is sent no sizes: a private node then sends from
+            # the start (after a service restart, say), which lands on the same bytes.
+            offsets = (transfer.file_sizes(Path(job.job_dir), _CARRIED)
+                       if name in self._private else {})
             refs = self._asked[name] = {k: agent.status.remote(launch.key(k), offsets)
                                         for k, agent in enumerate(agents) if k not in gone}
         if not refs:  # every node's agent is gone
@@ -405,6 +412,8 @@ class RayExecutor:
         """
         job_dir = Path(job.job_dir)
         name = launch.placement_group
+        if status.needs_workdir or status.workdir_received:
+            self._private.add(name)
         if status.needs_workdir:
             copies = self._copies.setdefault(name, {})
             copy = copies.get(status.missing_inputs)
