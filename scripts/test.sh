@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# Installs everything, then runs the whole test suite. Extra arguments go to pytest.
+# Installs everything, then runs the whole test suite (what CI runs), or with --fast only the
+# in-process tier (tests marked `fast`: unit, engine and in-process service tests; under two
+# minutes on 2 cores). Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+tier=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  tier=(-m fast)
+fi
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "${tier[@]}" "$@"
