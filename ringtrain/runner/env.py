@@ -8,6 +8,7 @@ launcher's own variables.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import socket
@@ -318,17 +319,20 @@ class _Reader:
         except ValueError:
             raise ConfigError(f"environment variable {name}={raw!r} is not {kind}") from None
 
-    def int(self, name: str, default=None):
-        return self._parse(name, _REQUIRED if default is None else default, int, "an integer")
+    # The methods are named after the types they return, so inside the class those names are the
+    # methods: annotations spell the types through ``builtins``.
+    def int(self, name: str, default: builtins.int | None = None) -> builtins.int:
+        return self._parse(name, _REQUIRED if default is None else default, builtins.int,
+                           "an integer")
 
-    def opt_int(self, name: str) -> int | None:
-        return self._parse(name, None, int, "an integer")
+    def opt_int(self, name: str) -> builtins.int | None:
+        return self._parse(name, None, builtins.int, "an integer")
 
-    def float(self, name: str, default: float):
-        return self._parse(name, default, float, "a number")
+    def float(self, name: str, default: builtins.float) -> builtins.float:
+        return self._parse(name, default, builtins.float, "a number")
 
-    def bool(self, name: str, default: bool) -> bool:
-        def convert(raw: str) -> bool:
+    def bool(self, name: str, default: builtins.bool) -> builtins.bool:
+        def convert(raw: str) -> builtins.bool:
             low = raw.lower()
             if low in ("1", "true", "yes", "on"):
                 return True
