@@ -27,7 +27,11 @@ from typing import IO
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import (
-    RankOutcome, RankState, RunResult, check_transition, signal_name,
+    RankOutcome,
+    RankState,
+    RunResult,
+    check_transition,
+    signal_name,
 )
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
 from ringtrain.runner.task import Marker, MarkerEvent, split_marker

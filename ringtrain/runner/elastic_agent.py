@@ -31,7 +31,7 @@ from ringtrain.runner import elastic_rendezvous as rdzv
 from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.discovery import HostPoller
-from ringtrain.runner.elastic_plan import FailedHosts, WorldPlan, Worker, plan_world
+from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
 from ringtrain.runner.env import ElasticWorker
 from ringtrain.runner.hosts import HostInfo, SlotInfo
 from ringtrain.runner.output import OutputSink

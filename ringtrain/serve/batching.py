@@ -215,8 +215,9 @@ class DynamicBatcher:
         while not (self._closing.is_set() and self._queue.empty()):
             batch = self._next_batch()
             now = self._clock()
-            expired: list[tuple[asyncio.Future, Any, BaseException | None]] = [(p.future, None, TimeoutError("timed out waiting in the queue"))
-                       for p in batch if now > p.deadline and not p.future.done()]
+            expired: list[tuple[asyncio.Future, Any, BaseException | None]] = [
+                (p.future, None, TimeoutError("timed out waiting in the queue"))
+                for p in batch if now > p.deadline and not p.future.done()]
             # A done future here was cancelled: its request gave up (timeout, client gone).
             live = [p for p in batch if now <= p.deadline and not p.future.done()]
             if not live:

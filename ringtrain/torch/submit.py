@@ -75,7 +75,8 @@ def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
         raise ValueError(f"{op.value} expects torch.Tensor arguments, got {type(tensor).__name__}")
     if tensor.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{op.value} does not support dtype {tensor.dtype}; supported: "
-                         + ", ".join(sorted(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)))
+                         + ", ".join(sorted(str(d).removeprefix("torch.")
+                                            for d in SUPPORTED_DTYPES)))
     if tensor.is_sparse:
         raise ValueError(f"{op.value} needs a dense tensor; use sparse_allreduce_async for "
                          "sparse ones, or .to_dense()")
