@@ -82,6 +82,11 @@ class SupervisedRank:
                                    worker=self.spec.worker is not None, **details)
         return self.outcome
 
+    def final_outcome(self) -> RankOutcome:
+        """The outcome of a finished rank (every rank has finished when the agent reports)."""
+        assert self.outcome is not None, f"rank {self.spec.number} has not finished"
+        return self.outcome
+
 
 class Agent:
     """Runs one launch plan to completion."""
@@ -134,7 +139,7 @@ class Agent:
 
     def _result(self) -> RunResult:
         return RunResult(
-            outcomes=tuple(r.outcome for r in self._ranks),
+            outcomes=tuple(r.final_outcome() for r in self._ranks),
             root_causes=tuple(self._root_causes),
             interrupted_by=self._interrupted_by,
             stopped=sum(r.stop_requested and r.state is RankState.STOPPED for r in self._ranks),
@@ -207,6 +212,7 @@ class Agent:
         if marker.event is MarkerEvent.STARTED:
             rank.started = True
             if rank.spec.local:
+                assert rank.proc is not None  # markers come from its process
                 rank.proc.child_pid = marker.pid
         elif marker.event is MarkerEvent.FAILED:
             rank.failed_reason = marker.detail
@@ -214,7 +220,9 @@ class Agent:
             rank.exit_marker = marker
 
     def _wait(self, index: int) -> None:
-        self._ranks[index].proc.popen.wait()
+        proc = self._ranks[index].proc
+        assert proc is not None  # the thread is started once the process is
+        proc.popen.wait()
         self._events.put((_Event.EXIT, index))
 
     # -- monitor ----------------------------------------------------------------------------
@@ -240,6 +248,7 @@ class Agent:
 
     def _on_exit(self, rank: SupervisedRank) -> None:
         # Let the stderr reader finish first: the wrapper's last markers may still be in the pipe.
+        assert rank.proc is not None and rank.stderr_thread is not None  # it had a process
         rank.stderr_thread.join(timeout=2.0)
         rank.exited = True
         if rank.state.is_terminal:  # e.g. it timed out while starting and was stopped since
@@ -341,6 +350,7 @@ class Agent:
             if rank.abandon_at is None and rank.kill_at is not None and now >= rank.kill_at:
                 log.debug("rank %d did not stop within %g s; killing it", rank.spec.number,
                           self._stop_grace_s)
+                assert rank.proc is not None  # kill_at is set only for a process
                 rank.proc.kill()
                 rank.abandon_at = now + _REAP_TIMEOUT_S
             elif rank.abandon_at is not None and now >= rank.abandon_at:

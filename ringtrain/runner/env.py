@@ -14,6 +14,7 @@ import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
@@ -227,7 +228,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     knobs = read_engine_config(environ)
     start_timeout = r.float("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT_S)
     hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    common = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
+    common: dict[str, Any] = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
 
     if "HOROVOD_RANK" in environ:
         rank, size = r.int("HOROVOD_RANK"), r.int("HOROVOD_SIZE")

@@ -52,7 +52,7 @@ def submit(
     for t in inputs:
         _check_tensor(t, op)
     if name is None:
-        name = rt.auto_name(op.value, process_set.process_set_id)
+        name = rt.auto_name(op.value, process_set._id())
     elif not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     metas = tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type) for t in inputs)
