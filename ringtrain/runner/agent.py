@@ -350,7 +350,7 @@ class Agent:
             if rank.abandon_at is None and rank.kill_at is not None and now >= rank.kill_at:
                 log.debug("rank %d did not stop within %g s; killing it", rank.spec.number,
                           self._stop_grace_s)
-                assert rank.proc is not None  # kill_at is set only for a process
+                assert rank.proc is not None  # a rank that has not exited has a process
                 rank.proc.kill()
                 rank.abandon_at = now + _REAP_TIMEOUT_S
             elif rank.abandon_at is not None and now >= rank.abandon_at:

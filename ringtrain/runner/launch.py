@@ -112,7 +112,7 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
 
 
 def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
-    assert config.elastic is not None
+    assert config.elastic is not None  # called for elastic launches only
     script = config.elastic.discovery_script
     poller = HostPoller(fixed_hosts(config.hosts) if script is None
                         else functools.partial(run_script, script, cwd,

@@ -192,7 +192,7 @@ class StepProfiler:
                 optimizer.step()
             return
         with self.phase("communication"):
-            cast(Any, optimizer).synchronize()  # a DistributedOptimizer's (it skips synchronize)
+            cast(Any, optimizer).synchronize()  # a DistributedOptimizer: it has skip_synchronize
         with self.phase("optimizer"), optimizer.skip_synchronize():
             optimizer.step()
 
