@@ -37,10 +37,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ringtrain import proc_stat
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, read_server_file, start_server, stop_server
 from ringtrain.jobs.errors import JobsError
-from ringtrain import proc_stat
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec

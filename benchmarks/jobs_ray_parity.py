@@ -25,8 +25,14 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from loopback_ray import (job_server, machine, rank_stdout, ray_test_cluster, repo_root,
-                          wait_until_ended)
+from loopback_ray import (
+    job_server,
+    machine,
+    rank_stdout,
+    ray_test_cluster,
+    repo_root,
+    wait_until_ended,
+)
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient

@@ -3,7 +3,8 @@
     ringtrain data photos /tmp/photos --count 600
     python benchmarks/jpeg_decode.py /tmp/photos/train --size 224
 
-Needs the ``bench`` extra (OpenCV): ``pip install -e ".[bench]"``. One process, one thread. Prints one JSON line: milliseconds per image (median of 3 passes) for
+Needs the ``bench`` extra (OpenCV): ``pip install -e ".[bench]"``. One process, one thread.
+Prints one JSON line: milliseconds per image (median of 3 passes) for
 decode alone and for decode + crop + resize to ``--size``, with and without the decoder's DCT
 downscaling (Pillow's draft mode, simplejpeg's min_width/min_height, OpenCV's IMREAD_REDUCED).
 """

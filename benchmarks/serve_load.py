@@ -1,4 +1,4 @@
-"""Load test of `ringtrain serve`: closed-loop clients at several concurrencies, batching on and off.
+"""Load test of `ringtrain serve`: closed-loop clients at several concurrencies, batching on/off.
 
 Serves one model twice in a real server process (``ringtrain serve``), once with dynamic batching
 and once with ``--max-batch-size 1``, and drives each on loopback with closed-loop clients (each

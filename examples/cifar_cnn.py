@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="RMSprop learning rate for one process, scaled by the number of processes")
     p.add_argument("--output-dir", type=Path,
                    default=Path(os.environ.get("RINGTRAIN_OUTPUT_MODEL") or "checkpoints"),
-                   help="where rank 0 writes checkpoints and the model (env RINGTRAIN_OUTPUT_MODEL)")
+                   help="where rank 0 writes checkpoints and the model"
+                        " (env RINGTRAIN_OUTPUT_MODEL)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--limit-train", type=int, default=0, help="first N training examples (0: all)")
     p.add_argument("--limit-val", type=int, default=0, help="first N evaluation examples (0: all)")

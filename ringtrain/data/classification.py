@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -89,7 +89,9 @@ class ClassificationImages(SourceDataset):
 
     def crop(self, data: bytes | memoryview | np.ndarray) -> torch.Tensor:
         """Decode (if encoded) and crop one image to ``uint8 [3, size, size]``."""
-        rng = self.rng or random  # the module's generator, which DataLoader seeds per worker
+        # the module's generator, which DataLoader seeds per worker (its functions are the
+        # methods of a Random)
+        rng = self.rng or cast(random.Random, random)
         if isinstance(data, np.ndarray):
             height, width = data.shape[:2]
             pixels = data

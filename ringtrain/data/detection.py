@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -21,6 +22,17 @@ from ringtrain.data import box_transforms, jpeg
 from ringtrain.data.coco import CocoDetection
 
 Target = dict[str, torch.Tensor]
+
+
+class EpochSampler(Protocol):
+    """Indices with a length and an epoch: ``ShardedSampler``, ``DistributedSampler``."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def __len__(self) -> int: ...
 
 
 class EpochKeys(Sampler[tuple[int, int]]):
@@ -32,7 +44,7 @@ class EpochKeys(Sampler[tuple[int, int]]):
         sampler: Gives the indices and holds the epoch (``set_epoch``).
     """
 
-    def __init__(self, sampler: Sampler[int]) -> None:
+    def __init__(self, sampler: EpochSampler) -> None:
         self.sampler = sampler
 
     def __iter__(self) -> Iterator[tuple[int, int]]:

@@ -9,6 +9,7 @@ bytes, :class:`GpuDecoder` decodes the batch with nvjpeg in one call and makes t
 from __future__ import annotations
 
 import random
+from typing import cast
 
 import numpy as np
 import torch
@@ -56,7 +57,8 @@ class GpuDecoder:
         self.size = size
         self.train = train
         self.scale, self.ratio = scale, ratio
-        self.rng = rng or random  # the module's functions: its global generator
+        # the module's functions: its global generator (they are the methods of a Random)
+        self.rng = rng or cast(random.Random, random)
 
     def __call__(self, blobs: list[torch.Tensor]) -> torch.Tensor:
         """``uint8 [N, 3, size, size]`` crops of the decoded batch, on the device."""

@@ -8,7 +8,7 @@ and the normalisation are hidden. On the CPU the workers' queue is the prefetch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -70,7 +70,7 @@ class DeviceLoader:
         return len(self.loader)
 
     @property
-    def sampler(self) -> Sized:
+    def sampler(self) -> Sampler | Iterable:
         return self.loader.sampler
 
     def __iter__(self) -> Iterator[Batch]:

@@ -73,7 +73,7 @@ class PackedImages:
         data = self._map[offset:offset + nbytes]
         if self.format == "raw":
             return data.reshape(height, width, 3), label
-        return memoryview(data), label
+        return memoryview(data.data), label
 
 
 def resize_short_side(pixels: np.ndarray, size: int) -> np.ndarray:

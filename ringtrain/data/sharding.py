@@ -58,11 +58,11 @@ class ShardedSampler(ElasticSampler):
             raise ValueError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
         if (rank is None) != (num_replicas is None):
             raise ValueError("pass both rank and num_replicas, or neither (to use hvd's)")
-        if num_replicas is not None and not 0 <= rank < num_replicas:
+        if num_replicas is not None and rank is not None and not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in 0..{num_replicas - 1}, got {rank}")
         self.batch_size = batch_size
         self.last_batch = last_batch
-        self._world = None if rank is None else (rank, num_replicas)
+        self._world = None if rank is None or num_replicas is None else (rank, num_replicas)
         super().__init__(dataset, shuffle=shuffle, seed=seed)
 
     def reset(self) -> None:

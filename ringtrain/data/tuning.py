@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sized
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.utils.data import Dataset
@@ -99,7 +101,7 @@ def measure_decode_ms(dataset: Dataset, samples: int = 16) -> float:
     Raises:
         ValueError: ``dataset`` is empty.
     """
-    n = len(dataset)
+    n = len(cast(Sized, dataset))  # map-style: torch's Dataset declares no __len__
     if n == 0:
         raise ValueError("cannot measure an empty data set")
     picks = [i * n // samples for i in range(min(samples, n))]

@@ -67,7 +67,8 @@ def read_voc(path: Path) -> VocAnnotation:
         label = (obj.findtext("name") or "").strip()
         if not label:
             raise AnnotationFileError(f"{path}: object {i} has no <name>")
-        x1, y1, x2, y2 = (_number(obj, f"bndbox/{k}", path) for k in ("xmin", "ymin", "xmax", "ymax"))
+        x1, y1, x2, y2 = (_number(obj, f"bndbox/{k}", path)
+                          for k in ("xmin", "ymin", "xmax", "ymax"))
         if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
             raise AnnotationFileError(f"{path}: object {i} has box ({x1}, {y1}, {x2}, {y2}), "
                                       f"which is empty or outside the {width}x{height} image")

@@ -131,9 +131,9 @@ def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
     steps = args.warmup + args.steps
     trials = []
     try:
-        for name, synthetic in (("synthetic", True), ("real", False)):
+        for name, synthetic_data in (("synthetic", True), ("real", False)):
             out = args.work_dir / name
-            run_script(command, args.num_proc, out, synthetic=synthetic, steps=steps,
+            run_script(command, args.num_proc, out, synthetic=synthetic_data, steps=steps,
                        timeout_s=args.timeout)
             trials.append(read_trial(name, name, out, args.warmup))
     except ScriptRunError as e:

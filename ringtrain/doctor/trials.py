@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import ringtrain.torch as hvd
-from ringtrain.data.classification import ClassificationImages
+from ringtrain.data.classification import ClassificationImages, SourceDataset
 from ringtrain.data.gpu_decode import EncodedImages, GpuDecoder
 from ringtrain.data.image_folder import ImageFolder
 from ringtrain.data.loader import DeviceLoader
@@ -132,6 +132,8 @@ def _batches(spec: TrialSpec, work: Workload) -> tuple[Iterator, int]:
     source = (PackedImages(work.packed) if spec.data == "packed" and work.packed is not None
               else ImageFolder(work.folder))
     sampler = ShardedSampler(source, work.batch_size, last_batch="drop")
+    dataset: SourceDataset
+    decoder: GpuDecoder | None
     if spec.data == "gpu":
         dataset, decoder = EncodedImages(source), GpuDecoder(work.device, work.size)
     else:
@@ -159,7 +161,8 @@ def _torchvision_batches(work: Workload, workers: int) -> Iterator:
     from torch.utils.data import DataLoader, DistributedSampler
 
     dataset = torchvision_dataset(work.folder, work.size)
-    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    sampler: DistributedSampler = DistributedSampler(dataset, num_replicas=hvd.size(),
+                                                     rank=hvd.rank())
     loader = DataLoader(dataset, batch_size=work.batch_size, sampler=sampler, drop_last=True,
                         num_workers=workers, persistent_workers=workers > 0,
                         pin_memory=work.device.type == "cuda")

@@ -431,7 +431,12 @@ class Engine:
                 self._pending[request.name] = request
             if not self._queue:  # as in a negotiation round: a caller blocked later is news
                 self._caller_blocked.clear()
-        bits = sorted(self._cache.lookup(r.meta) for r in unit)
+        bits = []
+        for request in unit:
+            bit = self._cache.lookup(request.meta)
+            assert bit is not None  # a request is counted under a tag only once it is cached
+            bits.append(bit)
+        bits.sort()
         decision = Decision(responses=[self._cache.response(bit) for bit in bits])
         self._execute(decision)
         if decision.responses and len(decision.responses[0].set_ranks) == self.size:

@@ -100,6 +100,7 @@ class Executor:
             torch.cat([t.reshape(-1) for t in tensors], out=buf)
         copied_in = time.monotonic()
         _scale_(buf, first.prescale, 1)
+        assert first.reduce_op is not None  # every allreduce carries its op
         wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
         wait = self._backend.start_allreduce(buf, wire_op, first.set_ranks)
         return _Inflight(batch, tensors, buf, fused, wait, start, copied_in)
@@ -185,7 +186,7 @@ class Executor:
         me = ranks.index(self._rank)
         tensor = request.outputs[0]
         send = response.metas[self._rank].splits or ()
-        recv = [response.metas[r].splits[me] for r in ranks]
+        recv = [(response.metas[r].splits or ())[me] for r in ranks]
         out = torch.empty((sum(recv), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         self._backend.alltoall(out, tensor, recv, send, ranks)
         return out, torch.tensor(recv, dtype=torch.int32)
@@ -197,6 +198,7 @@ class Executor:
         n, me = len(ranks), ranks.index(self._rank)
         meta = response.meta
         divisor = n if meta.reduce_op is ReduceOp.AVERAGE else 1
+        assert meta.reduce_op is not None  # every reducescatter carries its op
         wire_op = ReduceOp.SUM if meta.reduce_op is ReduceOp.AVERAGE else meta.reduce_op
         results = []
         for tensor in request.outputs:

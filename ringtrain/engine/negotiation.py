@@ -10,7 +10,7 @@ else is disturbed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ringtrain.engine.request import RequestMeta
@@ -125,7 +125,7 @@ def _disagreement(name: str, subs: dict[int, RequestMeta]) -> str | None:
     """Why the ranks' requests for ``name`` cannot run together, or None if they agree."""
     first = subs[min(subs)]
     op = first.op.value
-    checks: list[tuple[str, object]] = [
+    checks: list[tuple[str, Callable[[RequestMeta], object]]] = [
         ("operation", lambda m: m.op.value),
         ("process set", lambda m: list(m.set_ranks)),
         ("number of tensors", lambda m: len(m.tensors)),

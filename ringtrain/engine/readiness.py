@@ -91,6 +91,7 @@ class Readiness:
             keys.append(self._cache.counter_key(bit))
         if not keys:
             return None
+        assert members is not None  # set with the first key
         if len(keys) == 1:
             return keys[0], len(members)
         digest = hashlib.blake2b("|".join(sorted(keys)).encode(), digest_size=12).hexdigest()

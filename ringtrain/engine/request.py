@@ -59,7 +59,7 @@ class Request:
     outputs: list[torch.Tensor]
     handle: Handle
     submitted_at: float = field(default_factory=time.monotonic)
-    ready_event: object | None = None  # a CUDA event recorded on the submitting stream
+    ready_event: torch.cuda.Event | None = None  # a CUDA event recorded on the submitting stream
     grouped: bool = False  # complete with a list even when it holds one tensor
     counted: str | None = None  # the readiness counter this submission was added to, if any
 

@@ -104,7 +104,8 @@ class JobsClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as e:
-            raise ServiceUnavailableError(f"cannot reach the job service at {self.url}: {e}") from None
+            raise ServiceUnavailableError(
+                f"cannot reach the job service at {self.url}: {e}") from None
         _raise_for(response)
         return None if response.status_code == 204 else response.json()
 
@@ -287,7 +288,8 @@ class _Stream:
         try:
             response = self._ctx.__enter__()
         except httpx.TransportError as e:
-            raise ServiceUnavailableError(f"cannot reach the job service at {self._url}: {e}") from None
+            raise ServiceUnavailableError(
+                f"cannot reach the job service at {self._url}: {e}") from None
         if response.status_code >= 400:
             response.read()
             self._ctx.__exit__(None, None, None)

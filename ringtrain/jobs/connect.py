@@ -17,8 +17,8 @@ from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
 from ringtrain.jobs.home import Home, service_token, service_url
-from ringtrain.proc_stat import is_alive
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.proc_stat import is_alive
 
 START_TIMEOUT_S = 30.0
 

@@ -8,6 +8,7 @@ finds jobs. What this module adds is the spec of that job and the reading of its
 
 from __future__ import annotations
 
+import builtins
 import json
 from pathlib import Path
 
@@ -114,7 +115,8 @@ class Deployments:
                               model=job.spec.inputs.get("model", ""), message=job.message,
                               job=job)
 
-    def _urls(self, job: JobInfo) -> list[str]:
+    # builtins: inside the class ``list`` is the method above
+    def _urls(self, job: JobInfo) -> builtins.list[str]:
         """The URLs the replicas announced so far, by replica (a file half-written or damaged
         counts as not announced)."""
         folder = Path(job.job_dir) / "outputs" / ENDPOINTS_OUTPUT

@@ -1,4 +1,4 @@
-"""The scheduler: supervises running attempts and starts queued jobs, one synchronous tick at a time.
+"""The scheduler: supervises running attempts and starts queued jobs in synchronous ticks.
 
 Rules: a job starts only when all the nodes it needs are idle (gang allocation); high priority
 before normal before low, first come first served within a priority. The first job that waits

@@ -24,7 +24,15 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.executors.base import Executor
-from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models import (
+    AllocationState,
+    ClusterInfo,
+    ClusterSpec,
+    FileInfo,
+    JobInfo,
+    JobSpec,
+    JobState,
+)
 from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.ray.agent import ensure_agents
 from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
@@ -280,7 +288,11 @@ class JobService:
         return job
 
     def delete_job(self, job_id: str) -> None:
-        """Forget a finished job and delete its folder. Raises ConflictError if it is not finished."""
+        """Forget a finished job and delete its folder.
+
+        Raises:
+            ConflictError: the job is not finished.
+        """
         with self.lock:
             self.store.remove_job(job_id)
         self.share.remove_job_dir(job_id)

@@ -24,6 +24,7 @@ import importlib.util
 import logging
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
@@ -171,7 +172,8 @@ def _route_nms_wrapper(torchvision: ModuleType) -> None:
     the registered operator: the wrapper asserts the compiled library before calling it, so the
     detectors' post-processing would refuse although the operator exists."""
     try:
-        boxes = importlib.import_module("torchvision.ops.boxes")
+        # Any: the module gets an attribute assigned, which ModuleType's stub does not allow
+        boxes: Any = importlib.import_module("torchvision.ops.boxes")
     except ModuleNotFoundError:
         return  # a torchvision without ops (a stripped or stub build): nothing to route
     boxes.nms = _call_nms_op

@@ -27,7 +27,11 @@ from typing import IO
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import (
-    RankOutcome, RankState, RunResult, check_transition, signal_name,
+    RankOutcome,
+    RankState,
+    RunResult,
+    check_transition,
+    signal_name,
 )
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
 from ringtrain.runner.task import Marker, MarkerEvent, split_marker
@@ -76,6 +80,11 @@ class SupervisedRank:
         self.state = check_transition(self.state, state)
         self.outcome = RankOutcome(self.spec.number, self.spec.hostname, state,
                                    worker=self.spec.worker is not None, **details)
+        return self.outcome
+
+    def final_outcome(self) -> RankOutcome:
+        """The outcome of a finished rank (every rank has finished when the agent reports)."""
+        assert self.outcome is not None, f"rank {self.spec.number} has not finished"
         return self.outcome
 
 
@@ -130,7 +139,7 @@ class Agent:
 
     def _result(self) -> RunResult:
         return RunResult(
-            outcomes=tuple(r.outcome for r in self._ranks),
+            outcomes=tuple(r.final_outcome() for r in self._ranks),
             root_causes=tuple(self._root_causes),
             interrupted_by=self._interrupted_by,
             stopped=sum(r.stop_requested and r.state is RankState.STOPPED for r in self._ranks),
@@ -203,6 +212,7 @@ class Agent:
         if marker.event is MarkerEvent.STARTED:
             rank.started = True
             if rank.spec.local:
+                assert rank.proc is not None  # markers come from its process
                 rank.proc.child_pid = marker.pid
         elif marker.event is MarkerEvent.FAILED:
             rank.failed_reason = marker.detail
@@ -210,7 +220,9 @@ class Agent:
             rank.exit_marker = marker
 
     def _wait(self, index: int) -> None:
-        self._ranks[index].proc.popen.wait()
+        proc = self._ranks[index].proc
+        assert proc is not None  # the thread is started once the process is
+        proc.popen.wait()
         self._events.put((_Event.EXIT, index))
 
     # -- monitor ----------------------------------------------------------------------------
@@ -236,6 +248,7 @@ class Agent:
 
     def _on_exit(self, rank: SupervisedRank) -> None:
         # Let the stderr reader finish first: the wrapper's last markers may still be in the pipe.
+        assert rank.proc is not None and rank.stderr_thread is not None  # it had a process
         rank.stderr_thread.join(timeout=2.0)
         rank.exited = True
         if rank.state.is_terminal:  # e.g. it timed out while starting and was stopped since
@@ -337,6 +350,7 @@ class Agent:
             if rank.abandon_at is None and rank.kill_at is not None and now >= rank.kill_at:
                 log.debug("rank %d did not stop within %g s; killing it", rank.spec.number,
                           self._stop_grace_s)
+                assert rank.proc is not None  # a rank that has not exited has a process
                 rank.proc.kill()
                 rank.abandon_at = now + _REAP_TIMEOUT_S
             elif rank.abandon_at is not None and now >= rank.abandon_at:

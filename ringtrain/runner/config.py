@@ -18,7 +18,9 @@ from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
 from ringtrain.runner.env import (
-    DEFAULT_ELASTIC_TIMEOUT_S, elastic_timeout_from_environ, read_engine_config,
+    DEFAULT_ELASTIC_TIMEOUT_S,
+    elastic_timeout_from_environ,
+    read_engine_config,
 )
 from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 

@@ -1,8 +1,8 @@
 """Host discovery for elastic launches: which hosts, with how many slots, are available now.
 
 ``--host-discovery-script`` names an executable that prints one ``HOST:SLOTS`` per line (a host
-alone has ``--slots-per-host`` slots); the driver runs it every second, as horovodrun does. Without a script, the
-hosts of ``-H``/``--hostfile`` are the fixed answer.
+alone has ``--slots-per-host`` slots); the driver runs it every second, as horovodrun does.
+Without a script, the hosts of ``-H``/``--hostfile`` are the fixed answer.
 """
 
 from __future__ import annotations

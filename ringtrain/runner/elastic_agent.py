@@ -31,7 +31,7 @@ from ringtrain.runner import elastic_rendezvous as rdzv
 from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.discovery import HostPoller
-from ringtrain.runner.elastic_plan import FailedHosts, WorldPlan, Worker, plan_world
+from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
 from ringtrain.runner.env import ElasticWorker
 from ringtrain.runner.hosts import HostInfo, SlotInfo
 from ringtrain.runner.output import OutputSink
@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 #: Why the reset limit ends a job (Horovod: "number of resets during elastic job exceeded limit").
 RESET_LIMIT_MESSAGE = ("the world must be re-formed again, but --reset-limit allows {limit} "
                        "re-forms; stopping the job")
+
+
+def _worker(rank: SupervisedRank) -> int:
+    """The worker id of a rank of an elastic launch (each has one)."""
+    assert rank.spec.worker is not None
+    return rank.spec.worker
 
 
 class ElasticAgent(Agent):
@@ -101,7 +107,7 @@ class ElasticAgent(Agent):
             self._fail(outcome)  # nobody is left to carry the state on
             return
         host = rank.spec.hostname
-        self._lost.append(LostWorker(rank.spec.worker, host, self._generation,
+        self._lost.append(LostWorker(_worker(rank), host, self._generation,
                                      outcome.describe()))
         self._write_world()  # a supervisor learns of the loss before the world re-forms
         self._failed_hosts.record_failure(
@@ -133,7 +139,7 @@ class ElasticAgent(Agent):
             return
         live = self._live()
         left = rdzv.ready_workers(self._store, self._keys, self._generation,
-                                  tuple(r.spec.worker for r in live))
+                                  tuple(_worker(r) for r in live))
         formed = rdzv.world_formed(self._store, self._keys, self._generation, len(self._slots))
         if formed and len(left) < len(live):
             if now - self._since > self._spec.timeout_s:
@@ -141,18 +147,19 @@ class ElasticAgent(Agent):
                 self._stop_job(f"workers {stuck} did not leave world {self._generation} within "
                                f"{self._spec.timeout_s:g} s (--elastic-timeout) after it broke")
             return
-        plan = plan_world([Worker(r.spec.worker, r.spec.hostname) for r in live], hosts,
+        plan = plan_world([Worker(_worker(r), r.spec.hostname) for r in live], hosts,
                           self._spec.max_np, self._next_id)
         self._form_if_enough(plan, self._spec.min_np, now)
 
     def _result(self) -> RunResult:
         counted = [r for r in self._ranks if r.spec.worker not in self._survived]
         return RunResult(
-            outcomes=tuple(r.outcome for r in counted),
+            outcomes=tuple(r.final_outcome() for r in counted),
             root_causes=tuple(self._root_causes),
             interrupted_by=self._interrupted_by,
             stopped=sum(r.stop_requested and r.state is RankState.STOPPED for r in counted),
-            survived=tuple(r.outcome for r in self._ranks if r.spec.worker in self._survived),
+            survived=tuple(r.final_outcome() for r in self._ranks
+                           if r.spec.worker in self._survived),
             error=self._error,
         )
 
@@ -162,7 +169,7 @@ class ElasticAgent(Agent):
         """The current world's workers that have not ended, in rank order."""
         live = [self._workers[w] for w in self._slots if w in self._workers]
         return sorted((r for r in live if not r.state.is_terminal),
-                      key=lambda r: self._slots[r.spec.worker].rank)
+                      key=lambda r: self._slots[_worker(r)].rank)
 
     def _usable_hosts(self) -> list[HostInfo]:
         reported = self._poller.latest()
@@ -197,8 +204,8 @@ class ElasticAgent(Agent):
         for worker in plan.removed:
             log.info("worker %d: no slot in world %d; stopping it", worker, generation)
             self._stop_rank(self._workers[worker])
-        for worker in plan.new:
-            self._start_worker(worker.id, plan.slots[worker.id], generation)
+        for new in plan.new:
+            self._start_worker(new.id, plan.slots[new.id], generation)
         if old:
             rdzv.replace_world(self._store, self._keys, old, generation)
         self._write_world()
@@ -222,7 +229,7 @@ class ElasticAgent(Agent):
     def _notify_host_changes(self, hosts: list[HostInfo]) -> None:
         """Tell the ranks (at their next commit) that the hosts changed, when that would change
         the world and the world could then be formed."""
-        plan = plan_world([Worker(r.spec.worker, r.spec.hostname) for r in self._live()], hosts,
+        plan = plan_world([Worker(_worker(r), r.spec.hostname) for r in self._live()], hosts,
                           self._spec.max_np, self._next_id)
         if not (plan.new or plan.removed) or plan.size < self._spec.min_np:
             return

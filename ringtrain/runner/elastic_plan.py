@@ -60,7 +60,7 @@ def plan_world(live: Sequence[Worker], hosts: Sequence[HostInfo], max_np: int | 
             on_host.append(worker)
         else:
             removed.append(worker.id)
-    new = []
+    new: list[Worker] = []
     for host in [*members, *(h.hostname for h in hosts if h.hostname not in members)]:
         on_host = members.setdefault(host, [])
         while len(on_host) < room.get(host, 0) and _count(members) < limit:

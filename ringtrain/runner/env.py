@@ -8,11 +8,13 @@ launcher's own variables.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ringtrain.engine.config import EngineConfig
 from ringtrain.errors import ConfigError
@@ -226,7 +228,7 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     knobs = read_engine_config(environ)
     start_timeout = r.float("HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT_S)
     hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    common = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
+    common: dict[str, Any] = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
 
     if "HOROVOD_RANK" in environ:
         rank, size = r.int("HOROVOD_RANK"), r.int("HOROVOD_SIZE")
@@ -318,17 +320,20 @@ class _Reader:
         except ValueError:
             raise ConfigError(f"environment variable {name}={raw!r} is not {kind}") from None
 
-    def int(self, name: str, default=None):
-        return self._parse(name, _REQUIRED if default is None else default, int, "an integer")
+    # The methods are named after the types they return, so inside the class those names are the
+    # methods: annotations spell the types through ``builtins``.
+    def int(self, name: str, default: builtins.int | None = None) -> builtins.int:
+        return self._parse(name, _REQUIRED if default is None else default, builtins.int,
+                           "an integer")
 
-    def opt_int(self, name: str) -> int | None:
-        return self._parse(name, None, int, "an integer")
+    def opt_int(self, name: str) -> builtins.int | None:
+        return self._parse(name, None, builtins.int, "an integer")
 
-    def float(self, name: str, default: float):
-        return self._parse(name, default, float, "a number")
+    def float(self, name: str, default: builtins.float) -> builtins.float:
+        return self._parse(name, default, builtins.float, "a number")
 
-    def bool(self, name: str, default: bool) -> bool:
-        def convert(raw: str) -> bool:
+    def bool(self, name: str, default: builtins.bool) -> builtins.bool:
+        def convert(raw: str) -> builtins.bool:
             low = raw.lower()
             if low in ("1", "true", "yes", "on"):
                 return True

@@ -103,6 +103,7 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
             agent = Agent(build_plan(config, net, store.port, run_id, environ), options, sink,
                           config.start_timeout_s, environ)
         else:
+            assert config.elastic is not None  # a poller is made for elastic launches only
             agent = ElasticAgent(RankPlanner(config, net, store.port, run_id, environ),
                                  config.elastic, config.num_proc, poller, store.store, run_id,
                                  options, sink, config.start_timeout_s, environ)
@@ -111,6 +112,7 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
 
 
 def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
+    assert config.elastic is not None  # called for elastic launches only
     script = config.elastic.discovery_script
     poller = HostPoller(fixed_hosts(config.hosts) if script is None
                         else functools.partial(run_script, script, cwd,

@@ -38,7 +38,7 @@ def resolve(hostname: str) -> str | None:
     if hostname.lower().rstrip(".").endswith(".localhost"):
         return "127.0.0.1"
     try:
-        return socket.getaddrinfo(hostname, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(hostname, None, socket.AF_INET)[0][4][0])
     except (OSError, IndexError):
         return None
 

@@ -98,7 +98,7 @@ class StoreServer:
             raise
         self.address = address
         self.port: int = sock.getsockname()[1]
-        self._store = dist.TCPStore(
+        self._store: dist.TCPStore | None = dist.TCPStore(
             address, self.port, is_master=True, wait_for_workers=False,
             timeout=datetime.timedelta(seconds=timeout_s),
             master_listen_fd=sock.detach(),  # the store owns and closes the socket now

@@ -92,7 +92,8 @@ class RankProcess:
     def request_stop(self) -> None:
         """Ask the rank to stop: the wrapper sees end-of-file and SIGTERMs the command."""
         try:
-            self.popen.stdin.close()
+            if self.popen.stdin is not None:
+                self.popen.stdin.close()
         except OSError:  # already gone
             pass
 

@@ -183,7 +183,7 @@ class DynamicBatcher:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         finished = not self._thread.is_alive()
-        left = []
+        left: list[tuple[asyncio.Future, Any, BaseException | None]] = []
         while True:  # anything the worker did not reach
             try:
                 pending = self._queue.get_nowait()
@@ -215,8 +215,9 @@ class DynamicBatcher:
         while not (self._closing.is_set() and self._queue.empty()):
             batch = self._next_batch()
             now = self._clock()
-            expired = [(p.future, None, TimeoutError("timed out waiting in the queue"))
-                       for p in batch if now > p.deadline and not p.future.done()]
+            expired: list[tuple[asyncio.Future, Any, BaseException | None]] = [
+                (p.future, None, TimeoutError("timed out waiting in the queue"))
+                for p in batch if now > p.deadline and not p.future.done()]
             # A done future here was cancelled: its request gave up (timeout, client gone).
             live = [p for p in batch if now <= p.deadline and not p.future.done()]
             if not live:

@@ -1,8 +1,9 @@
 """Request tensors in and answer tensors out: JSON ``data``, or KServe v2's binary extension.
 
 In JSON an input's ``data`` holds its numbers, flat or nested, in row-major order. With the
-binary tensor data extension a request whose ``Inference-Header-Content-Length`` header says ``N`` holds N bytes of the usual
-inference JSON, then the raw little-endian bytes of each input that declares
+binary tensor data extension a request whose ``Inference-Header-Content-Length`` header says
+``N`` holds N bytes of the usual inference JSON, then the raw little-endian bytes of each input
+that declares
 ``"parameters": {"binary_data_size": B}`` (in input order) instead of ``data``. An answer is
 sent the same way when the request asks for it (``"parameters": {"binary_data_output": true}``, or
 ``"binary_data": true`` on a requested output), as Triton's and KServe's clients do. It spares the

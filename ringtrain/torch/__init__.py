@@ -76,8 +76,9 @@ from ringtrain.torch.runtime import (
 from ringtrain.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "Handle", "HorovodInternalError", "Max", "Min",
-    "ProcessSet", "Product", "RingtrainError", "StallError", "Sum", "SyncBatchNorm", "TensorMismatchError",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Handle", "HorovodInternalError",
+    "Max", "Min", "ProcessSet", "Product", "RingtrainError", "StallError", "Sum", "SyncBatchNorm",
+    "TensorMismatchError",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -80,15 +80,17 @@ class AutoProfile:
         self.request = request
         self.profiler = profiler
         self._optimizer = optimizer
+        # Any: the instance's step and synchronize are replaced below
+        patched: Any = optimizer
         self._step = optimizer.step
-        self._synchronize = optimizer.synchronize
+        self._synchronize = patched.synchronize
         self._compute_from: Any = None  # where this step's forward_backward began
         self._compute_done = False
         self._in_step = False
         self._steps = 0
         self._first_batches: dict[int, tuple[object, object]] = {}  # id(source): (source, batch)
-        optimizer.step = self.step
-        optimizer.synchronize = self.synchronize
+        patched.step = self.step
+        patched.synchronize = self.synchronize
 
     def batches(self, source: object, next_batch, remaining: int | None) -> Any:
         """The next batch of ``source`` fetched by ``next_batch()``, timed as ``data``; with
@@ -194,7 +196,7 @@ def profiled_batches(batches: Iterable[_T]) -> Iterator[_T]:
         yield from batches
         return
     iterator = iter(batches)
-    remaining = len(batches) if hasattr(batches, "__len__") else None
+    remaining = len(batches) if isinstance(batches, Sized) else None
     while True:
         try:
             batch = _active.batches(batches, lambda: next(iterator), remaining)
@@ -231,7 +233,8 @@ def _patch_data_loaders() -> None:
         _active.profiler.note(loader_workers=self._num_workers)
         return batch
 
-    dataloader._BaseDataLoaderIter.__next__ = profiled_next
+    # a deliberate patch of torch's class, which mypy flags as assigning to a method
+    dataloader._BaseDataLoaderIter.__next__ = profiled_next  # type: ignore[method-assign]
 
 
 def _batch_size(batch: object) -> int | None:

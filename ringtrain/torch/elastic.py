@@ -228,6 +228,8 @@ class TorchState(ObjectState):
         **kwargs: further values: modules, optimizers, samplers or plain Python values.
     """
 
+    _handlers: dict[str, _Handler]  # set first in __init__ (__setattr__ consults it)
+
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
         kwargs.update(model=model, optimizer=optimizer)

@@ -95,7 +95,7 @@ def _create_state(optimizer: torch.optim.Optimizer, sparse: set[int]) -> None:
     # A DistributedOptimizer is a subclass of the user's optimizer class defined in the
     # optimizer module: its own step() would reduce the gradients, so step the user's class.
     if type(optimizer).__module__ == distributed_optimizer.__name__:
-        super(type(optimizer), optimizer).step()
+        super(type(optimizer), optimizer).step()  # type: ignore[misc]  # mypy: dynamic super
     else:
         optimizer.step()
     with torch.no_grad():
@@ -106,7 +106,7 @@ def _create_state(optimizer: torch.optim.Optimizer, sparse: set[int]) -> None:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return rank ``root_rank``'s ``obj`` (any picklable object, tensors included) everywhere."""
-    name = name or runtime.current().auto_name("broadcast_object", process_set.process_set_id)
+    name = name or runtime.current().auto_name("broadcast_object", process_set._id())
     is_root = runtime.current().topology.rank == root_rank
     payload = _serialize(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = ops.broadcast_(torch.tensor([payload.numel()], dtype=torch.int64), root_rank,
@@ -120,7 +120,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return the list of every member's ``obj``, in rank order."""
-    name = name or runtime.current().auto_name("allgather_object", process_set.process_set_id)
+    name = name or runtime.current().auto_name("allgather_object", process_set._id())
     payload = _serialize(obj)
     lengths = ops.synchronize(ops.allgather_async(
         torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.lengths", process_set))

@@ -153,6 +153,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id == 0:
         raise ValueError("the global process set cannot be removed")
+    if set_id is None:
+        return False  # not registered
     with _lock:
         ranks = rt.process_sets.pop(set_id, None)
         if ranks is None:
@@ -172,7 +174,9 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
     """
     # Every member of an elastic world agrees on its generation; a process's own count of its
     # inits would differ between survivors and new workers.
-    prefix = store_prefix(env.run_id, _generation if env.elastic is None else _elastic_generation)
+    generation = _generation if env.elastic is None else _elastic_generation
+    assert generation is not None  # an elastic worker has joined its world before this
+    prefix = store_prefix(env.run_id, generation)
     if comm is not None:
         prefix += "comm." + ".".join(map(str, sorted(comm))) + "/"
     if dist.is_initialized():
@@ -196,9 +200,10 @@ def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:
     if env.master_addr is None or env.master_port is None:
         raise ValueError("ringtrain needs the rendezvous store's address (MASTER_ADDR and "
                          "MASTER_PORT) for its engine; export them before hvd.init()")
+    addr, port = env.master_addr, env.master_port
 
     def client() -> dist.Store:
-        tcp = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+        tcp = dist.TCPStore(addr, port, is_master=False,
                             wait_for_workers=False,
                             timeout=datetime.timedelta(seconds=env.start_timeout_s))
         return dist.PrefixStore(prefix + "bell/", tcp)
@@ -252,10 +257,11 @@ def _join_elastic_world(env: WorkerEnv) -> WorkerEnv:
     global _elastic_generation
     assert env.elastic is not None
     leaving = _elastic_generation is not None
+    # torch's stub types Store.set's value as str; the store takes bytes too
     slot, _elastic_generation = elastic_rendezvous.join_world(
-        _store(env, env.rank, env.size), elastic_rendezvous.Keys(env.run_id),
-        env.elastic.worker_id,
-        _elastic_generation if leaving else env.elastic.generation, leaving,
+        _store(env, env.rank, env.size),  # type: ignore[arg-type]
+        elastic_rendezvous.Keys(env.run_id), env.elastic.worker_id,
+        env.elastic.generation if _elastic_generation is None else _elastic_generation, leaving,
         env.elastic.timeout_s)
     log.debug("worker %d joined world %d as rank %d of %d", env.elastic.worker_id,
               _elastic_generation, slot.rank, slot.size)
@@ -271,6 +277,7 @@ def elastic_host_update() -> elastic_rendezvous.HostUpdate | None:
     if rt.world_generation is None:
         return None
     assert rt.env.master_addr is not None and rt.env.master_port is not None
-    return elastic_rendezvous.host_update(_stores[rt.env.master_addr, rt.env.master_port],
+    # torch's stub types Store.set's value as str; the store takes bytes too
+    return elastic_rendezvous.host_update(_stores[rt.env.master_addr, rt.env.master_port],  # type: ignore[arg-type]
                                           elastic_rendezvous.Keys(rt.env.run_id),
                                           rt.world_generation)

@@ -150,7 +150,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
         raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async "
                          "for dense ones")
     sparse = tensor.coalesce()
-    base = name or runtime.current().auto_name("sparse_allreduce", process_set.process_set_id)
+    base = name or runtime.current().auto_name("sparse_allreduce", process_set._id())
     indices = allgather_async(sparse.indices().t().contiguous(), name=f"{base}.indices",
                               process_set=process_set)
     values = allgather_async(sparse.values(), name=f"{base}.values", process_set=process_set)

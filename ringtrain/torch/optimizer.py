@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -220,7 +221,8 @@ class _DistributedOptimizer:
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition.")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        # The mixin runs as a subclass of the user's optimizer class, which mypy cannot see.
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
 
 class _DistributedAdasumOptimizer:
@@ -307,7 +309,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         named_parameters = list(named_parameters)  # read by two tables; may be a generator
     mixin = _DistributedAdasumOptimizer if op is ReduceOp.ADASUM else _DistributedOptimizer
     base = optimizer.__class__
-    cls = type(base.__name__, (base,), {k: v for k, v in mixin.__dict__.items()
+    # Any: a class made here, the user's optimizer class with the mixin's methods
+    cls: Any = type(base.__name__, (base,), {k: v for k, v in mixin.__dict__.items()
                                         if k not in ("__dict__", "__weakref__")})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)

@@ -30,6 +30,13 @@ class ProcessSet:
             raise ValueError(f"{self!r} was removed with hvd.remove_process_set()")
         return ranks
 
+    def _id(self) -> int:
+        """The registered id; raises ValueError, as :meth:`_members` does, for a set that is not
+        registered or was removed."""
+        self._members()
+        assert self.process_set_id is not None  # _members() raised otherwise
+        return self.process_set_id
+
     def size(self) -> int:
         """Number of member ranks."""
         return len(self._members())

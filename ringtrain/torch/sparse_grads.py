@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from ringtrain.engine.handle import Handle
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops
 from ringtrain.torch.process_sets import ProcessSet
@@ -37,12 +36,13 @@ class SparseGradients:
         self.params: set[torch.nn.Parameter] = set()  # found sparse: no bucket holds them
         self._sparse_dims: dict[torch.nn.Parameter, int] = {}
         self._new = False  # found one this step: the buckets must be planned again
-        self._inflight: dict[torch.nn.Parameter, Handle] = {}
+        self._inflight: dict[torch.nn.Parameter, ops.SparseAllreduceHandle] = {}
 
     def found(self, p: torch.nn.Parameter) -> None:
         """``p``'s gradient turned out sparse: reduce it now, and leave the buckets from the
         next step on."""
         self.params.add(p)
+        assert p.grad is not None  # it was found sparse on its gradient
         self._sparse_dims[p] = p.grad.sparse_dim()
         self._new = True
         self.submit(p)

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Literal, TypeVar, cast
 
 import torch
 
@@ -84,7 +84,7 @@ class StepProfiler:
     """
 
     def __init__(self, device: torch.device | str = "cpu", *,
-                 metrics_dir: str | Path | None | bool = None, rank: int | None = None,
+                 metrics_dir: str | Path | None | Literal[False] = None, rank: int | None = None,
                  keep: int = 10_000, skip: int = 0) -> None:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
@@ -158,6 +158,7 @@ class StepProfiler:
         if self._step is None:
             self.begin_step()
         step = self._step
+        assert step is not None  # begun above
         start = self.mark()
         try:
             yield
@@ -174,6 +175,7 @@ class StepProfiler:
         _check_phase(name)
         if self._step is None:
             self.begin_step()
+        assert self._step is not None  # begun above
         self._step.spans.append((name, start, end))
 
     def note(self, **fields: Any) -> None:
@@ -190,7 +192,7 @@ class StepProfiler:
                 optimizer.step()
             return
         with self.phase("communication"):
-            optimizer.synchronize()
+            cast(Any, optimizer).synchronize()  # a DistributedOptimizer: it has skip_synchronize
         with self.phase("optimizer"), optimizer.skip_synchronize():
             optimizer.step()
 

@@ -52,7 +52,7 @@ def submit(
     for t in inputs:
         _check_tensor(t, op)
     if name is None:
-        name = rt.auto_name(op.value, process_set.process_set_id)
+        name = rt.auto_name(op.value, process_set._id())
     elif not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     metas = tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type) for t in inputs)
@@ -75,7 +75,8 @@ def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
         raise ValueError(f"{op.value} expects torch.Tensor arguments, got {type(tensor).__name__}")
     if tensor.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{op.value} does not support dtype {tensor.dtype}; supported: "
-                         + ", ".join(sorted(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)))
+                         + ", ".join(sorted(str(d).removeprefix("torch.")
+                                            for d in SUPPORTED_DTYPES)))
     if tensor.is_sparse:
         raise ValueError(f"{op.value} needs a dense tensor; use sparse_allreduce_async for "
                          "sparse ones, or .to_dense()")

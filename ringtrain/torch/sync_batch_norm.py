@@ -36,6 +36,9 @@ class SyncBatchNorm(_BatchNorm):
         centered = input - mean.view(shape)
         var = autograd_ops.allreduce((centered * centered).sum(dims), op=ReduceOp.SUM) / total
         if self.track_running_stats:
+            # the buffers that track_running_stats creates
+            assert self.num_batches_tracked is not None and self.running_mean is not None
+            assert self.running_var is not None
             with torch.no_grad():
                 self.num_batches_tracked += 1
                 momentum = (1.0 / float(self.num_batches_tracked) if self.momentum is None

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringtrain.engine import engine as engine_module
-from ringtrain.engine.engine import Engine
 from ringtrain.engine.config import EngineConfig
+from ringtrain.engine.engine import Engine
 from tests.clock import FakeClock
 from tests.engine.thread_world import ThreadWorld
 

@@ -38,7 +38,7 @@ def test_join_returns_the_last_rank_to_join_and_averages_divide_by_every_member(
         clock.advance(1.0)
 
     assert results([joins[r] for r in range(3)]) == [1, 1, 1]
-    for rank, handles in steps.items():
+    for _rank, handles in steps.items():
         for s, value in enumerate(results(handles)):
             # Horovod 0.28.1: Average is a sum scaled by 1 / (size of the process set)
             assert value == [pytest.approx(sum(r + 1.0 for r in range(3) if r >= s) / 3)]

@@ -39,7 +39,7 @@ def _cuda_collectives() -> dict:
 def test_collectives_on_cuda_tensors_use_nccl():
     world = World(2)
     try:
-        for r, out in enumerate(world.run(_cuda_collectives, timeout=180)):
+        for _r, out in enumerate(world.run(_cuda_collectives, timeout=180)):
             for dtype in ("float16", "bfloat16", "float32", "int64", "int16"):
                 device, mean = out[f"ar.torch.{dtype}"]
                 assert device == "cuda" and mean == pytest.approx(3.0)

@@ -12,7 +12,14 @@ import time
 
 import pytest
 from launcher_workers import (
-    CONTROLLED, ENV_DUMP, cli, is_alive, read_pids, run_job, wait_dead, write_script,
+    CONTROLLED,
+    ENV_DUMP,
+    cli,
+    is_alive,
+    read_pids,
+    run_job,
+    wait_dead,
+    write_script,
 )
 
 from ringtrain.runner.result import RankState

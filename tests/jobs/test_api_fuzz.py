@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
 from ringtrain.jobs.home import Home
-from tests.jobs.conftest import bearer
 from ringtrain.jobs.models.spec import expand_path
+from tests.jobs.conftest import bearer
 
 EXAMPLES = 25
 #: No answer may take this long: a handler that freezes or goes quadratic on hostile input takes

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from ringtrain.jobs.connect import read_server_file
 from ringtrain import proc_stat
+from ringtrain.jobs.connect import read_server_file
 from ringtrain.jobs.home import Home
 
 from .conftest import CLI, wait_for

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from pydantic import ValidationError
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
@@ -279,7 +278,8 @@ def test_failed_attempt_is_retried_under_a_new_placement_group(rays: RayService)
 @inside
 def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
     marker = f"ringtrain-ray-terminate-{os.getpid()}"
-    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}", process_count_per_node=2)
+    job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}",
+                      process_count_per_node=2)
     rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
     wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
     rays.service.terminate(job.id)

@@ -20,8 +20,15 @@ from ringtrain.jobs.executors import jobrunner
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    LAUNCH_FILE, RESULT_FILE, STATUS_FILE, WORLD_FILE, LaunchSpec, RunnerHandle, RunnerStatus,
-    RunOutcome, WorldRecord,
+    LAUNCH_FILE,
+    RESULT_FILE,
+    STATUS_FILE,
+    WORLD_FILE,
+    LaunchSpec,
+    RunnerHandle,
+    RunnerStatus,
+    RunOutcome,
+    WorldRecord,
 )
 from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.server_info import ServerInfo

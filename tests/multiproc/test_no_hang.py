@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import ringtrain.torch as hvd
-from tests.multiproc.world import World, WorkerError
+from tests.multiproc.world import WorkerError, World
 
 STALL_S = 2.0
 _KNOBS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "0.5",
@@ -111,7 +111,7 @@ def test_operations_no_peer_submits_end_in_a_stall_error_naming_the_missing_rank
     for r, out in enumerate(stall_world.run(_other_names, timeout=60)):
         assert out.pop("seconds") < STALL_S + _SLACK_S
         assert set(out) == set(_ASYNC_KINDS) | ({"barrier"} if r == 0 else set())
-        for kind, outcome in out.items():
+        for _kind, outcome in out.items():
             assert outcome.startswith(f"StallError: stalled for more than {STALL_S:g} s"), outcome
         # every rank's error lists every stalled name and who it waits for
         for kind in _ASYNC_KINDS:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ringtrain.torch as hvd
-from tests.multiproc.world import World, WorkerError
+from tests.multiproc.world import WorkerError, World
 
 
 def _mismatches() -> dict[str, str]:
@@ -97,7 +97,7 @@ def _join_uneven() -> tuple:
 def test_join_lets_ranks_with_more_data_go_on(world):
     n = world.size
     results = world.run(_join_uneven)
-    for r, (sums, last) in enumerate(results):
+    for _r, (sums, last) in enumerate(results):
         assert last == n - 1
         for step, value in enumerate(sums):
             active = [i + 1 for i in range(n) if i >= step]
@@ -172,7 +172,7 @@ def _objects() -> tuple:
 
 
 def test_broadcast_and_allgather_objects(world):
-    for r, (frm, t, gathered) in enumerate(world.run(_objects)):
+    for _r, (frm, t, gathered) in enumerate(world.run(_objects)):
         assert frm == 1 and t == [0, 1, 2]
         assert gathered == [("rank", i) for i in range(world.size)]
 
@@ -221,7 +221,7 @@ def _reducescatter_gradients(op_name: str, prescale: float, postscale: float) ->
                                         name=f"grs.grad.{op_name}.{prescale}")
     x_grad_single = x.grad.clone()
     x.grad = None
-    sum(((g * _weights(r, g.shape[0])).sum() for g in grouped)).backward()
+    sum((g * _weights(r, g.shape[0])).sum() for g in grouped).backward()
     return {"single": x_grad_single, "grouped": (x.grad, y.grad),
             "requires_grad": [g.requires_grad for g in grouped]}
 

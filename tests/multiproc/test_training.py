@@ -281,7 +281,8 @@ def test_timeline_names_each_tensor_and_its_phases(world2, tmp_path):
     # each gradient's row shows its copies into and out of its bucket; the bucket's row (named
     # after its parameters, last to first) shows the collective
     for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
-        assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases[f"allreduce.{name}"]
+        memcpy = {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"}
+        assert memcpy <= phases[f"allreduce.{name}"]
     bucket = "allreduce.2.bias..0.weight"
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"} <= phases[bucket]
     assert {"NEGOTIATE_BROADCAST", "BROADCAST"} <= phases["timeline.bcast"]

@@ -95,6 +95,7 @@ def test_the_command_says_what_is_wrong_with_a_model(tmp_path: Path) -> None:
     assert r.returncode == 2 and "model.pt does not exist" in r.stderr
     started = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "serve", str(tmp_path),
-                        "--max-batch-size", "0"], capture_output=True, text=True, timeout=120, check=False)
+                        "--max-batch-size", "0"],
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 2 and "max batch size 0" in r.stderr
     assert time.monotonic() - started < 120

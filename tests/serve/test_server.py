@@ -92,7 +92,8 @@ def _binary(header: dict, *tensors: torch.Tensor) -> tuple[bytes, dict[str, str]
 def test_binary_tensors_in_and_out_match_the_json_answer(client: httpx.Client) -> None:
     x = torch.rand(3, 1, 12, 12)
     as_json = client.post("/v2/models/model/infer", json={"inputs": [
-        {"name": "input", "shape": [3, 1, 12, 12], "datatype": "FP32", "data": x.flatten().tolist()}]})
+        {"name": "input", "shape": [3, 1, 12, 12], "datatype": "FP32",
+         "data": x.flatten().tolist()}]})
     expected = torch.tensor(as_json.json()["outputs"][0]["data"])
     x16 = x.to(torch.float16)
     content, headers = _binary({"inputs": [{"name": "input", "shape": [3, 1, 12, 12],
@@ -169,7 +170,8 @@ def test_other_bad_requests_and_the_server_stays_up(client: httpx.Client) -> Non
     r = client.post("/v2/models/model/image", content=_png()[:60],
                     headers={"content-type": "image/png"})
     assert r.status_code == 400, r.text
-    r = client.post("/v2/models/model/image", content=_png(), headers={"content-type": "text/plain"})
+    r = client.post("/v2/models/model/image", content=_png(),
+                    headers={"content-type": "text/plain"})
     assert r.status_code == 415 and "image/png" in r.json()["error"]
     for route in ("image", "infer"):
         r = client.post(f"/v2/models/model/{route}", content=b"x" * (65 * 1024),

@@ -31,9 +31,11 @@ def test_shape_mismatch_becomes_an_error_response_naming_each_rank():
 
 
 def test_allgather_allows_different_first_dims_only():
-    ok = decide([[meta("g", 0, (2, 3), OpType.ALLGATHER)], [meta("g", 1, (5, 3), OpType.ALLGATHER)]])
+    ok = decide([[meta("g", 0, (2, 3), OpType.ALLGATHER)],
+                 [meta("g", 1, (5, 3), OpType.ALLGATHER)]])
     assert ok.responses[0].error is None
-    bad = decide([[meta("g", 0, (2, 3), OpType.ALLGATHER)], [meta("g", 1, (2, 4), OpType.ALLGATHER)]])
+    bad = decide([[meta("g", 0, (2, 3), OpType.ALLGATHER)],
+                  [meta("g", 1, (2, 4), OpType.ALLGATHER)]])
     assert "trailing dimensions" in bad.responses[0].error
 
 

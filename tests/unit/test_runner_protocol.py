@@ -13,7 +13,11 @@ from ringtrain.runner import network
 from ringtrain.runner.preflight import check_command, python_script
 from ringtrain.runner.rendezvous import NetworkPlan, plan_network
 from ringtrain.runner.result import (
-    RankOutcome, RankState, RunResult, TransitionError, check_transition,
+    RankOutcome,
+    RankState,
+    RunResult,
+    TransitionError,
+    check_transition,
 )
 from ringtrain.runner.task import Marker, MarkerEvent, format_marker, split_marker
 

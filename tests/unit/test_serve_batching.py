@@ -50,7 +50,8 @@ def test_waiting_inputs_join_one_batch_up_to_the_maximum() -> None:
         batcher.start()
         assert await _results(futures) == [0, 10, 20, 30, 40, 50]
     _on_loop(test)
-    assert model.batches[0] == [0, 1, 2, 3] and [i for b in model.batches for i in b] == list(range(6))
+    assert model.batches[0] == [0, 1, 2, 3]
+    assert [i for b in model.batches for i in b] == list(range(6))
     assert batcher.close(5)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ringtrain.data.commands.arg_types import positive_int
-from ringtrain.data.fashion_mnist import CLASSES, DEFAULT_DATA_DIR, load_fashion_mnist
+from ringtrain.data.fashion_mnist import CLASSES, DEFAULT_DATA_DIR, Split, load_fashion_mnist
 
-_SPLITS = {"train": "train", "val": "test"}
+_SPLITS: dict[str, Split] = {"train": "train", "val": "test"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

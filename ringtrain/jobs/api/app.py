@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +42,8 @@ from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
 
 ClusterName = Annotated[str, Path(pattern=NAME_PATTERN, description="A cluster's name.")]
 JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.")]

@@ -1,4 +1,7 @@
-"""Create, list, show, resize and delete clusters (local: N nodes of S slots; ray: a Ray cluster)."""
+"""Create, list, show, resize and delete clusters.
+
+Local clusters are N nodes of S slots; a ray cluster is a Ray cluster.
+"""
 
 from __future__ import annotations
 

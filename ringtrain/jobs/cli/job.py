@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ringtrain.jobs.cli import deployment, output
 from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
@@ -87,7 +88,7 @@ def _resolve_paths(spec: JobSpec) -> JobSpec:
             errors.append({"field": field, "message": str(e)})
             return value
 
-    update = {}
+    update: dict[str, Any] = {}
     if spec.working_dir:
         update["working_dir"] = absolute("working_dir", spec.working_dir)
     inputs = {k: (v if "://" in v else absolute(f"inputs.{k}", v)) for k, v in spec.inputs.items()}

@@ -1,6 +1,13 @@
 """Specs (what was requested), states with their transition tables, and infos (what is)."""
 
-from ringtrain.jobs.models.info import ClusterInfo, FileInfo, JobInfo, NodeCounts, NodeInfo, RayNodeInfo
+from ringtrain.jobs.models.info import (
+    ClusterInfo,
+    FileInfo,
+    JobInfo,
+    NodeCounts,
+    NodeInfo,
+    RayNodeInfo,
+)
 from ringtrain.jobs.models.spec import ClusterSpec, JobSpec, parse_job_spec
 from ringtrain.jobs.models.specfile import load_job_spec
 from ringtrain.jobs.models.states import (

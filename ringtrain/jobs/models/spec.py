@@ -244,7 +244,8 @@ _IO_NAME_RULE = "names must start with a letter and contain only letters, digits
 _PATTERN_RULES = {"inputs": _IO_NAME_RULE, "outputs": _IO_NAME_RULE, "job_id": JOB_ID_RULE}
 
 
-def validation_errors(err: ValidationError, model: type[BaseModel] = JobSpec) -> list[dict[str, str]]:
+def validation_errors(err: ValidationError,
+                      model: type[BaseModel] = JobSpec) -> list[dict[str, str]]:
     """Turn pydantic's errors into one ``{"field", "message"}`` per problem, saying what is allowed.
 
     Args:

@@ -108,5 +108,7 @@ class NodeAgent:
             import ray
 
             agent = ray.get_actor(plan.first_agent)
-            return ray.get(agent.rendezvous.remote(plan.first_key), timeout=60)
+            # ray.get's overloads type an actor method's result as a list
+            return ray.get(agent.rendezvous.remote(plan.first_key),  # type: ignore[return-value]
+                           timeout=60)
         return ask

@@ -22,7 +22,11 @@ class Store(Protocol):
     """
 
     def add_cluster(self, spec: ClusterSpec, now: float) -> ClusterInfo:
-        """Create a cluster with ``spec.nodes`` idle nodes. Raises ConflictError if the name is taken."""
+        """Create a cluster with ``spec.nodes`` idle nodes.
+
+        Raises:
+            ConflictError: the name is taken.
+        """
         ...
 
     def get_cluster(self, name: str) -> ClusterInfo:

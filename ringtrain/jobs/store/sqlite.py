@@ -249,7 +249,7 @@ class SQLiteStore:
 
     def list_jobs(self, *, experiment: str | None = None, cluster: str | None = None,
                   states: Iterable[JobState] | None = None) -> list[JobInfo]:
-        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        sql, args = "SELECT * FROM jobs WHERE 1=1", list[object]()
         if experiment is not None:
             sql, args = sql + " AND experiment=?", args + [experiment]
         if cluster is not None:

@@ -3,7 +3,7 @@
 import sys as _sys
 
 from ringtrain.torch import *  # noqa: F401,F403
-from ringtrain.torch import __all__, elastic
+from ringtrain.torch import __all__, elastic  # noqa: F401 (re-exported: star-imports use it)
 
 # ``import horovod.torch.elastic`` must give the module that ``hvd.elastic`` is, not a second
 # copy of it.
