@@ -33,7 +33,9 @@ def import_keras() -> ModuleType:
             configured) with another backend.
     """
     if "keras" not in sys.modules:
-        os.environ.setdefault("KERAS_BACKEND", "torch")
+        chosen = os.environ.setdefault("KERAS_BACKEND", "torch")
+        if chosen != "torch":
+            raise KerasBackendError(f"KERAS_BACKEND is {chosen!r}. {_HINT}.")
     try:
         import keras
     except ImportError as e:
