@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ringtrain.keras.backend import import_keras
-from ringtrain.keras.collectives import broadcast_variables
+from ringtrain.keras.collectives import broadcast_variables, is_seed_state
 from ringtrain.torch import ops, runtime
 
 keras = import_keras()
@@ -34,7 +34,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     As Horovod's, it runs at the end of the first batch of ``fit`` (a model or optimizer may
     only be built by the first step), so that every rank goes on from the same weights and
-    optimizer state, also when only the root loaded a checkpoint.
+    optimizer state, also when only the root loaded a checkpoint. The states of random seed
+    generators (dropout, augmentation) stay each rank's own.
 
     Args:
         root_rank: the rank whose values everyone takes.
@@ -62,7 +63,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.broadcast_done:
             return
-        variables = [v for v in self.model.variables if id(v) not in self._local_vars]
+        variables = [v for v in self.model.variables
+                     if id(v) not in self._local_vars and not is_seed_state(v)]
         broadcast_variables(variables, self.root_rank, name="BroadcastGlobalVariables.model")
         if self.model.optimizer is not None:
             broadcast_variables(self.model.optimizer.variables, self.root_rank,

@@ -82,6 +82,13 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp = ReduceOp.A
     return _back(ops.synchronize(ops.reducescatter_async(tensor, name=name, op=op)), as_numpy)
 
 
+def is_seed_state(variable: Any) -> bool:
+    """Whether ``variable`` is the state of a ``keras.random.SeedGenerator`` (dropout,
+    augmentation layers): left out of model broadcasts, so that each rank keeps drawing its own
+    random numbers, as separate TensorFlow processes under Horovod do."""
+    return getattr(variable, "name", None) == "seed_generator_state"
+
+
 def broadcast_variables(variables: Iterable[Any], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         name: str = "broadcast_variables") -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ringtrain.keras.backend import import_keras
-from ringtrain.keras.collectives import broadcast_variables
+from ringtrain.keras.collectives import broadcast_variables, is_seed_state
 from ringtrain.torch.elastic import ObjectState, run
 
 keras = import_keras()
@@ -71,7 +71,8 @@ class KerasState(ObjectState):
 
     def sync(self) -> None:
         model, optimizer = self._variables()
-        broadcast_variables(model, root_rank=0, name="KerasState.model")
+        broadcast_variables([v for v in model if not is_seed_state(v)], root_rank=0,
+                            name="KerasState.model")
         broadcast_variables(optimizer, root_rank=0, name="KerasState.optimizer")
         self._save_model()
         super().sync()

@@ -13,6 +13,8 @@ import pytest
 hvd = pytest.importorskip("ringtrain.keras")
 import keras  # noqa: E402
 
+from ringtrain.keras.collectives import is_seed_state  # noqa: E402
+
 COLLECTIVES = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER"}
 
 
@@ -59,7 +61,9 @@ def _fit_from_different_seeds() -> dict:
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=_data(7, 32),
                         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), raw,
                                    hvd.callbacks.MetricAverageCallback()])
-    return {"initial": initial, "final": _digest(model.variables),
+    weights = [v for v in model.variables if not is_seed_state(v)]
+    seeds = [v for v in model.variables if is_seed_state(v)]
+    return {"initial": initial, "final": _digest(weights), "seeds": _digest(seeds),
             "optimizer": _digest(model.optimizer.variables), "raw": raw.epochs,
             "history": history.history}
 
@@ -68,6 +72,7 @@ def test_fit_ends_with_identical_weights_and_averaged_metrics(world2):
     r0, r1 = world2.run(_fit_from_different_seeds, timeout=240)
     assert r0["initial"] != r1["initial"]
     assert r0["final"] == r1["final"] and r0["optimizer"] == r1["optimizer"]
+    assert r0["seeds"] != r1["seeds"]  # each rank keeps its own dropout/augmentation draws
     assert r0["history"] == r1["history"]
     for key, values in r0["history"].items():
         for epoch, value in enumerate(values):
