@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     batch_size = args.batch_size
     # Horovod: adjust number of epochs based on number of GPUs.
-    epochs = int(math.ceil(args.epochs / hvd.size()))
+    epochs = int(math.ceil(args.epochs / hvd.size()))  # noqa: RUF046 - the tutorial's line
     data_augmentation = not args.no_augmentation
     save_dir = args.output_dir
 

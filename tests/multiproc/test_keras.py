@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 hvd = pytest.importorskip("ringtrain.keras")
-import keras  # noqa: E402
+import keras
 
-from ringtrain.keras.collectives import is_seed_state  # noqa: E402
+from ringtrain.keras.collectives import is_seed_state
 
 COLLECTIVES = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER"}
 
