@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         save_dir.mkdir(parents=True, exist_ok=True)
         callbacks.append(keras.callbacks.ModelCheckpoint(str(save_dir / "checkpoint-{epoch}.keras")))
 
+    fit_started = time.perf_counter()
     model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
               validation_data=(x_test, y_test), shuffle=True, callbacks=callbacks,
               verbose=2 if hvd.rank() == 0 else 0)
+    fit_seconds = time.perf_counter() - fit_started
 
     # Save model and weights
     if hvd.rank() == 0:
@@ -210,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                           "epochs": epochs, "train_images": int(x_train.shape[0]),
                           "test_loss": round(float(scores[0]), 4),
                           "test_accuracy": round(float(scores[1]), 4),
+                          "fit_seconds": round(fit_seconds, 1),
+                          # every worker passes over the whole training set each epoch
+                          "images_per_second": round(
+                              epochs * x_train.shape[0] * hvd.size() / fit_seconds, 1),
                           "seconds": round(time.perf_counter() - started, 1)}), flush=True)
     return 0
 
