@@ -4,7 +4,7 @@ Keras on torch hands the optimizer a list of gradients once backward is done. Th
 into the flat tensors of :class:`~ringtrain.torch.grad_bucket.GradBucket` (the torch frontend's
 buckets, cut the same way: ~25 MiB, from the end of the variable list, one per dtype and device)
 and each bucket goes to the engine as one named in-place allreduce; a bucket's averaged values are
-handed back as views of its flat tensor. The tutorial's CNN (8 variables, 5 MB) costs one
+handed back as views of its flat tensor. The tutorial's CNN (12 variables, 5 MB) costs one
 collective per step. Explicit ``groups`` are units of their own, as in Horovod: each group is
 submitted as one grouped allreduce.
 """

@@ -64,7 +64,7 @@ def test_two_workers_under_horovod_compat(tmp_path):
     steps = 256 // 32  # every worker trains on the whole (limited) set, batch 32
     gradients = [r for r in collectives if r.startswith("DistributedRMSprop.")]
     once = [r for r in collectives if r.startswith("BroadcastGlobalVariables.")]
-    # the tutorial CNN's 10 gradients: one bucket, one collective per step; besides it only the
+    # the tutorial CNN's 12 gradients: one bucket, one collective per step; besides it only the
     # broadcast after the first batch
     assert len(gradients) == steps and len(set(gradients)) == 1
     assert len(collectives) == steps + len(once) and len(set(once)) == len(once)
