@@ -100,3 +100,11 @@ def test_one_process_on_an_image_folder_saves_a_servable_model(tmp_path, image_f
     assert info["input_shape"] == [3, 32, 32]
     assert {"checkpoint-1.keras", "checkpoint-2.keras", "model.keras"} <= {
         p.name for p in out.iterdir()}
+
+
+def test_the_job_file_is_a_valid_spec():
+    from ringtrain.jobs.models.specfile import load_job_spec
+
+    spec = load_job_spec(ROOT / "examples" / "keras_cifar_cnn_job.yaml")
+    assert spec.process_count_per_node == 2 and spec.environment["OMP_NUM_THREADS"] == "1"
+    assert "examples/keras_cifar_cnn.py" in spec.command and spec.outputs == ["model"]
