@@ -16,8 +16,10 @@ import time
 
 import numpy as np
 
-import ringtrain.keras as hvd  # first: Keras on torch
-import keras  # noqa: E402  (after ringtrain.keras, which picks the backend)
+# isort: off
+import ringtrain.keras as hvd  # first: it makes torch Keras' backend
+import keras
+# isort: on
 
 EPOCHS = 3
 BATCH = 8
@@ -25,7 +27,7 @@ SAMPLES = 64
 
 
 def worker() -> int:
-    return int(os.environ.get("RINGTRAIN_ELASTIC_WORKER", os.environ.get("HOROVOD_RANK", 0)))
+    return int(os.environ.get("RINGTRAIN_ELASTIC_WORKER", os.environ.get("HOROVOD_RANK", "0")))
 
 
 def report(event: str, **fields) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ringtrain.keras")
-from test_elastic_launch import Job, _discovery, _offer  # noqa: E402
+from test_elastic_launch import Job, _discovery, _offer
 
 SCRIPT = str(Path(__file__).resolve().parent / "keras_elastic_train.py")
 ROOT = Path(__file__).resolve().parents[2]
