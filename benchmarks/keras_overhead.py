@@ -53,9 +53,10 @@ def size1_overhead(pairs: int, block: int = 3) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    # isort: off
+    import ringtrain.keras as hvd  # first: it makes torch Keras' backend
     import keras
-
-    import ringtrain.keras as hvd  # first: makes torch Keras' backend
+    # isort: on
 
     hvd.init()
     rng = np.random.default_rng(0)

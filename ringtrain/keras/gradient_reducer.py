@@ -97,12 +97,13 @@ class GradientReducer:
                 buckets.append((GradBucket(name, params, names), members))
             self._units.append(buckets)
 
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[torch.Tensor | None]:
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[torch.Tensor]:
         """Return the reduced gradients, in the order of ``variables``.
 
         A ``None`` gradient (a variable this rank did not use) travels as zeros, since peers may
-        have used it, and comes back as ``None``, for Keras to skip as it would without ringtrain.
-        The returned tensors are views of the buckets, valid until the next call.
+        have used it, and comes back reduced like the others, so that every rank applies the
+        same update (as the torch frontend's optimizer does). The returned tensors are views of
+        the buckets, valid until the next call.
 
         Raises:
             ValueError: ``grads`` and ``variables`` differ in length.
@@ -130,13 +131,12 @@ class GradientReducer:
                                                   postscale_factor=self._postscale,
                                                   process_set=self._process_set)
                     inflight.append((bucket, members, handle, ctx))
-        out: list[torch.Tensor | None] = [None] * len(grads)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(grads)
         try:
             for bucket, members, handle, ctx in inflight:
                 reduced = self._compression.decompress(ops.synchronize(handle), ctx)
                 for i, view in zip(members, bucket.views(reduced)):
-                    if grads[i] is not None:
-                        out[i] = view
+                    out[i] = view
         except BaseException:
             # Leave nothing in flight under these names: the next step (after an elastic
             # restore, say) submits them again.

@@ -179,3 +179,33 @@ def _elastic_sync() -> tuple[str, str, int]:
 def test_elastic_state_sync_gives_every_rank_rank_0s_values(world2):
     (b0, a0, e0), (b1, a1, e1) = world2.run(_elastic_sync)
     assert b0 != b1 and a0 == a1 == b0 and e0 == e1 == 0
+
+
+def _apply_per_rank(kwargs: dict) -> list:
+    """One apply of rank-dependent gradients with SGD(1.0): the variables move by -reduced."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("fp16", False):
+        kwargs["compression"] = hvd.Compression.fp16
+    if "op" in kwargs:
+        kwargs["op"] = getattr(hvd, kwargs["op"])
+    r = hvd.rank()
+    a = keras.Variable(np.zeros(3, np.float32), name="a")
+    b = keras.Variable(np.zeros((2, 2), np.float32), name="b")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), **kwargs)
+    grad_b = None if r == 1 else np.full((2, 2), 4.0, np.float32)  # rank 1 did not use b
+    import torch
+
+    opt.apply([torch.tensor([1.0, 2.0, 3.0]) * (r + 1),
+               None if grad_b is None else torch.tensor(grad_b)], [a, b])
+    return [(-a.numpy()).tolist(), (-b.numpy()).tolist()]
+
+
+@pytest.mark.parametrize("kwargs,scale", [
+    ({}, 0.5), ({"op": "Sum"}, 1.0), ({"fp16": True}, 0.5),
+    ({"gradient_predivide_factor": 2.0}, 0.5), ({"groups": 2}, 0.5)])
+def test_reduced_gradients(world2, kwargs, scale):
+    for a, b in world2.run(_apply_per_rank, kwargs):
+        # a: ranks sent 1x and 2x [1, 2, 3]; b: only rank 0 had a gradient (4s), rank 1 sent
+        # zeros, and both apply the reduced one: the replicas stay equal
+        np.testing.assert_allclose(a, np.array([3.0, 6.0, 9.0]) * scale, rtol=1e-3)
+        np.testing.assert_allclose(b, np.full((2, 2), 4.0 * scale), rtol=1e-3)
