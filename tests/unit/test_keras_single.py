@@ -207,3 +207,10 @@ def test_another_backend_is_refused_with_a_clear_error(backend):
     assert proc.returncode != 0
     assert "KerasBackendError" in proc.stderr and "KERAS_BACKEND=torch" in proc.stderr
     assert repr(backend) in proc.stderr
+
+
+def test_the_bug_report_block_names_keras_and_its_backend():
+    from ringtrain.env_report import collect
+
+    info = collect()
+    assert info["keras"] == keras.__version__ and info["keras_backend"] == "torch"
