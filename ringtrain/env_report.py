@@ -26,10 +26,21 @@ def collect() -> dict[str, object]:
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
         "mpi": False,
+        "keras": _installed_version("keras"),  # read from its metadata: importing picks a backend
+        "keras_backend": os.environ.get("KERAS_BACKEND"),
         "cpu_count": os.cpu_count(),
         "horovod_variables": {k: v for k, v in sorted(os.environ.items())
                               if k.startswith(("HOROVOD_", "RINGTRAIN_"))},
     }
+
+
+def _installed_version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def main(argv: list[str]) -> int:

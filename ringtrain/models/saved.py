@@ -4,13 +4,17 @@ The weights load with ``torch.load(weights_only=True)``, which runs no code from
 JSON names the architecture (a key of :data:`ARCHITECTURES`), the arguments of its builder, the
 task and class names, and how an image becomes the model's input. Training scripts write both on
 rank 0 with :func:`save_model`; ``ringtrain serve`` reads them with :func:`load_model`.
+
+A Keras 3 classifier is ``model.keras`` (Keras' own file: architecture and weights) with the
+same ``model.json`` beside it, ``arch: keras`` (see :mod:`ringtrain.models.keras_model`); a
+``.keras`` file alone is served too, with classes named by their index.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +24,10 @@ from torch import nn
 from ringtrain.errors import RingtrainError
 
 WEIGHTS_FILE = "model.pt"
+KERAS_FILE = "model.keras"
 METADATA_FILE = "model.json"
+#: ``ModelInfo.arch`` of a Keras model: built from its own file, not from ARCHITECTURES.
+KERAS_ARCH = "keras"
 
 
 class SavedModelError(RingtrainError, ValueError):
@@ -65,7 +72,7 @@ class ModelInfo:
     """What ``model.json`` holds.
 
     Attributes:
-        arch: A key of :data:`ARCHITECTURES`.
+        arch: A key of :data:`ARCHITECTURES`, or ``keras`` for a ``.keras`` file.
         task: ``classification`` (logits ``[N, classes]``) or ``detection`` (torchvision's list
             of ``{"boxes", "labels", "scores"}``, labels from 1).
         classes: Class names; a label ``k`` names ``classes[k]`` (classification) or
@@ -105,11 +112,13 @@ def read_info(path: Path) -> tuple[Path, ModelInfo]:
     """Find and read the metadata of a saved model.
 
     Args:
-        path: The model's folder, or its weights file (``model.json`` then lies beside it, or a
-            JSON of the same stem does).
+        path: The model's folder (``model.pt`` or ``model.keras``, and ``model.json``), or its
+            weights file (``model.json`` then lies beside it, or a JSON of the same stem does;
+            a ``.keras`` file needs none).
 
     Returns:
-        The weights file and the metadata.
+        The weights file and the metadata (of a lone ``.keras`` file: ``arch`` keras, classes
+        still empty: :func:`load_model` names them from the model's outputs).
 
     Raises:
         SavedModelError: Either file is missing or the JSON is not a model's metadata.
@@ -117,22 +126,48 @@ def read_info(path: Path) -> tuple[Path, ModelInfo]:
     path = Path(path)
     if path.is_dir():
         weights, meta = path / WEIGHTS_FILE, path / METADATA_FILE
+        if not weights.is_file() and (path / KERAS_FILE).is_file():
+            weights = path / KERAS_FILE
     else:
         weights = path
         meta = path.with_suffix(".json")
         meta = meta if meta.is_file() else path.parent / METADATA_FILE
+    if weights.suffix == ".keras" and weights.is_file() and not meta.is_file():
+        return weights, ModelInfo(arch=KERAS_ARCH, task="classification", classes=[])
     for p in (weights, meta):
         if not p.is_file():
             raise SavedModelError(f"{p} does not exist: a saved model is a folder with "
-                                  f"{WEIGHTS_FILE} and {METADATA_FILE} (see save_model)")
+                                  f"{WEIGHTS_FILE} (or {KERAS_FILE}) and {METADATA_FILE} (see "
+                                  "save_model)")
     try:
         info = ModelInfo(**json.loads(meta.read_text()))
     except (ValueError, TypeError) as e:
         raise SavedModelError(f"{meta} is not a model's metadata: {e}") from None
-    if info.arch not in ARCHITECTURES:
+    if info.arch not in ARCHITECTURES and info.arch != KERAS_ARCH:
         raise SavedModelError(f"{meta} names architecture {info.arch!r}; this ringtrain knows "
-                              f"{', '.join(sorted(ARCHITECTURES))}")
+                              f"{', '.join(sorted([*ARCHITECTURES, KERAS_ARCH]))}")
+    if (info.arch == KERAS_ARCH) != (weights.suffix == ".keras"):
+        raise SavedModelError(f"{meta} says {info.arch!r} but the weights are {weights.name}: "
+                              f"arch {KERAS_ARCH!r} goes with a .keras file, others with "
+                              f"{WEIGHTS_FILE}")
     return weights, info
+
+
+def _load_keras(weights: Path, info: ModelInfo) -> tuple[nn.Module, ModelInfo]:
+    from ringtrain.models.keras_model import KerasModelError, load_keras_classifier
+
+    if info.task != "classification":
+        raise SavedModelError(f"{weights}: Keras models are served as classifiers, not "
+                              f"{info.task!r}")
+    try:
+        model, shapes = load_keras_classifier(weights, info.extra.get("outputs"))
+    except KerasModelError as e:
+        raise SavedModelError(str(e)) from None
+    classes = info.classes or [str(k) for k in range(shapes["num_classes"])]
+    if len(classes) != shapes["num_classes"]:
+        raise SavedModelError(f"{weights} answers {shapes['num_classes']} classes, its metadata "
+                              f"names {len(classes)}")
+    return model, replace(info, classes=classes, input_shape=shapes["input_shape"])
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
@@ -149,6 +184,9 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Modul
         SavedModelError: As :func:`read_info`, or the weights do not fit the architecture.
     """
     weights, info = read_info(path)
+    if info.arch == KERAS_ARCH:
+        model, info = _load_keras(weights, info)
+        return model.to(device).eval(), info
     model = ARCHITECTURES[info.arch](**info.kwargs)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)

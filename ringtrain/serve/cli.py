@@ -29,7 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     d = ServeConfig()
     p = argparse.ArgumentParser(prog="ringtrain serve", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path,
-                   help="a saved model: its folder (model.pt + model.json), its model.pt, or "
+                   help="a saved model: its folder (model.pt or model.keras, + model.json), "
+                        "its model.pt, a .keras file, or "
                         "the id of a job that saved one in its outputs")
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}; "
                    "anything else needs --token)")

@@ -57,13 +57,18 @@ class GradBucket:
                 offset += q.numel()
         return self._flat
 
+    def views(self, reduced: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's part of a reduced flat tensor, shaped as the parameter (views)."""
+        out, offset = [], 0
+        for p in self.params:
+            out.append(reduced[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        return out
+
     def take(self, reduced: torch.Tensor, timeline: Timeline) -> None:
         """Copy the reduced flat tensor back into every parameter's gradient."""
         start = time.monotonic()
-        offset = 0
-        for p in self.params:
-            values = reduced[offset:offset + p.numel()].view(p.shape)
-            offset += p.numel()
+        for p, values in zip(self.params, self.views(reduced)):
             if p.grad is not None and p.grad.is_sparse:
                 continue  # found sparse this step: reduced on its own (sparse_grads)
             if p.grad is None:

@@ -99,3 +99,22 @@ def test_shim_names_are_ringtrains_objects(shim_on_path):
     assert util.extension_available("horovod.torch")
     assert not util.extension_available("horovod.tensorflow")
 
+
+
+def test_shim_keras_names_are_ringtrain_keras_objects(shim_on_path):
+    hvd_keras = pytest.importorskip("ringtrain.keras")
+    import horovod.keras as shim
+    import horovod.keras.callbacks as callbacks
+    import horovod.tensorflow as tf_shim
+    import horovod.tensorflow.keras as tf_keras
+    from horovod.keras.elastic import KerasState, run
+    from horovod.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
+
+    for name in hvd_keras.__all__:
+        assert getattr(shim, name) is getattr(hvd_keras, name), name
+        assert getattr(tf_keras, name) is getattr(hvd_keras, name), name
+    assert callbacks is hvd_keras.callbacks and shim.callbacks is hvd_keras.callbacks
+    assert BroadcastGlobalVariablesCallback is hvd_keras.callbacks.BroadcastGlobalVariablesCallback
+    assert (KerasState, run) == (hvd_keras.elastic.KerasState, hvd_keras.elastic.run)
+    with pytest.raises(AttributeError, match="no TensorFlow frontend"):
+        tf_shim.DistributedOptimizer  # noqa: B018

@@ -21,6 +21,8 @@ from ringtrain.jobs.models.states import JobState
 #: The files of a saved model (:mod:`ringtrain.models.saved`, which the service cannot import:
 #: it loads torch).
 MODEL_FILES = ("model.json", "model.pt")
+#: A Keras model's folder: its metadata and Keras' own file (examples/keras_cifar_cnn.py).
+KERAS_MODEL_FILES = ("model.json", "model.keras")
 #: The output folder where replicas announce themselves, and each one's file in it.
 ENDPOINTS_OUTPUT = "endpoints"
 ENDPOINT_FILE = "replica.{rank}.json"
@@ -66,12 +68,14 @@ def deployment_state(job: JobInfo, listening: int) -> DeploymentState:
 
 def find_model_folder(files: list[FileInfo]) -> str | None:
     """The folder (relative to the job's folder) of the first saved model among a job's output
-    files: one holding both :data:`MODEL_FILES`, or ``None`` if there is none."""
+    files: one holding both :data:`MODEL_FILES` (or :data:`KERAS_MODEL_FILES`), or ``None`` if
+    there is none."""
     names: dict[str, set[str]] = {}
     for f in files:
         folder, name = posixpath.split(f.path)
         names.setdefault(folder, set()).add(name)
-    found = sorted(folder for folder, held in names.items() if set(MODEL_FILES) <= held)
+    found = sorted(folder for folder, held in names.items()
+                   if set(MODEL_FILES) <= held or set(KERAS_MODEL_FILES) <= held)
     return found[0] if found else None
 
 
@@ -97,6 +101,7 @@ def servable_model(job: JobInfo, outputs: list[FileInfo]) -> str:
     if folder is None:
         raise NotFoundError(
             f"job {job.id} saved no model in its outputs: a model is a folder with "
-            f"{' and '.join(MODEL_FILES)} (ringtrain.models.saved.save_model writes them into an "
+            f"{' and '.join(MODEL_FILES)} or {' and '.join(KERAS_MODEL_FILES)} "
+            f"(ringtrain.models.saved.save_model writes the first into an "
             f"output such as $RINGTRAIN_OUTPUT_MODEL; see `ringtrain job files {job.id} outputs`)")
     return folder

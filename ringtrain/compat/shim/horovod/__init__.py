@@ -1,7 +1,9 @@
 """``horovod`` as ``ringtrain run --horovod-compat`` provides it, with ringtrain underneath.
 
-Only the PyTorch frontend (``horovod.torch``) and the ``horovod.common`` names that PyTorch scripts
-use exist; ``horovod.tensorflow``, ``horovod.keras``, ``horovod.spark`` and ``horovod.run`` do not.
+The PyTorch frontend (``horovod.torch``), the Keras frontend on Keras 3 with PyTorch underneath
+(``horovod.keras`` and ``horovod.tensorflow.keras``, both ``ringtrain.keras``) and the
+``horovod.common`` names that scripts use exist; the rest of ``horovod.tensorflow``,
+``horovod.spark`` and ``horovod.run`` do not.
 """
 
 #: The Horovod release whose PyTorch API ringtrain implements (scripts compare versions).

@@ -1,0 +1,259 @@
+"""Horovod's Keras callbacks (``hvd.callbacks``), on Keras 3, with Horovod 0.28.1's semantics.
+
+- :class:`BroadcastGlobalVariablesCallback`: rank ``root_rank``'s model and optimizer variables
+  everywhere, at the end of the first batch (once the optimizer has its slots).
+- :class:`MetricAverageCallback`: every rank's epoch-end metrics replaced by their average.
+- :class:`LearningRateScheduleCallback`: ``lr = initial_lr * multiplier(epoch)`` per epoch
+  (staircase) or per batch, with momentum correction.
+- :class:`LearningRateWarmupCallback`: from ``initial_lr / size`` to ``initial_lr`` over the
+  warmup epochs (Goyal et al., "Accurate, Large Minibatch SGD").
+- :class:`BestModelCheckpoint`: ``ModelCheckpoint`` keeping only the best model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringtrain.keras.backend import import_keras
+from ringtrain.keras.collectives import broadcast_variables, is_seed_state
+from ringtrain.torch import ops, runtime
+
+keras = import_keras()
+
+
+def _get_lr(optimizer: Any) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's and its optimizer's variables from ``root_rank`` to every rank.
+
+    As Horovod's, it runs at the end of the first batch of ``fit`` (a model or optimizer may
+    only be built by the first step), so that every rank goes on from the same weights and
+    optimizer state, also when only the root loaded a checkpoint. The states of random seed
+    generators (dropout, augmentation) stay each rank's own.
+
+    Args:
+        root_rank: the rank whose values everyone takes.
+        device: accepted for Horovod's signature; variables are broadcast where they live.
+        local_variables: variables (or one) not to broadcast.
+    """
+
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif isinstance(local_variables, keras.Variable):
+            local_variables = [local_variables]
+        elif not all(isinstance(v, keras.Variable) for v in local_variables):
+            raise ValueError("All local variables must be of keras.Variable type.")
+        self._local_vars = {id(v) for v in local_variables}
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast (a rank-local variable)."""
+        self._local_vars.add(id(var))
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.broadcast_done:
+            return
+        variables = [v for v in self.model.variables
+                     if id(v) not in self._local_vars and not is_seed_state(v)]
+        broadcast_variables(variables, self.root_rank, name="BroadcastGlobalVariables.model")
+        if self.model.optimizer is not None:
+            broadcast_variables(self.model.optimizer.variables, self.root_rank,
+                                name="BroadcastGlobalVariables.optimizer")
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the metrics in the epoch-end logs over all ranks, in place.
+
+    Callbacks after it in the list (``ReduceLROnPlateau``, ``TensorBoard``, the ``History``
+    that ``fit`` returns) see the averaged values; put it before them, as in Horovod. All
+    numeric metrics go in one allreduce, in the order of their sorted names.
+
+    Args:
+        device: accepted for Horovod's signature.
+    """
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._average_metrics_in_place(logs)
+
+    def _average_metrics_in_place(self, logs: dict | None) -> None:
+        if not logs:
+            return
+        names = [k for k, v in sorted(logs.items()) if _is_number(v)]
+        if not names:
+            return
+        values = torch.tensor([float(np.asarray(keras.ops.convert_to_numpy(logs[k])))
+                               for k in names], dtype=torch.float64)
+        averaged = ops.synchronize(ops.allreduce_async(
+            values, name=f"MetricAverageCallback.{len(names)}", op=ops.Average))
+        for k, v in zip(names, averaged.tolist()):
+            logs[k] = v
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(value)).size == 1
+    except (TypeError, ValueError):
+        return False
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` until
+    ``end_epoch`` (exclusive).
+
+    With ``staircase=True`` the rate changes at the first batch of each epoch and ``multiplier``
+    gets the integer epoch; otherwise at every batch, with ``epoch + batch / steps_per_epoch``.
+    A constant ``multiplier`` means ``multiplier ** (epoch - start_epoch)``. With momentum
+    correction, an optimizer with a ``momentum`` has it multiplied by ``new_lr / old_lr`` for
+    the batch in which the rate changes, then restored. The epoch's logs get ``lr``.
+
+    Args:
+        initial_lr: the learning rate at the start of training.
+        multiplier: a number, or ``f(epoch) -> factor``.
+        start_epoch, end_epoch: the epochs it applies to (``end_epoch`` None: all after start).
+        staircase: adjust per epoch (True) or per batch (False).
+        momentum_correction: apply momentum correction.
+        steps_per_epoch: batches per epoch; found from ``fit``'s parameters when missing.
+
+    Raises:
+        ValueError: ``initial_lr`` is None.
+    """
+
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float],
+                 start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None):
+        super().__init__()
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.initial_lr = initial_lr
+        self.restore_momentum: float | None = None
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: int | None = None
+        if not callable(multiplier):
+            constant = multiplier
+            self.multiplier = lambda epoch: constant ** (epoch - start_epoch)
+        else:
+            self.multiplier = multiplier
+        if self.initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        if self.params.get("steps"):
+            return self.params["steps"]
+        if self.params.get("samples") and self.params.get("batch_size"):
+            return self.params["samples"] // self.params["batch_size"]
+        raise ValueError(f"Could not autodetect the number of steps per epoch. Please specify "
+                         f"the steps_per_epoch parameter to the {type(self).__name__}() (fit "
+                         "on a generator of unknown length does not tell it).")
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old_lr = _get_lr(optimizer)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new_lr
+        if hasattr(optimizer, "momentum") and self.momentum_correction:
+            self.restore_momentum = optimizer.momentum
+            optimizer.momentum = self.restore_momentum * new_lr / old_lr
+
+    def _restore_momentum_if_needed(self) -> None:
+        if self.restore_momentum:
+            self.model.optimizer.momentum = self.restore_momentum
+            self.restore_momentum = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.initial_lr is None:
+            self.initial_lr = _get_lr(self.model.optimizer)
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        assert self.current_epoch is not None
+        if (self.current_epoch < self.start_epoch
+                or (self.end_epoch is not None and self.current_epoch >= self.end_epoch)):
+            return  # outside the adjustment's epochs
+        if self.staircase and batch == 0:
+            self._adjust_learning_rate(self.current_epoch)
+        elif not self.staircase:
+            self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._restore_momentum_if_needed()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Warm the learning rate up from ``initial_lr / size`` to ``initial_lr``, per batch.
+
+    ``lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)`` with
+    ``epoch = full_epochs + (batch + 1) / steps_per_epoch`` (shifted by one batch so that each
+    epoch ends on a round value, as in Horovod), for the first ``warmup_epochs`` epochs.
+
+    Args:
+        initial_lr: the learning rate after the warmup.
+        warmup_epochs: epochs of the warmup.
+        momentum_correction: apply momentum correction.
+        steps_per_epoch: batches per epoch; found from ``fit``'s parameters when missing.
+        verbose: 1: rank 0 prints when the warmup ends.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0):
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch
+            size = runtime.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and runtime.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_get_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """A ``ModelCheckpoint`` that saves only the best model so far (by ``monitor``).
+
+    Horovod leaves ``filepath`` to be set later (its Spark estimator does); Keras 3 checks the
+    path when the callback is made, so it is an argument here, last, with a default.
+
+    Args:
+        monitor, verbose, mode, save_freq, save_weights_only: as ``ModelCheckpoint``'s.
+        filepath: where the model goes (``.keras``; ``.weights.h5`` with save_weights_only).
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: str | int = "epoch", save_weights_only: bool = False,
+                 filepath: str | None = None):
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)

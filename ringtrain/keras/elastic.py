@@ -1,0 +1,153 @@
+"""Elastic training for Keras (``hvd.elastic``): a model's state, its callbacks, and ``run``.
+
+:class:`KerasState` commits copies of a model's and optimizer's variables (and plain
+attributes such as ``epoch`` and ``batch``), restores them after a peer failed, and synchronises
+them from rank 0 when a world forms. The callbacks commit it during ``fit`` and keep its
+``epoch``/``batch`` current. :func:`run` is ringtrain.torch's: it retries the training function
+in the next world that the elastic launcher forms (see docs/horovod-compat.md, *Elastic*).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ringtrain.keras.backend import import_keras
+from ringtrain.keras.collectives import broadcast_variables, is_seed_state
+from ringtrain.torch.elastic import ObjectState, run
+
+keras = import_keras()
+
+__all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback", "run"]
+
+
+class KerasState(ObjectState):
+    """The state of a Keras model and its optimizer, plus plain values as attributes.
+
+    Args:
+        model: a built Keras model.
+        optimizer: its optimizer (default: the one the model was compiled with).
+        **kwargs: further values to commit and synchronise (``epoch=0, batch=0``).
+
+    Raises:
+        ValueError: the model is not built yet.
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any):
+        if not model.built:
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else model.optimizer
+        self._save_model()
+        super().__init__(**kwargs)
+
+    def _variables(self) -> tuple[list, list]:
+        optimizer = [] if self.optimizer is None else list(self.optimizer.variables)
+        return list(self.model.variables), optimizer
+
+    def _save_model(self) -> None:
+        model, optimizer = self._variables()
+        self._saved_model_state = [torch.clone(v.value.detach()) for v in model]
+        self._saved_optimizer_state = [torch.clone(v.value.detach()) for v in optimizer]
+
+    def _load_model(self) -> None:
+        model, optimizer = self._variables()
+        for var, saved in zip(model, self._saved_model_state):
+            var.assign(saved)
+        # An optimizer first built after the last commit has more variables than were saved:
+        # the ones it had then get their values back, as in Horovod.
+        for var, saved in zip(optimizer, self._saved_optimizer_state):
+            var.assign(saved)
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self._load_model()
+        super().restore()
+
+    def sync(self) -> None:
+        model, optimizer = self._variables()
+        broadcast_variables([v for v in model if not is_seed_state(v)], root_rank=0,
+                            name="KerasState.model")
+        broadcast_variables(optimizer, root_rank=0, name="KerasState.optimizer")
+        self._save_model()
+        super().sync()
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """Commit ``state`` every ``batches_per_commit`` batches and at the end of every epoch.
+
+    Args:
+        state: the state to commit.
+        batches_per_commit: batches between commits (default 1).
+    """
+
+    def __init__(self, state: Any, batches_per_commit: int = 1):
+        super().__init__()
+        self.state = state
+        self.batches_per_commit = batches_per_commit
+        self.batches_remaining = batches_per_commit
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # Every rank counts from here after a reset, so they commit at the same batches.
+        self.batches_remaining = self.batches_per_commit
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keep ``state.batch`` at the last finished batch (0 after each epoch).
+
+    With a known number of steps per epoch, the first epoch after a reset is shortened by the
+    batches already done, as in Horovod.
+    """
+
+    def __init__(self, state: Any):
+        super().__init__()
+        self.state = state
+        self.steps_per_epoch: int | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.steps_per_epoch = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self.params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = self.params.get("steps")
+            self.params["steps"] = self.steps_per_epoch - self.state.batch
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.state.batch = batch
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keep ``state.epoch`` at the number of epochs finished, counted across resets.
+
+    As in Horovod, ``fit`` is called for the epochs left, ``epochs=total - state.epoch``, so
+    that its own epoch numbers start at 0 after each reset.
+    """
+
+    def __init__(self, state: Any):
+        super().__init__()
+        self.state = state
+        self.initial_epoch = self.state.epoch
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.initial_epoch = self.state.epoch
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.epoch = self.initial_epoch + epoch + 1

@@ -1,0 +1,200 @@
+"""``DistributedOptimizer`` for Keras 3: any ``keras.optimizers.Optimizer``, gradients averaged
+across ranks before they are applied.
+
+Keras' torch trainer computes a step's gradients with ``loss.backward()`` and hands them to
+``optimizer.apply(grads, variables)``; every other path (``apply_gradients``, custom training
+loops) ends there too. The wrapper is an instance of a subclass of the user's optimizer class
+whose ``apply`` reduces the gradients first, in buckets (:mod:`ringtrain.keras.gradient_reducer`),
+then runs the optimizer's own update. As in Horovod, the subclass has the wrapped class's name,
+and here its module too, so a model saved with it loads in plain Keras with the plain optimizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ringtrain.keras.backend import import_keras
+from ringtrain.keras.gradient_reducer import GradientReducer
+from ringtrain.op_types import ReduceOp
+from ringtrain.torch import runtime
+from ringtrain.torch.compression import Compression
+from ringtrain.torch.process_sets import ProcessSet, global_process_set
+
+_STATE = "_ringtrain_state"
+_CLASSES: dict[type, type] = {}
+
+
+class _DistributedState:
+    """What a distributed optimizer adds to the user's: the reducer and local accumulation."""
+
+    def __init__(self, reducer: GradientReducer, passes: int, average_aggregated: bool,
+                 process_set: ProcessSet):
+        self.reducer = reducer
+        self.passes = passes
+        self.average_aggregated = average_aggregated
+        self.process_set = process_set
+        self.counter = 0  # backward passes accumulated since the last reduction
+        self.accumulated: list[torch.Tensor | None] = []
+
+    def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any] | None,
+              base_apply: Callable[[list, list | None], Any]) -> Any:
+        if len(grads) == 0:
+            return base_apply(list(grads), variables)
+        if self.passes == 1 and self.process_set.size() == 1:
+            return base_apply(grads, variables)  # nothing to reduce: the plain optimizer's cost
+        if variables is None:
+            if not optimizer.built:
+                raise ValueError("apply(grads) without variables needs a built optimizer: call "
+                                 "optimizer.build(model.trainable_variables) first, or pass them")
+            variables = optimizer._trainable_variables
+        variables = list(variables)
+        grads = list(grads)
+        if self.passes > 1:
+            self._accumulate(grads)
+            self.counter += 1
+            if self.counter < self.passes:
+                # As Horovod: a pass without an update still counts as an iteration.
+                optimizer._iterations.assign_add(1)
+                return None
+            grads, self.accumulated, self.counter = self.accumulated, [], 0
+        if self.process_set.size() > 1:
+            grads = self.reducer.reduce(grads, variables)
+        if self.passes > 1 and self.average_aggregated:
+            grads = [None if g is None else g / self.passes for g in grads]
+        return base_apply(grads, variables)
+
+    def _accumulate(self, grads: list) -> None:
+        if not self.accumulated:
+            self.accumulated = [None] * len(grads)
+        if len(grads) != len(self.accumulated):
+            raise ValueError(f"got {len(grads)} gradients, but the accumulated passes had "
+                             f"{len(self.accumulated)}: the variables must stay the same")
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            g = g if isinstance(g, torch.Tensor) else torch.as_tensor(g)
+            acc = self.accumulated[i]
+            self.accumulated[i] = g.detach().clone() if acc is None else acc.add_(g)
+
+
+def _distributed_class(base: type) -> type:
+    """The subclass of ``base`` whose ``apply`` reduces gradients (one per base class)."""
+    cls = _CLASSES.get(base)
+    if cls is not None:
+        return cls
+
+    class Distributed(base):  # type: ignore[misc, valid-type]
+        def apply(self, grads, trainable_variables=None):
+            state = self.__dict__.get(_STATE)
+            if state is None:  # made by deserialisation, not by DistributedOptimizer
+                return super().apply(grads, trainable_variables)
+            return state.apply(self, grads, trainable_variables, super().apply)
+
+    # Keras records the class by module and name: these make a saved model load without
+    # ringtrain, with the user's optimizer class.
+    Distributed.__name__ = base.__name__
+    Distributed.__qualname__ = base.__qualname__
+    Distributed.__module__ = base.__module__
+    _CLASSES[base] = Distributed
+    return Distributed
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Whether ``optimizer`` was made by :func:`DistributedOptimizer`."""
+    return getattr(optimizer, _STATE, None) is not None
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: int | list | None = None,
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """Wrap a Keras optimizer so that it applies gradients averaged over all ranks.
+
+    Returns a new optimizer of a subclass of ``optimizer``'s class, made from its config (as
+    Horovod does), with its state (slots, iterations) copied if it is already built.
+
+    Args:
+        optimizer: any ``keras.optimizers.Optimizer``.
+        name: prefix of the names of the gradient allreduces (default
+            ``Distributed<Class>``); ranks must agree on it.
+        device_dense, device_sparse: accepted for Horovod's signature; tensors are reduced
+            where they live (CPU through Gloo, CUDA through NCCL).
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for gradients on the wire.
+        sparse_as_dense: accepted for Horovod's signature; Keras on torch produces dense
+            gradients only.
+        gradient_predivide_factor: with ``Average``, divide gradients by this before the sum
+            and by ``size / factor`` after.
+        op: ``Average`` (default) or ``Sum``.
+        backward_passes_per_step: gradients of this many ``apply`` calls are summed locally,
+            then reduced and applied once; the calls in between only count an iteration.
+        average_aggregated_gradients: divide the summed gradients by
+            ``backward_passes_per_step`` before applying them.
+        num_groups: deprecated form of ``groups=N`` (as in Horovod).
+        groups: ``N`` to reduce the variables in ``N`` groups, or a list of lists of
+            variables, each list reduced as one unit; other variables go in buckets.
+        process_set: average over these ranks only.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer.
+        ValueError: ``optimizer`` is already distributed, ``op`` is
+            neither Average nor Sum, or another argument is out of range.
+    """
+    keras = import_keras()
+    runtime.current()  # hvd.init() first
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
+                         f"{type(optimizer).__name__}; for torch.optim use "
+                         "ringtrain.torch.DistributedOptimizer")
+    if is_distributed(optimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "optimizer once")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"op currently only supports Average and Sum (as in Horovod's Keras "
+                         f"DistributedOptimizer), got {op!r}")
+    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor only applies to op=Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got "
+                         f"{gradient_predivide_factor}")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got "
+                         f"{backward_passes_per_step}")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list)
+                                   or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "keras variables.")
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls.from_config(optimizer.get_config())
+    if optimizer.built:
+        _copy_state(optimizer, wrapped, keras)
+    prefix = name or f"Distributed{type(optimizer).__name__}"
+    reducer = GradientReducer(prefix, compression, op, gradient_predivide_factor, groups,
+                              process_set)
+    setattr(wrapped, _STATE, _DistributedState(reducer, backward_passes_per_step,
+                                               average_aggregated_gradients, process_set))
+    return wrapped
+
+
+def _copy_state(source: Any, target: Any, keras: Any) -> None:
+    """Build ``target`` on ``source``'s variables and give it ``source``'s slot values."""
+    with keras.name_scope(target.name, caller=target):
+        target.build(source._trainable_variables)
+    target.built = True
+    if len(target.variables) != len(source.variables):
+        raise ValueError(f"the wrapped optimizer has {len(target.variables)} variables where "
+                         f"{type(source).__name__} has {len(source.variables)}: its get_config() "
+                         "does not rebuild it")
+    for dst, src in zip(target.variables, source.variables):
+        dst.assign(src)

@@ -1,0 +1,110 @@
+"""examples/keras_cifar_cnn.py: the tutorial's Keras script, on one process and on two under
+``ringtrain run --horovod-compat`` (``import horovod.keras as hvd``), with its outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ringtrain.keras")  # keras on torch, or skip
+from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "keras_cifar_cnn.py"
+RINGTRAIN = str(Path(sys.executable).with_name("ringtrain"))
+COLLECTIVES = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER"}
+needs_data = pytest.mark.skipif(
+    not (DEFAULT_DATA_DIR / "train-images-idx3-ubyte.gz").exists(),
+    reason="Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "RINGTRAIN_", "KERAS_"))
+           and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}}
+    return env | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+                  "PYTHONPATH": str(ROOT)}
+
+
+def _report(stdout: str) -> dict:
+    lines = [line.partition(":")[2] if line.startswith("[") else line
+             for line in stdout.splitlines()]
+    found = [json.loads(line) for line in lines if line.startswith('{"example"')]
+    assert len(found) == 1, stdout
+    return found[0]
+
+
+@needs_data
+@pytest.mark.slow
+def test_two_workers_under_horovod_compat(tmp_path):
+    out, timeline = tmp_path / "out", tmp_path / "timeline.json"
+    result = subprocess.run(
+        [RINGTRAIN, "run", "--horovod-compat", "-np", "2", "--timeline-filename", str(timeline),
+         sys.executable, str(EXAMPLE), "--hvd", "horovod", "--epochs", "2", "--limit-train",
+         "256", "--limit-val", "128", "--lr", "1e-3", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=400, env=_env(), check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = _report(result.stdout)
+    # Horovod's recipe: 2 epochs of one worker are ceil(2 / 2) = 1 epoch on each of two
+    assert (report["world_size"], report["epochs"], report["train_images"]) == (2, 1, 256)
+    assert 0 <= report["test_accuracy"] <= 1
+    # rank 0 alone wrote the checkpoint and the model (the other rank's would clash)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1.keras", "model.json",
+                                                     "model.keras"]
+    events = json.loads(timeline.read_text())
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    collectives = [rows[e["tid"]] for e in events
+                   if e.get("ph") == "X" and e.get("name") in COLLECTIVES]
+    steps = 256 // 32  # every worker trains on the whole (limited) set, batch 32
+    gradients = [r for r in collectives if r.startswith("DistributedRMSprop.")]
+    once = [r for r in collectives if r.startswith("BroadcastGlobalVariables.")]
+    # the tutorial CNN's 12 gradients: one bucket, one collective per step; besides it only the
+    # broadcast after the first batch
+    assert len(gradients) == steps and len(set(gradients)) == 1
+    assert len(collectives) == steps + len(once) and len(set(once)) == len(once)
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 4)):
+        for name, channel in (("red", 0), ("blue", 2)):
+            folder = tmp_path / "data" / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 60, (20, 24, 3), dtype=np.uint8)
+                pixels[..., channel] = 200
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return tmp_path / "data"
+
+
+def test_one_process_on_an_image_folder_saves_a_servable_model(tmp_path, image_folder):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--data", str(image_folder), "--epochs", "2",
+         "--batch-size", "8", "--lr", "1e-3", "--no-augmentation", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=300, env=_env(), check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = _report(result.stdout)
+    assert (report["world_size"], report["epochs"], report["train_images"]) == (1, 2, 24)
+    info = json.loads((out / "model.json").read_text())
+    assert info["arch"] == "keras" and info["classes"] == ["blue", "red"]
+    assert info["input_shape"] == [3, 32, 32]
+    assert {"checkpoint-1.keras", "checkpoint-2.keras", "model.keras"} <= {
+        p.name for p in out.iterdir()}
+
+
+def test_the_job_file_is_a_valid_spec():
+    from ringtrain.jobs.models.specfile import load_job_spec
+
+    spec = load_job_spec(ROOT / "examples" / "keras_cifar_cnn_job.yaml")
+    assert spec.process_count_per_node == 2 and spec.environment["OMP_NUM_THREADS"] == "1"
+    assert "examples/keras_cifar_cnn.py" in spec.command and spec.outputs == ["model"]
