@@ -178,9 +178,10 @@ def main() -> None:
             page.goto(f"{info.url}/dashboard#/jobs/{probe}")
             page.wait_for_selector("#charts")
             out["cpu_percent_job_page"] = round(_cpu_percent(info.pid, args.cpu_window), 2)
+            idle = out["cpu_percent_no_dashboard"]
             out["dashboard_cpu_percent"] = {
-                "jobs_page": round(out["cpu_percent_jobs_page"] - out["cpu_percent_no_dashboard"], 2),
-                "job_page": round(out["cpu_percent_job_page"] - out["cpu_percent_no_dashboard"], 2)}
+                "jobs_page": round(out["cpu_percent_jobs_page"] - idle, 2),
+                "job_page": round(out["cpu_percent_job_page"] - idle, 2)}
 
             chart, log = [], []
             for n in range(args.samples):

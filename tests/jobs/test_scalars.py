@@ -16,7 +16,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.monitor.scalars import JobScalars
-from ringtrain.jobs.monitor.tfevents import EventFileReader, masked_crc32c, parse_event
+from ringtrain.jobs.monitor.tfevents import EventFileReader, masked_crc32c
 
 from .conftest import CLI, wait_for
 
@@ -34,7 +34,9 @@ def _scalar(tag: str, step: int, value: float, wall: float = 1.0) -> event_pb2.E
 
 
 def test_masked_crc32c_matches_tensorboards() -> None:
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as theirs
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (
+        masked_crc32c as theirs,
+    )
 
     for data in (b"", b"a", b"123456789", bytes(range(256)) * 3):
         assert masked_crc32c(data) == theirs(data)

@@ -193,7 +193,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return deployments.stop(deployment_id)
 
     app.include_router(r)
-    add_dashboard_routes(app, service, metrics)
+    add_dashboard_routes(app, service, metrics, deployments)
     return app
 
 

@@ -19,6 +19,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Annotated, Any
 
@@ -27,10 +28,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from ringtrain.jobs.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.api.schemas import API_PREFIX
+from ringtrain.jobs.deployments import Deployments
 from ringtrain.jobs.errors import NotFoundError
 from ringtrain.jobs.models import JobInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
 from ringtrain.jobs.monitor.host import HostSampler
+from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
 from ringtrain.jobs.monitor.service_metrics import ServiceMetrics
 from ringtrain.jobs.service import JobService
 
@@ -63,9 +66,11 @@ def _static(name: str) -> bytes:
     return (resources.files("ringtrain.jobs.api") / "static" / name).read_bytes()
 
 
-def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetrics) -> None:
+def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetrics,
+                         deployments: Deployments) -> None:
     """Add the page, its assets, the event stream, scalars, host usage and ``/metrics``."""
     sampler = HostSampler(HOST_EVERY_S)
+    scraper = ReplicaScraper()
 
     @app.get(DASHBOARD_PATH, include_in_schema=False)
     def page() -> Response:
@@ -99,8 +104,19 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
         """The service host's CPU, memory and GPU use (where the local clusters' nodes run)."""
         return sampler.sample()
 
-    @r.get("/events", response_class=StreamingResponse,
-           responses={200: {"content": {"text/event-stream": {}}}})
+    @r.get("/deployment-metrics")
+    def deployment_metrics() -> dict[str, list[dict[str, Any]]]:
+        """Each live deployment's replicas, from their ``/metrics``: request rate, p50 and p99
+        latency (seconds) and mean batch size since the previous call, and errors (4xx and
+        5xx answers) in all."""
+        live = [d for d in deployments.list() if d.urls]
+        urls = [u for d in live for u in d.urls]
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
+            scraped = dict(zip(urls, pool.map(scraper.scrape, urls)))
+        return {d.id: [scraped[u] for u in d.urls] for d in live}
+
+    # Not in the OpenAPI schema: a stream that never ends is no operation for generated clients.
+    @r.get("/events", include_in_schema=False)
     async def events(request: Request) -> StreamingResponse:
         """Server-sent events: ``snapshot`` (clusters, jobs, host), then ``jobs`` (changed
         and removed jobs), ``clusters`` and ``host`` as they change."""

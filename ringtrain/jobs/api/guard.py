@@ -100,7 +100,7 @@ class RequestGuard:
         jar: SimpleCookie = SimpleCookie()
         try:
             jar.load(raw.decode("latin-1"))
-        except Exception:  # a malformed Cookie header authenticates nobody
+        except Exception:  # noqa: BLE001 - a malformed Cookie header authenticates nobody
             return b""
         morsel = jar.get(self.cookie)
         return b"" if morsel is None else morsel.value.encode("latin-1", "replace")

@@ -47,7 +47,7 @@ class _Nvml:
             import pynvml  # optional: only machines with NVIDIA GPUs have it
             pynvml.nvmlInit()
             self._nvml = pynvml
-        except Exception:  # no package, no driver, no device: no GPUs to show
+        except Exception:  # noqa: BLE001 - no package, no driver, no device: no GPUs to show
             self._nvml = None
 
     def sample(self) -> list[dict[str, Any]]:
@@ -64,7 +64,7 @@ class _Nvml:
                 gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes)
                              else str(name), "util_percent": float(util.gpu),
                              "memory_used": int(mem.used), "memory_total": int(mem.total)})
-        except Exception:  # a GPU fell off the bus: show none rather than fail the page
+        except Exception:  # noqa: BLE001 - a GPU fell off the bus: show none, not an error
             return []
         return gpus
 

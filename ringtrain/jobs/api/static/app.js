@@ -573,7 +573,7 @@ function deploymentsView(root) {
     try { list = await api("/v1/deployments"); } catch (e) { return; }
     body.textContent = "";
     if (!list.length) { body.appendChild(el("div", { class: "panel empty", text: "No deployments." })); return; }
-    const metrics = await api("/v1/deployments/metrics").catch(() => ({}));
+    const metrics = await api("/v1/deployment-metrics").catch(() => ({}));
     for (const d of list) {
       const m = metrics[d.id] || [];
       body.appendChild(el("div", { class: "panel" },
