@@ -72,7 +72,7 @@ def _seed(home: Home, finished: int) -> None:
     spec = parse_job_spec({"node_count": 1, "command": "true", "experiment": "sweep"})
     t = time.time() - finished * 60
     for i in range(finished):
-        job_id = f"old-{i:05d}"
+        job_id = f"old-{i:06x}"
         store.add_job(JobInfo(id=job_id, cluster="history", spec=spec.model_copy(
             update={"name": f"old{i % 7}"}), state=JobState.QUEUED, created_at=t + 60 * i,
             job_dir=str(home.share_root / "jobs" / job_id)))
@@ -144,7 +144,8 @@ def main() -> None:
                 raise SystemExit("the running jobs did not all start within 120 s")
             time.sleep(0.5)
         total = args.finished + args.running + 1
-        job_ids = [j.id for j in client.list_jobs(cluster="live")] + ["old-00000", "old-00999"]
+        job_ids = [j.id for j in client.list_jobs(cluster="live")]
+        job_ids += ["old-000000", f"old-{args.finished - 1:06x}"]
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -109,6 +109,13 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     assert "outputs/tb/rank0" in legend and "outputs/tb/rank1" in legend  # a line per rank
     page.screenshot(path=str(artifacts / "job-curves.png"), full_page=True)
 
+    page.click("a[data-nav='clusters']")  # the node the job holds, and what it uses
+    page.wait_for_function(f"() => [...document.querySelectorAll('tr[data-node^=\"c/\"]')]"
+                           f".some(r => r.textContent.includes('{job_id}')"
+                           " && r.textContent.includes(' proc.'))")
+    page.screenshot(path=str(artifacts / "clusters-running.png"), full_page=True)
+    page.go_back()
+    page.wait_for_selector('.chart[data-tag="loss"]')
     page.click('button[data-tab="logs"]')
     page.select_option("#log-rank", "1")
     page.wait_for_function("() => document.querySelector('#log').textContent"

@@ -30,9 +30,12 @@ from ringtrain.jobs.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.api.schemas import API_PREFIX
 from ringtrain.jobs.deployments import Deployments
 from ringtrain.jobs.errors import NotFoundError
-from ringtrain.jobs.models import JobInfo
+from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
+from ringtrain.jobs.executors.records import RunnerHandle
 from ringtrain.jobs.monitor.host import HostSampler
+from ringtrain.jobs.monitor.job_usage import JobUsageSampler
 from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
 from ringtrain.jobs.monitor.service_metrics import ServiceMetrics
 from ringtrain.jobs.service import JobService
@@ -69,7 +72,7 @@ def _static(name: str) -> bytes:
 def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetrics,
                          deployments: Deployments) -> None:
     """Add the page, its assets, the event stream, scalars, host usage and ``/metrics``."""
-    sampler = HostSampler(HOST_EVERY_S)
+    sampler = _Usage(service)
     scraper = ReplicaScraper()
 
     @app.get(DASHBOARD_PATH, include_in_schema=False)
@@ -101,7 +104,9 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
 
     @r.get("/host")
     def host() -> dict[str, Any]:
-        """The service host's CPU, memory and GPU use (where the local clusters' nodes run)."""
+        """The service host's CPU, memory and GPU use (where the local clusters' nodes run),
+        with ``jobs``: each running local job's CPU (percent of one core), resident memory
+        (bytes) and process count."""
         return sampler.sample()
 
     @r.get("/deployment-metrics")
@@ -127,6 +132,31 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
     app.include_router(r)
 
 
+class _Usage:
+    """The host's sample with the usage of each running job of a local cluster."""
+
+    def __init__(self, service: JobService):
+        self.service = service
+        self.host = HostSampler(HOST_EVERY_S)
+        self.jobs = JobUsageSampler(HOST_EVERY_S)
+
+    def sample(self) -> dict[str, Any]:
+        store = self.service.store
+        local = {c.name for c in store.list_clusters() if c.backend == "local"}
+        leaders = {}
+        for job in store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING,
+                                           JobState.TERMINATING]):
+            if job.cluster not in local:
+                continue
+            try:
+                launch = store.get_launch(job.id)
+                if launch is not None:
+                    leaders[job.id] = RunnerHandle.from_json(launch).pid
+            except (RecordError, NotFoundError):  # not started yet, or gone meanwhile
+                continue
+        return {**self.host.sample(), "jobs": self.jobs.sample(leaders)}
+
+
 def _event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
@@ -140,7 +170,7 @@ def _clusters(service: JobService) -> list[dict[str, Any]]:
     return out
 
 
-def _snapshot(service: JobService, sampler: HostSampler) -> tuple[int, dict[str, Any]]:
+def _snapshot(service: JobService, sampler: _Usage) -> tuple[int, dict[str, Any]]:
     revision = service.store.revision()
     return revision, {"revision": revision, "clusters": _clusters(service),
                       "jobs": [job_summary(j) for j in service.store.list_jobs()],
@@ -160,7 +190,7 @@ def _changes(service: JobService, since: int) -> tuple[int, dict[str, Any]]:
 
 
 async def _stream(request: Request, service: JobService,
-                  sampler: HostSampler) -> AsyncIterator[bytes]:
+                  sampler: _Usage) -> AsyncIterator[bytes]:
     revision, snapshot = await asyncio.to_thread(_snapshot, service, sampler)
     yield _event("snapshot", snapshot)
     host_at = sent_at = time.monotonic()

@@ -118,7 +118,7 @@ function connect() {
     state.clusters = d.clusters;
     scheduleRender();
   });
-  es.addEventListener("host", e => { state.host = JSON.parse(e.data); renderHost(); if (view.name === "clusters") scheduleRender(); });
+  es.addEventListener("host", e => { state.host = JSON.parse(e.data); renderHost(); if (view.name !== "jobs") scheduleRender(); });
   es.onerror = () => {
     setLive(false);
     if (es.readyState === EventSource.CLOSED) {
@@ -302,6 +302,10 @@ function jobView(root, id) {
     sub.textContent = `${s.name} · cluster ${s.cluster} · ${s.node_count} node(s) × ${s.process_count_per_node} process(es)` +
       `${s.attempt ? ` · attempt ${s.attempt + 1}` : ""} · submitted ${ago(s.created_at)}${s.ended_at ? ` · ran ${duration(s)}` : ""}` +
       `${s.exit_code !== null ? ` · exit ${s.exit_code}` : ""}`;
+    const u = state.host && state.host.jobs ? state.host.jobs[id] : null;
+    if (u && !TERMINAL.has(s.state)) {
+      sub.textContent += ` · CPU ${u.cpu_percent === null ? "…" : u.cpu_percent.toFixed(0) + "%"} · memory ${bytes(u.memory)} in ${u.processes} processes`;
+    }
     terminateBtn.disabled = TERMINAL.has(s.state) || s.state === "terminating";
     deleteBtn.disabled = !TERMINAL.has(s.state);
     const failed = s.state === "failed" || (s.state === "terminated" && s.message);
@@ -541,12 +545,17 @@ function clustersView(root) {
     if (!state.clusters.length) list.appendChild(el("div", { class: "panel empty", text: "No clusters: `ringtrain cluster create NAME --nodes N`." }));
     for (const c of state.clusters) {
       const counts = Object.entries(c.node_counts).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ") || "no nodes";
-      const rows = c.nodes.map(n => el("tr", { "data-node": `${c.name}/${n.index}` }, el("td", { text: String(n.index) }), el("td", {}, badge(n.state)),
-        el("td", {}, n.job_id ? el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(n.job_id)}`, text: n.job_id }) : "—"),
-        el("td", { text: c.backend === "local" ? "service host" : "ray" })));
+      const rows = c.nodes.map(n => {
+        const u = n.job_id && h && h.jobs ? h.jobs[n.job_id] : null;
+        return el("tr", { "data-node": `${c.name}/${n.index}` }, el("td", { text: String(n.index) }), el("td", {}, badge(n.state)),
+          el("td", {}, n.job_id ? el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(n.job_id)}`, text: n.job_id }) : "—"),
+          el("td", {}, u && u.cpu_percent !== null ? [bar(u.cpu_percent / (h.cpus || 1)), `${u.cpu_percent.toFixed(0)}%`] : "—"),
+          el("td", { text: u ? `${bytes(u.memory)} · ${u.processes} proc.` : "—" }),
+          el("td", { text: c.backend === "local" ? "service host" : "ray" }));
+      });
       const panel = el("div", { class: "panel" },
         el("h2", {}, c.name, " ", el("span", { class: "count", text: `${c.backend} · ${c.slots} slot(s)/node · ${c.allocation_state} · target ${c.target_nodes}${c.max_nodes ? ` (max ${c.max_nodes})` : ""} · ${counts}` })),
-        el("table", {}, el("thead", {}, el("tr", {}, ["Node", "State", "Job", "Runs on"].map(t => el("th", { text: t })))), el("tbody", {}, rows)));
+        el("table", {}, el("thead", {}, el("tr", {}, ["Node", "State", "Job", "Job CPU", "Job memory", "Runs on"].map(t => el("th", { text: t, title: t.startsWith("Job ") ? "the whole job's processes (all its nodes)" : null })))), el("tbody", {}, rows)));
       if (c.backend === "ray") {
         const rn = rayNodes.get(c.name);
         if (rn === undefined) { rayNodes.set(c.name, null); api(`/v1/clusters/${encodeURIComponent(c.name)}`).then(x => { rayNodes.set(c.name, x.ray_nodes); scheduleRender(); }).catch(() => {}); }
