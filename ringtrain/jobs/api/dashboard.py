@@ -29,11 +29,10 @@ from fastapi.responses import Response, StreamingResponse
 from ringtrain.jobs.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.api.schemas import API_PREFIX
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import NotFoundError
-from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.errors import NotFoundError, RecordError
+from ringtrain.jobs.executors.records import RunnerHandle
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
-from ringtrain.jobs.executors.records import RunnerHandle
 from ringtrain.jobs.monitor.host import HostSampler
 from ringtrain.jobs.monitor.job_usage import JobUsageSampler
 from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
