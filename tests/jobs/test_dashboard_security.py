@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 
-from ringtrain.jobs.api.guard import cookie_name
+from ringtrain.jobs.api.guard import cookie_name, cookie_value
 from ringtrain.jobs.connect import connect, read_server_file
 from ringtrain.jobs.home import Home
 
@@ -26,8 +26,9 @@ def test_no_token_wrong_token_or_foreign_host_is_refused(home: Home) -> None:
         for path in GUARDED:
             assert http.get(path).status_code == 401, path
             assert http.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
-            assert http.get(path, headers={"Cookie": f"{cookie_name(token)}=nope"}
-                            ).status_code == 401, path
+            for wrong in ("nope", token):  # the token itself is not the cookie's value
+                assert http.get(path, headers={"Cookie": f"{cookie_name(token)}={wrong}"}
+                                ).status_code == 401, path
             assert http.get(path, headers={**good, "Host": f"evil.example:{info.port}"}
                             ).status_code == 403, path
         assert http.get("/dashboard", params={"token": "nope"}).status_code == 401
@@ -51,7 +52,8 @@ def test_the_page_url_signs_in_with_a_strict_cookie(home: Home) -> None:
         r = http.get(url)
         assert r.status_code == 303 and r.headers["location"] == "/dashboard"
         cookie = r.headers["set-cookie"]
-        assert cookie.startswith(f"{cookie_name(info.token)}={info.token};")
+        assert cookie.startswith(f"{cookie_name(info.token)}={cookie_value(info.token)};")
+        assert info.token not in cookie
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
         page = http.get(f"{info.url}/dashboard")  # the client kept the cookie
         assert page.status_code == 200 and "<title>ringtrain dashboard</title>" in page.text

@@ -7,8 +7,8 @@ token is compared in constant time.
 Programs send ``Authorization: Bearer <token>``. A browser cannot put a header on a page load,
 an ``<a href>`` download or an ``EventSource``, so the dashboard is entered once with
 ``/dashboard?token=...``: the guard answers with a redirect that drops the token from the URL
-(and so from the history) and sets it as an HttpOnly, ``SameSite=Strict`` cookie, which the
-browser then sends on its own. Cookies are shared by every port of a host, so a page of another
+(and so from the history) and sets an HttpOnly, ``SameSite=Strict`` cookie derived from it,
+which the browser then sends on its own. Cookies are shared by every port of a host, so a page of another
 local port counts as the same site; it could make the browser send a form with the cookie, but
 never a custom header without a CORS preflight, which this server does not answer. A request
 authenticated by the cookie that changes something must therefore carry ``X-Ringtrain-Request``.
@@ -45,6 +45,16 @@ def cookie_name(token: str) -> str:
     return "ringtrain_" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
+def cookie_value(token: str) -> str:
+    """The dashboard cookie's value: a key derived from the token, not the token itself.
+
+    Hex, so that any token (``--token`` takes what the user gives) makes a valid cookie, and the
+    cookie, which the browser also sends to other ports of the host, never carries the key the
+    CLI uses.
+    """
+    return hmac.new(token.encode(), b"ringtrain dashboard cookie", hashlib.sha256).hexdigest()
+
+
 class RequestGuard:
     """Refuse requests for another Host (403) or without the token (401).
 
@@ -60,6 +70,7 @@ class RequestGuard:
         self.token = token.encode()
         self.expected = b"Bearer " + self.token
         self.cookie = cookie_name(token)
+        self.cookie_value = cookie_value(token).encode()
         self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,7 +91,7 @@ class RequestGuard:
             if hmac.compare_digest(given[-1].encode(), self.token):
                 await self._enter(send)
                 return
-        if hmac.compare_digest(self._cookie(headers), self.token):
+        if hmac.compare_digest(self._cookie(headers), self.cookie_value):
             if scope["method"] in _SAFE_METHODS or CSRF_HEADER in headers:
                 await self.app(scope, receive, send)
                 return
@@ -107,7 +118,7 @@ class RequestGuard:
 
     async def _enter(self, send: Send) -> None:
         """Set the cookie and send the browser to the dashboard's URL without the token."""
-        cookie = (f"{self.cookie}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict")
+        cookie = f"{self.cookie}={self.cookie_value.decode()}; Path=/; HttpOnly; SameSite=Strict"
         await send({"type": "http.response.start", "status": 303,
                     "headers": [(b"location", DASHBOARD_PATH.encode()),
                                 (b"set-cookie", cookie.encode()),
