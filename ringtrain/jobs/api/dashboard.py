@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from ringtrain.jobs.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.api.schemas import API_PREFIX
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import NotFoundError, RecordError
+from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, RecordError
 from ringtrain.jobs.executors.records import RunnerHandle
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
@@ -138,6 +139,9 @@ class _Usage:
         self.service = service
         self.host = HostSampler(HOST_EVERY_S)
         self.jobs = JobUsageSampler(HOST_EVERY_S)
+        self._ray_lock = threading.Lock()
+        self._ray_last: dict[str, dict[str, Any]] = {}
+        self._ray_at = -HOST_EVERY_S
 
     def sample(self) -> dict[str, Any]:
         store = self.service.store
@@ -153,7 +157,27 @@ class _Usage:
                     leaders[job.id] = RunnerHandle.from_json(launch).pid
             except (RecordError, NotFoundError):  # not started yet, or gone meanwhile
                 continue
-        return {**self.host.sample(), "jobs": self.jobs.sample(leaders)}
+        return {**self.host.sample(), "jobs": self.jobs.sample(leaders), "ray": self._ray()}
+
+    def _ray(self) -> dict[str, dict[str, Any]]:
+        """Each Ray cluster's machines as their agents sample them, by cluster and node id
+        (asked at most once per period, however many dashboards are open)."""
+        ray = self.service.ray
+        if ray is None:
+            return {}
+        now = time.monotonic()
+        with self._ray_lock:
+            if now - self._ray_at < HOST_EVERY_S:
+                return self._ray_last
+            out = {}
+            for c in self.service.store.list_clusters():
+                if c.backend == "ray" and c.address:
+                    try:
+                        out[c.name] = ray.node_usage(c.address)
+                    except InvalidRequestError:  # unreachable now: nothing to show
+                        out[c.name] = {}
+            self._ray_last, self._ray_at = out, time.monotonic()
+            return out
 
 
 def _event(name: str, data: Any) -> bytes:

@@ -561,9 +561,15 @@ function clustersView(root) {
         if (rn === undefined) { rayNodes.set(c.name, null); api(`/v1/clusters/${encodeURIComponent(c.name)}`).then(x => { rayNodes.set(c.name, x.ray_nodes); scheduleRender(); }).catch(() => {}); }
         if (rn) {
           panel.append(el("h2", { style: "margin-top:14px", text: "Ray machines" }), el("table", {},
-            el("thead", {}, el("tr", {}, ["Address", "Alive", "CPUs free", "GPUs free"].map(t => el("th", { text: t })))),
-            el("tbody", {}, rn.map(m => el("tr", {}, el("td", { class: "mono", text: m.address }), el("td", { text: m.alive ? "yes" : "no" }),
-              el("td", {}, bar(100 * m.cpus_free / (m.cpus || 1)), `${m.cpus_free} / ${m.cpus}`), el("td", { text: `${m.gpus_free} / ${m.gpus}` }))))));
+            el("thead", {}, el("tr", {}, ["Address", "Alive", "CPUs free", "GPUs free", "CPU use", "Memory", "GPU use"].map(t => el("th", { text: t })))),
+            el("tbody", {}, rn.map(m => {
+              const u = h && h.ray && h.ray[c.name] ? h.ray[c.name][m.node_id] : null;
+              return el("tr", { "data-ray-node": m.node_id }, el("td", { class: "mono", text: m.address }), el("td", { text: m.alive ? "yes" : "no" }),
+                el("td", { text: `${m.cpus_free} / ${m.cpus}` }), el("td", { text: `${m.gpus_free} / ${m.gpus}` }),
+                el("td", {}, u ? [bar(u.cpu_percent), `${u.cpu_percent.toFixed(0)}%`] : "—"),
+                el("td", { text: u ? `${bytes(u.memory_used)} / ${bytes(u.memory_total)}` : "—" }),
+                el("td", { text: u && u.gpus.length ? u.gpus.map(g => `${g.util_percent.toFixed(0)}% · ${bytes(g.memory_used)}`).join(", ") : "—" }));
+            }))));
         }
       }
       list.appendChild(panel);
