@@ -140,7 +140,7 @@ class RayConnection:
             if ref in done:
                 try:
                     out[node_id] = ray.get(ref, timeout=0)
-                except Exception:  # noqa: BLE001 - an agent that failed is left out
+                except Exception:  # noqa: BLE001, S112 - an agent that failed is left out
                     continue
         return out
 
