@@ -5,6 +5,8 @@ model server's own metrics."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
 from ringtrain.jobs.store import SQLiteStore
 from ringtrain.serve.metrics import ServeMetrics
 
-from .conftest import bearer
+from .conftest import bearer, wait_for
 
 
 def test_the_change_log_names_jobs_written_since_a_revision(store: SQLiteStore,
@@ -108,3 +110,43 @@ def test_replica_figures_come_from_a_model_servers_metrics() -> None:
     assert second["rate"] > 0 and second["errors"] == 2 and second["mean_batch"] is None
     assert 0.1 <= second["p50"] <= 0.25  # the interval's, not the life's (mostly 3 ms)
     assert "error" in ReplicaScraper(get=lambda url: 1 / 0).scrape("http://x")
+
+
+def test_job_usage_counts_a_runners_whole_process_tree() -> None:
+    import subprocess
+    import time
+
+    from ringtrain.jobs.monitor.job_usage import JobUsageSampler
+
+    # A "runner" leading its own session, with a child that burns CPU and one that sleeps.
+    script = ("import subprocess, sys, time\n"
+              "a = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+              "b = subprocess.Popen(['sleep', '60'])\n"
+              "time.sleep(60)\n")
+    runner = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        sampler = JobUsageSampler(max_age_s=0.0)
+
+        def three() -> dict | None:
+            got = sampler.sample({"j-1": runner.pid})["j-1"]
+            return got if got["processes"] == 3 else None
+
+        first = wait_for(three, timeout_s=30)
+        assert first["memory"] > 1 << 20
+        time.sleep(1.0)
+        second = sampler.sample({"j-1": runner.pid})["j-1"]
+        assert second["processes"] == 3 and second["cpu_percent"] > 10.0  # the busy child
+        assert sampler.sample({"gone-1": 2 ** 22 + 7})["gone-1"]["processes"] == 0
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+
+
+def test_dashboard_command_prints_the_url_with_the_token(home: Home, cli) -> None:
+    rc, out, _ = cli("dashboard")
+    info = read_server_file(home)
+    assert rc == 0 and out.strip() == f"{info.url}/dashboard?token={info.token}"
+    rc, out, _ = cli("dashboard", "-o", "json")
+    assert rc == 0 and json.loads(out) == {"url": f"{info.url}/dashboard?token={info.token}"}
+    with httpx.Client(timeout=10) as http:  # the URL signs a browser in
+        assert http.get(json.loads(out)["url"], follow_redirects=True).status_code == 200
