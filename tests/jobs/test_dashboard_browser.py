@@ -107,6 +107,9 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     wait_for(lambda: _chart_points(page) > first)  # the chart grows while the job runs
     legend = page.inner_text('.chart[data-tag="loss"] .legend')
     assert "outputs/tb/rank0" in legend and "outputs/tb/rank1" in legend  # a line per rank
+    page.wait_for_function("() => document.querySelector('#split') && document.querySelector("
+                           "'#split').textContent.includes('rank 1 · 16.0 ms per step')")
+    assert "rank 0 · 15.0 ms per step" in page.inner_text("#split")
     page.screenshot(path=str(artifacts / "job-curves.png"), full_page=True)
 
     page.click("a[data-nav='clusters']")  # the node the job holds, and what it uses

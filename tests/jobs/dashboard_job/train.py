@@ -1,7 +1,8 @@
-"""A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events and a
-numbered line to stdout every 0.2 s, echoes what the test writes to ``say.<rank>`` in the job's
+"""A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events, a step
+profiler record and a numbered line to stdout every 0.2 s, echoes what the test writes to ``say.<rank>`` in the job's
 folder, and exits 0 once the test creates ``release`` there (1 after 120 s without it)."""
 
+import json
 import os
 import sys
 import time
@@ -15,7 +16,13 @@ job_dir = Path(os.environ["RINGTRAIN_JOB_DIR"])
 writer = EventFileWriter(str(job_dir / "outputs" / "tb" / f"rank{rank}"), flush_secs=0.1)
 print("<script>window.__pwned = 1</script> <b>not bold</b>", flush=True)
 said = ""
+(job_dir / "metrics").mkdir(exist_ok=True)
+profile = open(job_dir / "metrics" / f"steps.rank{rank}.jsonl", "a")  # as the step profiler
 for step in range(600):
+    phases = {"data_ms": 2.0 + rank, "forward_backward_ms": 10.0, "communication_ms": 3.0}
+    profile.write(json.dumps({"step": step, "time": time.time(), "step_ms": 15.0 + rank,
+                              **phases}) + "\n")
+    profile.flush()
     value = summary_pb2.Summary.Value(tag="loss", simple_value=1.0 / (1 + step) + rank)
     writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
                                      summary=summary_pb2.Summary(value=[value])))

@@ -8,6 +8,8 @@ const TERMINAL = new Set(["succeeded", "failed", "terminated"]);
 const COLORS = ["#2f6fed", "#e8590c", "#12805c", "#9c36b5", "#c92a2a", "#0b7285", "#5c940d", "#862e9c"];
 const LOG_TAIL_BYTES = 512 * 1024; // a rank's log is shown from at most this far before its end
 const LOG_KEEP_NODES = 4000; // text chunks kept in a log pane; older ones are dropped
+const PHASES = ["data_ms", "h2d_ms", "forward_backward_ms", "communication_ms", "optimizer_ms", "other_ms"];
+const SPLIT_STEPS = 50;
 
 const state = { jobs: new Map(), clusters: [], host: null, connected: false };
 let view = { name: "", cleanup: () => {}, onChange: () => {} };
@@ -364,19 +366,60 @@ function chartsPane(id, summary) {
       return;
     }
     if (!charts.size) container.textContent = "";
+    drawSplit();
     const byTag = new Map();
     for (const s of series) { if (!byTag.has(s.tag)) byTag.set(s.tag, []); byTag.get(s.tag).push(s); }
-    for (const [tag, list] of [...byTag.entries()].sort()) {
+    // The job's own scalars first, then the step profiler's phases (runs "rank N", tags *_ms).
+    const profiler = list => list.every(s => /^rank \d+$/.test(s.run));
+    const ordered = [...byTag.entries()].sort((a, b) =>
+      (profiler(a[1]) - profiler(b[1])) || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+    for (const [tag, list] of ordered) {
       let c = charts.get(tag);
       if (!c) { c = new LineChart(container, tag); c.root.dataset.tag = tag; charts.set(tag, c); }
       c.set(list.map((s, k) => ({ name: list.length > 1 || s.run !== "outputs" ? s.run : tag,
         color: COLORS[k % COLORS.length], xs: xMode === "step" ? s.xs : s.walls, ys: s.ys })), xMode === "time");
       c.root.dataset.points = String(c.points());
+      container.appendChild(c.root); // keeps the order above as tags appear
     }
     if (truncated && !container.querySelector(".trunc")) {
       container.appendChild(el("div", { class: "empty trunc", text: "Too many points: later ones are not shown." }));
     }
   }
+  // The step profiler's phases: per rank, the mean of its last SPLIT_STEPS steps, stacked.
+  function drawSplit() {
+    const ranks = new Map();
+    for (const s of series) {
+      if (!PHASES.includes(s.tag) || !s.ys.length) continue;
+      if (!ranks.has(s.run)) ranks.set(s.run, {});
+      const tail = s.ys.slice(-SPLIT_STEPS);
+      ranks.get(s.run)[s.tag] = tail.reduce((a, b) => a + b, 0) / tail.length;
+    }
+    let box = container.querySelector("#split");
+    if (!ranks.size) { if (box) box.remove(); return; }
+    if (!box) { box = el("div", { class: "chart split-box", id: "split" }); container.prepend(box); }
+    box.textContent = "";
+    box.appendChild(el("h3", { text: `Step time by phase (step profiler, mean of the last ${SPLIT_STEPS} steps)` }));
+    const widest = Math.max(...[...ranks.values()].map(p => PHASES.reduce((a, k) => a + (p[k] || 0), 0))) || 1;
+    for (const [run, p] of [...ranks.entries()].sort()) {
+      const total = PHASES.reduce((a, k) => a + (p[k] || 0), 0);
+      const bar = el("div", { class: "split" });
+      bar.style.width = `${Math.max(2, 100 * total / widest)}%`;
+      PHASES.forEach((k, i) => {
+        if (!p[k]) return;
+        const seg = el("span", { title: `${k.replace("_ms", "")}: ${p[k].toFixed(1)} ms` });
+        seg.style.width = `${100 * p[k] / total}%`;
+        seg.style.background = COLORS[i % COLORS.length];
+        bar.appendChild(seg);
+      });
+      box.append(el("div", { class: "count", text: `${run} · ${total.toFixed(1)} ms per step` }), bar);
+    }
+    box.appendChild(el("div", { class: "legend" }, PHASES.map((k, i) => {
+      const sw = el("i");
+      sw.style.background = COLORS[i % COLORS.length];
+      return el("span", {}, sw, k.replace("_ms", ""));
+    })));
+  }
+
   return {
     show(pane) {
       const xSel = el("select", { id: "x-axis" }, el("option", { value: "step", text: "x: step" }), el("option", { value: "time", text: "x: time" }));
