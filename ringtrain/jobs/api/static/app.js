@@ -168,7 +168,8 @@ const COLUMNS = [
   ["exit_code", "Exit", j => j.exit_code === null ? -1e9 : j.exit_code],
   ["experiment", "Experiment", j => j.experiment || ""], ["message", "Message", j => j.message],
 ];
-const jobsUi = { filter: "", state: "", cluster: "", sort: "created_at", asc: false };
+const jobsUi = { filter: "", state: "", cluster: "", sort: "created_at", asc: false, page: 0 };
+const PAGE_ROWS = 100; // rows of the jobs table per page: a thousand rows would cost the browser
 
 function jobsView(root) {
   const search = el("input", { type: "search", placeholder: "Filter by id, name, experiment, message…", value: jobsUi.filter });
@@ -183,14 +184,18 @@ function jobsView(root) {
     onclick: () => { jobsUi.asc = jobsUi.sort === key ? !jobsUi.asc : key === "id"; jobsUi.sort = key; render(); },
   })));
   const body = el("tbody", { id: "jobs-body" });
+  const prev = el("button", { id: "jobs-prev", text: "‹ newer", onclick: () => { jobsUi.page--; render(); } });
+  const next = el("button", { id: "jobs-next", text: "older ›", onclick: () => { jobsUi.page++; render(); } });
+  const pageNote = el("span", { class: "count", id: "jobs-page" });
   root.appendChild(el("h1", { text: "Jobs" }));
   root.appendChild(el("div", { class: "sub", text: "Every job of this service, updated as it changes." }));
   root.appendChild(el("div", { class: "panel" },
     el("div", { class: "toolbar" }, search, stateSel, clusterSel, count),
-    el("table", { id: "jobs-table" }, el("thead", {}, head), body)));
-  search.addEventListener("input", () => { jobsUi.filter = search.value; render(); });
-  stateSel.addEventListener("change", () => { jobsUi.state = stateSel.value; render(); });
-  clusterSel.addEventListener("change", () => { jobsUi.cluster = clusterSel.value; render(); });
+    el("table", { id: "jobs-table" }, el("thead", {}, head), body),
+    el("div", { class: "toolbar pager" }, prev, pageNote, next)));
+  search.addEventListener("input", () => { jobsUi.filter = search.value; jobsUi.page = 0; render(); });
+  stateSel.addEventListener("change", () => { jobsUi.state = stateSel.value; jobsUi.page = 0; render(); });
+  clusterSel.addEventListener("change", () => { jobsUi.cluster = clusterSel.value; jobsUi.page = 0; render(); });
   const durations = new Map();
   const rowTemplate = el("tr", {}, el("td", { class: "mono" }, el("a")), el("td", { class: "state" }, el("span")),
     el("td"), el("td"), el("td"), el("td"), el("td"), el("td"), el("td", { class: "msg" }));
@@ -221,10 +226,17 @@ function jobsView(root) {
       th.classList.toggle("asc", jobsUi.asc);
     }
     count.textContent = `${rows.length} of ${state.jobs.size} jobs`;
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
+    jobsUi.page = Math.min(Math.max(0, jobsUi.page), pages - 1);
+    const first = jobsUi.page * PAGE_ROWS, shown = rows.slice(first, first + PAGE_ROWS);
+    pageNote.textContent = rows.length ? `${first + 1}–${first + shown.length} of ${rows.length}` : "";
+    prev.disabled = jobsUi.page === 0;
+    next.disabled = jobsUi.page >= pages - 1;
+    prev.parentNode.hidden = pages === 1;
     body.textContent = "";
     durations.clear();
     const frag = document.createDocumentFragment();
-    for (const j of rows) {
+    for (const j of shown) {
       // One cloned template per row, cells filled as text: ~10x cheaper than building each.
       const tr = rowTemplate.cloneNode(true), c = tr.children;
       tr.dataset.job = j.id;
