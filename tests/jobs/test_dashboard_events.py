@@ -56,6 +56,13 @@ def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict]]:
             name = None
 
 
+def _first_snapshot(http: httpx.Client) -> dict:
+    with http.stream("GET", "/v1/events") as stream:
+        name, data = next(_events(stream.iter_lines()))
+    assert name == "snapshot"
+    return data
+
+
 def test_the_event_stream_sends_a_snapshot_then_changes(home: Home, tmp_path: Path) -> None:
     client = connect(home=home)
     client.create_cluster(ClusterSpec(name="c", nodes=1))
@@ -78,11 +85,13 @@ def test_the_event_stream_sends_a_snapshot_then_changes(home: Home, tmp_path: Pa
                     break
         states = [s for i, s in seen if i == job.id]
         assert states[-1] == "succeeded" and len(states) == len(set(states))
+        assert _first_snapshot(http)["jobs"][0]["state"] == "succeeded"  # a later dashboard
         client.delete_job(job.id)
         for name, data in events:
             if name == "changes" and data["removed"]:
                 assert data["removed"] == [job.id]
                 break
+        assert _first_snapshot(http)["jobs"] == []
     client.close()
 
 

@@ -73,6 +73,7 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
                          deployments: Deployments) -> None:
     """Add the page, its assets, the event stream, scalars, host usage and ``/metrics``."""
     sampler = _Usage(service)
+    summaries = _Summaries(service)
     scraper = ReplicaScraper()
 
     @app.get(DASHBOARD_PATH, include_in_schema=False)
@@ -125,7 +126,7 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
     async def events(request: Request) -> StreamingResponse:
         """Server-sent events: ``snapshot`` (clusters, jobs, host), then ``jobs`` (changed
         and removed jobs), ``clusters`` and ``host`` as they change."""
-        return StreamingResponse(_stream(request, service, sampler),
+        return StreamingResponse(_stream(request, service, summaries, sampler),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -193,10 +194,38 @@ def _clusters(service: JobService) -> list[dict[str, Any]]:
     return out
 
 
-def _snapshot(service: JobService, sampler: _Usage) -> tuple[int, dict[str, Any]]:
-    revision = service.store.revision()
-    return revision, {"revision": revision, "clusters": _clusters(service),
-                      "jobs": [job_summary(j) for j in service.store.list_jobs()],
+class _Summaries:
+    """Every job's summary, kept current from the store's change log: the snapshot of a new
+    dashboard costs reading the jobs changed since the previous one, not every job again."""
+
+    def __init__(self, service: JobService):
+        self.service = service
+        self._lock = threading.Lock()
+        self._revision = -1
+        self._jobs: dict[str, dict[str, Any]] = {}
+
+    def all(self) -> tuple[int, list[dict[str, Any]]]:
+        """The store's revision and every job's summary as of (at least) that revision."""
+        store = self.service.store
+        with self._lock:
+            if self._revision < 0:
+                revision = store.revision()  # before the read: later changes are read again
+                self._jobs = {j.id: job_summary(j) for j in store.list_jobs()}
+            else:
+                revision, ids = store.changes_since(self._revision)
+                for job_id in ids:
+                    try:
+                        self._jobs[job_id] = job_summary(store.get_job(job_id))
+                    except NotFoundError:
+                        self._jobs.pop(job_id, None)
+            self._revision = revision
+            return revision, list(self._jobs.values())
+
+
+def _snapshot(service: JobService, summaries: _Summaries,
+              sampler: _Usage) -> tuple[int, dict[str, Any]]:
+    revision, jobs = summaries.all()
+    return revision, {"revision": revision, "clusters": _clusters(service), "jobs": jobs,
                       "host": sampler.sample()}
 
 
@@ -212,9 +241,9 @@ def _changes(service: JobService, since: int) -> tuple[int, dict[str, Any]]:
                       "clusters": _clusters(service)}
 
 
-async def _stream(request: Request, service: JobService,
+async def _stream(request: Request, service: JobService, summaries: _Summaries,
                   sampler: _Usage) -> AsyncIterator[bytes]:
-    revision, snapshot = await asyncio.to_thread(_snapshot, service, sampler)
+    revision, snapshot = await asyncio.to_thread(_snapshot, service, summaries, sampler)
     yield _event("snapshot", snapshot)
     host_at = sent_at = time.monotonic()
     while not await request.is_disconnected():
