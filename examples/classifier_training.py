@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
+from training_curves import TrainingCurves
 
 import ringtrain.torch as hvd
 
@@ -39,7 +40,7 @@ def _average(values: list[float], name: str) -> list[float]:
 
 def train_epoch(model: torch.nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                 scheduler: torch.optim.lr_scheduler.LRScheduler, device: torch.device,
-                desc: str) -> tuple[float, float]:
+                desc: str, curves: TrainingCurves | None = None) -> tuple[float, float]:
     """One pass over this rank's shard; returns the loss and accuracy over all ranks."""
     model.train()
     loss_sum = correct = count = 0.0
@@ -55,6 +56,8 @@ def train_epoch(model: torch.nn.Module, loader: DataLoader, optimizer: torch.opt
         loss_sum += loss.item() * labels.numel()
         correct += (logits.argmax(1) == labels).sum().item()
         count += labels.numel()
+        if curves is not None:
+            curves.step(loss, optimizer, labels.numel())
     loss_sum, correct, count = _average([loss_sum, correct, count], "train_metrics")
     return loss_sum / count, correct / count
 

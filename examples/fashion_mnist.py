@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from tqdm import tqdm
+from training_curves import TrainingCurves
 
 import ringtrain.torch as hvd
 from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR, FashionMNIST
@@ -95,6 +96,7 @@ def train_epoch(
     device: torch.device,
     epoch: int,
     epochs: int,
+    curves: TrainingCurves | None = None,
 ) -> tuple[float, float]:
     """One pass over this rank's shard; returns the loss and accuracy over all ranks."""
     model.train()
@@ -113,6 +115,8 @@ def train_epoch(
         correct += (logits.argmax(1) == labels).sum().item()
         count += labels.numel()
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if curves is not None:
+            curves.step(loss, optimizer, labels.numel())
     loss_sum, correct, count = _average([loss_sum, correct, count], "train_metrics")
     return loss_sum / count, correct / count
 
@@ -183,11 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fashion_mnist: {hvd.size()} process(es), {epochs} epoch(s), global batch "
               f"{args.batch_size * hvd.size()}, lr {args.lr * hvd.size():g}, "
               f"{torch.get_num_threads()} thread(s) each, on {device}", flush=True)
+    curves = TrainingCurves(args.output_dir)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         train_loss, train_acc = train_epoch(model, train_loader, optimizer, scheduler, device,
-                                            epoch, epochs)
+                                            epoch, epochs, curves)
         test_loss, test_acc = evaluate(model, test_loader, device)
+        curves.epoch(epoch + 1, train_loss=train_loss, train_accuracy=train_acc,
+                     test_loss=test_loss, test_accuracy=test_acc)
         if hvd.rank() == 0:
             print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f} acc {train_acc:.4f}"
                   f" | test loss {test_loss:.4f} acc {test_acc:.4f}", flush=True)
@@ -210,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_loss": round(test_loss, 4), "test_accuracy": round(test_acc, 4),
             "wall_s": round(time.perf_counter() - started, 1), "model_path": str(model_path),
         }), flush=True)
+    curves.close()
     hvd.shutdown()
     return 0
 

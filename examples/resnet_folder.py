@@ -28,6 +28,7 @@ from classifier_training import (
     train_epoch,
 )
 from torch.utils.data import DataLoader, DistributedSampler
+from training_curves import TrainingCurves
 
 import ringtrain.torch as hvd
 from ringtrain.models.saved import ModelInfo, save_model
@@ -93,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     if hvd.rank() == 0:
         print(f"resnet_folder: {args.arch}, {hvd.size()} process(es), {len(train_set)} "
               f"training images, {len(train_set.classes)} classes, {size}px", flush=True)
+    curves = TrainingCurves(args.output_dir)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         train_loss, train_acc = train_epoch(model, train_loader, optimizer, scheduler, device,
-                                            f"epoch {epoch + 1}/{args.epochs}")
+                                            f"epoch {epoch + 1}/{args.epochs}", curves)
         val_loss, val_acc = evaluate(model, val_loader, device)
+        curves.epoch(epoch + 1, train_loss=train_loss, train_accuracy=train_acc,
+                     val_loss=val_loss, val_accuracy=val_acc)
         if hvd.rank() == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f} acc "
                   f"{train_acc:.4f} | val loss {val_loss:.4f} acc {val_acc:.4f}", flush=True)
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                           "train_accuracy": round(train_acc, 4), "val_accuracy": round(val_acc, 4),
                           "wall_s": round(time.perf_counter() - started, 1),
                           "model_dir": str(args.output_dir)}), flush=True)
+    curves.close()
     hvd.shutdown()
     return 0
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
+from training_curves import TrainingCurves
 
 import ringtrain.torch as hvd
 from ringtrain.data.coco import CocoDetection, collate
@@ -142,7 +143,8 @@ def sparse_tiles_left_out(dataset: CocoDetection, min_boxes: int) -> int:
     return before - len(dataset.images)
 
 
-def train_epoch(model, loader, optimizer, scheduler, epoch: int, epochs: int) -> float:
+def train_epoch(model, loader, optimizer, scheduler, epoch: int, epochs: int,
+                curves: TrainingCurves | None = None) -> float:
     """One pass over this rank's shard; returns the mean loss over all ranks."""
     model.train()
     total = steps = 0.0
@@ -158,6 +160,8 @@ def train_epoch(model, loader, optimizer, scheduler, epoch: int, epochs: int) ->
         total += loss.item()
         steps += 1
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if curves is not None:
+            curves.step(loss, optimizer, len(images))
     (mean,) = hvd.allreduce(torch.tensor([total / max(steps, 1)]), name="train_loss").tolist()
     return mean
 
@@ -237,13 +241,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{batch * hvd.size()}, peak lr {lr:g} ({args.recipe}), backbone "
               f"{'random' if weights is None else 'ImageNet ' + weights.name}", flush=True)
     history = []
+    curves = TrainingCurves(args.output_dir, every=5)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        loss = train_epoch(model, loader, optimizer, scheduler, epoch, args.epochs)
+        loss = train_epoch(model, loader, optimizer, scheduler, epoch, args.epochs, curves)
         if hvd.rank() == 0:
             metrics = {"epoch": epoch + 1, "train_loss": round(loss, 4), **evaluate(model, val_set),
                        "elapsed_s": round(time.perf_counter() - started, 1)}
             history.append(metrics)
+            curves.epoch(epoch + 1, train_loss=loss, map=metrics["map"],
+                         map_50=metrics["map_50"])
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} | val mAP {metrics['map']:.4f}"
                   f" mAP@.5 {metrics['map_50']:.4f} recall {metrics['recall_100']:.4f}", flush=True)
             (args.output_dir / "metrics.json").write_text(json.dumps(history, indent=1))
@@ -260,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                           "best_map_50": max(h["map_50"] for h in history),
                           "wall_s": round(time.perf_counter() - started, 1),
                           "model_dir": str(args.output_dir)}), flush=True)
+    curves.close()
     hvd.shutdown()
     return 0
 

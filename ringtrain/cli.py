@@ -16,6 +16,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("ringtrain.jobs.cli", "create, resize and delete job clusters"),
     "server": ("ringtrain.jobs.cli", "run or stop the job service"),
     "deployment": ("ringtrain.jobs.cli", "list, show and stop served models (job deploy)"),
+    "dashboard": ("ringtrain.jobs.cli", "print the job service's web dashboard URL (--open)"),
     "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
     "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),

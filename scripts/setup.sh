@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(dataset-fashion-mnist openssh-server openssh-client iproute2)
+# chromium + chromium-driver: the job service dashboard's browser test (Playwright drives it)
+APT_PACKAGES=(dataset-fashion-mnist openssh-server openssh-client iproute2 chromium chromium-driver)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -251,6 +251,18 @@ class JobsClient:
 
     # -- deployments -------------------------------------------------------------------------
 
+    def scalars(self, job_id: str, cursor: int = 0) -> dict[str, Any]:
+        """The training scalars a job logged: ``{"cursor", "series", "points", "truncated"}``,
+        ``points`` being ``[series index, step, wall_time, value]`` after ``cursor``."""
+        return self._retrying(lambda: self._call("GET", _job_path(job_id, "scalars"),
+                                                 params={"cursor": cursor}))
+
+    def dashboard_url(self) -> str:
+        """The dashboard's address with this client's token, to open in a browser (it sets a
+        cookie and drops the token from the address bar)."""
+        query = f"?token={quote(self._token, safe='')}" if self._token else ""
+        return f"{self.url}/dashboard{query}"
+
     def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
         """Serve a succeeded job's saved model with ``replicas`` servers (a new deployment)."""
         body: dict[str, Any] = {"replicas": replicas}

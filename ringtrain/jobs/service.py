@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ringtrain.jobs.errors import (
     ConflictError,
@@ -34,6 +34,7 @@ from ringtrain.jobs.models import (
     JobState,
 )
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.monitor.scalars import ScalarCache
 from ringtrain.jobs.ray.agent import ensure_agents
 from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
 from ringtrain.jobs.scheduler import Scheduler
@@ -70,7 +71,10 @@ class JobService:
         self.clock = clock
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set after a change the scheduler should act on at once
+        #: Called with each tick's duration in seconds (the service's Prometheus histogram).
+        self.tick_observers: list[Callable[[float], None]] = []
         self.stager = Stager(self._stage)
+        self.scalars = ScalarCache()
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -295,6 +299,7 @@ class JobService:
         """
         with self.lock:
             self.store.remove_job(job_id)
+        self.scalars.forget(job_id)
         self.share.remove_job_dir(job_id)
 
     def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
@@ -312,6 +317,12 @@ class JobService:
         """
         self.store.get_job(job_id)
         return self.share.open_file(job_id, path)
+
+    def job_scalars(self, job_id: str, cursor: int = 0) -> dict[str, Any]:
+        """The training scalars a job logged (see :class:`~ringtrain.jobs.monitor.scalars.
+        JobScalars`), the points after ``cursor``. Raises NotFoundError."""
+        self.store.get_job(job_id)
+        return self.scalars.get(job_id, self.share.job_dir(job_id)).since(cursor)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> Path:
         """Where one rank's stdout or stderr is (it may not exist yet).
@@ -334,8 +345,11 @@ class JobService:
 
     def tick(self) -> None:
         """One scheduler pass under the service lock."""
+        start = time.perf_counter()
         with self.lock:
             self.scheduler.tick()
+        for observe in self.tick_observers:
+            observe(time.perf_counter() - start)
 
     def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
                  min_gap_s: float = 0.05) -> None:

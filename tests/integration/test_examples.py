@@ -72,6 +72,14 @@ def test_fashion_mnist_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     state = torch.load(out / "model.pt")
     assert set(state) == set(checkpoint["model"])
     assert metrics["model_path"] == str(out / "model.pt")
+    # Its training curves, as the job service's dashboard reads them.
+    from ringtrain.jobs.monitor.tfevents import EventFileReader
+
+    (events,) = (out / "tb").glob("*tfevents*")
+    tags = {s.tag: s for s in EventFileReader(events).read()}
+    assert {"train/loss", "train/lr", "train/images_per_s"} <= set(tags)
+    assert tags["epoch/test_accuracy"].value == pytest.approx(float(metrics["test_accuracy"]),
+                                                              abs=1e-4)
 
 
 @needs_data

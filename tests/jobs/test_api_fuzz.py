@@ -59,7 +59,8 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
 
 def operations() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) of every route; negative cases only where there is input to spoil."""
-    plain = {("GET", "/v1/health"), ("GET", "/v1/clusters"), ("GET", "/v1/deployments")}
+    plain = {("GET", "/v1/health"), ("GET", "/v1/clusters"), ("GET", "/v1/deployments"),
+             ("GET", "/v1/host"), ("GET", "/v1/deployment-metrics")}
     routes = [("GET", "/v1/health"), ("GET", "/v1/clusters"), ("POST", "/v1/clusters"),
               ("GET", "/v1/clusters/{name}"), ("PATCH", "/v1/clusters/{name}"),
               ("DELETE", "/v1/clusters/{name}"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs"),
@@ -69,7 +70,9 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
               # No drawn deploy starts: the only job never succeeds.
               ("POST", "/v1/jobs/{job_id}/deploy"), ("GET", "/v1/deployments"),
               ("GET", "/v1/deployments/{deployment_id}"),
-              ("POST", "/v1/deployments/{deployment_id}/stop")]
+              ("POST", "/v1/deployments/{deployment_id}/stop"),
+              ("GET", "/v1/jobs/{job_id}/scalars"), ("GET", "/v1/host"),
+              ("GET", "/v1/deployment-metrics")]
     return [(m, p, mode) for m, p in routes for mode in GenerationMode
             if mode == GenerationMode.POSITIVE or (m, p) not in plain]
 

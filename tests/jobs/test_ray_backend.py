@@ -232,6 +232,19 @@ def test_cluster_show_has_ray_node_table_and_resize_is_refused(rays: RayService)
 
 
 @inside
+def test_agents_sample_their_machines_for_the_dashboard(rays: RayService, ray_cluster) -> None:
+    def both() -> dict | None:
+        usage = rays.service.ray.node_usage(ray_cluster.address)
+        return usage if len(usage) == 2 else None
+
+    usage = wait_for(both)
+    assert set(usage) == {n.node_id for n in rays.service.get_cluster("r").ray_nodes}
+    for sample in usage.values():
+        assert sample["cpus"] >= 1 and 0 < sample["memory_used"] <= sample["memory_total"]
+        assert 0.0 <= sample["cpu_percent"] <= 100.0 and sample["gpus"] == []
+
+
+@inside
 def test_two_node_job_spreads_over_both_machines_and_trains(rays: RayService) -> None:
     job = rays.submit("r", ALLREDUCE, job_preparation="echo prepared node $RINGTRAIN_NODE_INDEX",
                       outputs=["model"])

@@ -3,7 +3,9 @@
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
 names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 413 body
 too large). With a token, every request (``/openapi.json`` and ``/docs`` included) must name an
-allowed Host and carry ``Authorization: Bearer <token>`` (:mod:`ringtrain.jobs.api.guard`).
+allowed Host and carry ``Authorization: Bearer <token>``, or the dashboard's cookie
+(:mod:`ringtrain.jobs.api.guard`). The dashboard, its event stream and ``/metrics`` are added by
+:mod:`ringtrain.jobs.api.dashboard`.
 
 Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
 worker threads too. What does run on the event loop, decoding and validating a body, is bounded
@@ -22,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ringtrain import __version__
+from ringtrain.jobs.api.dashboard import add_dashboard_routes
 from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.limits import BodyLimit
 from ringtrain.jobs.api.logs import CHUNK, follow_file
@@ -40,6 +43,7 @@ from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, J
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
+from ringtrain.jobs.monitor.service_metrics import LatencyMiddleware, ServiceMetrics
 from ringtrain.jobs.service import JobService
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -69,8 +73,10 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   description="Clusters, training jobs, their logs and output files, and "
                               "deployments of their models.")
+    metrics = ServiceMetrics(service)
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
+    app.add_middleware(LatencyMiddleware, metrics=metrics)
     if token is not None:
         app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
 
@@ -188,6 +194,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         return deployments.stop(deployment_id)
 
     app.include_router(r)
+    add_dashboard_routes(app, service, metrics, deployments)
     return app
 
 

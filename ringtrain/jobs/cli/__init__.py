@@ -12,10 +12,11 @@ import os
 import sys
 
 from ringtrain.errors import ConfigError
-from ringtrain.jobs.cli import cluster, deployment, job, output, server
+from ringtrain.jobs.cli import cluster, dashboard, deployment, job, output, server
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, SpecError
 
-_GROUPS = {"job": job, "cluster": cluster, "server": server, "deployment": deployment}
+_GROUPS = {"job": job, "cluster": cluster, "server": server, "deployment": deployment,
+           "dashboard": dashboard}
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -30,7 +31,8 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Run one command; ``argv[0]`` is the group (job, cluster, server or deployment)."""
+    """Run one command; ``argv[0]`` is the group (job, cluster, server, deployment or
+    dashboard)."""
     group = _GROUPS[argv[0]]
     parser = argparse.ArgumentParser(prog=f"ringtrain {argv[0]}", description=group.__doc__)
     group.add_commands(parser, common_options())

@@ -40,6 +40,12 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--follow", action="store_true",
                    help="stream until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_logs)
+    p = sub.add_parser("metrics", parents=[common],
+                       help="the training scalars a job logged (TensorBoard events under its "
+                            "outputs, the step profiler's phases)")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--tag", help="only the series of this tag")
+    p.set_defaults(func=_metrics)
     p = sub.add_parser("files", parents=[common], help="list the files of a job's folder")
     p.add_argument("id", type=job_id)
     p.add_argument("path", nargs="?", default="", help="a sub-folder, e.g. outputs/model")
@@ -157,6 +163,33 @@ def _logs(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    data = _client(args).scalars(args.id)
+    series = [{"run": m["run"], "tag": m["tag"], "steps": [], "wall_times": [], "values": []}
+              for m in data["series"]]
+    for index, step, wall, value in data["points"]:
+        series[index]["steps"].append(step)
+        series[index]["wall_times"].append(wall)
+        series[index]["values"].append(value)
+    if args.tag is not None:
+        series = [s for s in series if s["tag"] == args.tag]
+    if args.output == "json":
+        output.emit_json({"id": args.id, "series": series, "truncated": data["truncated"]})
+        return 0
+    if not series:
+        print(f"job {args.id} logged no scalars"
+              + (f" tagged {args.tag!r}" if args.tag is not None else "")
+              + " (TensorBoard event files under outputs/, or the step profiler's metrics/)")
+        return 0
+    print(output.table(
+        ["RUN", "TAG", "POINTS", "LAST STEP", "LAST", "MIN", "MAX"],
+        [[s["run"], s["tag"], len(s["values"]), s["steps"][-1], f"{s['values'][-1]:.6g}",
+          f"{min(s['values']):.6g}", f"{max(s['values']):.6g}"] for s in series]))
+    if data["truncated"]:
+        print("(the service keeps a bounded number of points per job; later ones are not shown)")
     return 0
 
 

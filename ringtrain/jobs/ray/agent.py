@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ringtrain.jobs.monitor.host import HostSampler
 from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
 
 #: Calls one agent serves at once: status polls of every attempt on its node, and starts/stops.
@@ -60,6 +61,7 @@ class NodeAgent:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runners: dict[str, NodeRunner] = {}
+        self._usage = HostSampler(max_age_s=1.0)
 
     def start(self, key: str, plan: NodePlan) -> None:
         """Start node ``plan.node`` of an attempt under ``key`` (once: a repeated call does
@@ -74,6 +76,11 @@ class NodeAgent:
         """The node's status (see :meth:`NodeRunner.status`); ``None`` for an unknown key."""
         runner = self._runners.get(key)
         return None if runner is None else runner.status(offsets)
+
+    def usage(self) -> dict[str, Any]:
+        """This machine's CPU, memory and GPUs (see :class:`~ringtrain.jobs.monitor.host.
+        HostSampler`), for the dashboard's clusters page."""
+        return self._usage.sample()
 
     def rendezvous(self, key: str) -> tuple[str, int] | None:
         """Where node 0 of the attempt ``key`` serves the rendezvous store, if it is here."""

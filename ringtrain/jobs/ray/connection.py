@@ -114,6 +114,37 @@ class RayConnection:
         return out
 
 
+    def node_usage(self, address: str, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+        """Each alive machine's CPU, memory and GPUs, sampled there by its agent, by Ray node
+        id. Machines whose agent does not answer within ``timeout_s`` (not started yet, or from
+        a ringtrain without this call) are left out.
+
+        Raises:
+            InvalidRequestError: see :meth:`connect`.
+        """
+        from ringtrain.jobs.ray.agent import agent_name
+
+        ray = self.connect(address)
+        calls = {}
+        for n in ray.nodes():
+            if not n["Alive"]:
+                continue
+            try:
+                calls[n["NodeID"]] = ray.get_actor(agent_name(n["NodeID"])).usage.remote()
+            except (ValueError, AttributeError):  # no agent there, or one without `usage`
+                continue
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=timeout_s)
+        done = set(ready)
+        out = {}
+        for node_id, ref in calls.items():
+            if ref in done:
+                try:
+                    out[node_id] = ray.get(ref, timeout=0)
+                except Exception:  # noqa: BLE001, S112 - an agent that failed is left out
+                    continue
+        return out
+
+
 def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1") -> str:
     """Start a Ray head on this host with ``ray start`` and return its address.
 

@@ -126,6 +126,15 @@ class Store(Protocol):
         """Forget a job in a final state. Raises ConflictError if it is not final."""
         ...
 
+    def revision(self) -> int:
+        """How many writes the store committed since it was opened (in this process)."""
+        ...
+
+    def changes_since(self, revision: int) -> tuple[int, list[str]]:
+        """The store's current revision (its count of writes since it was opened) and the ids
+        of the jobs written after ``revision``, oldest change first (removed ones included)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

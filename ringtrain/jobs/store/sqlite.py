@@ -29,6 +29,7 @@ from ringtrain.jobs.models import (
     check_job_transition,
     check_node_transition,
 )
+from ringtrain.jobs.store.changes import ChangeLog
 
 SCHEMA_VERSION = 3
 _SCHEMA = """
@@ -64,6 +65,7 @@ class SQLiteStore:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self.changes = ChangeLog()
         db = self._conn()
         db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
         with self._tx() as db:  # one process adds the new columns; the others see them
@@ -93,7 +95,8 @@ class SQLiteStore:
         return conn
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, job_id: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; once committed, :attr:`changes` records it (of ``job_id``)."""
         db = self._conn()
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -102,6 +105,13 @@ class SQLiteStore:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self.changes.touch(job_id)
+
+    def revision(self) -> int:
+        return self.changes.revision
+
+    def changes_since(self, revision: int) -> tuple[int, list[str]]:
+        return self.changes.since(revision)
 
     def journal_mode(self) -> str:
         """The database's journal mode (``wal``)."""
@@ -223,7 +233,7 @@ class SQLiteStore:
     # -- jobs --------------------------------------------------------------------------------
 
     def add_job(self, job: JobInfo, idempotency_key: str | None = None) -> JobInfo:
-        with self._tx() as db:
+        with self._tx(job.id) as db:
             if idempotency_key is not None:
                 row = db.execute("SELECT * FROM jobs WHERE idempotency_key=?",
                                  (idempotency_key,)).fetchone()
@@ -263,7 +273,7 @@ class SQLiteStore:
     def update_job(self, job_id: str, target: JobState, now: float, *,
                    nodes: list[int] | None = None, message: str | None = None,
                    exit_code: int | None = None, ends_as: JobState | None = None) -> JobInfo:
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             job = self._job(db, job_id)
             check_job_transition(job_id, job.state, target)
             sets: dict[str, Any] = {"state": target.value}
@@ -297,7 +307,7 @@ class SQLiteStore:
 
     def set_job_nodes(self, job_id: str, nodes: list[int], message: str | None = None
                       ) -> JobInfo:
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             job = self._job(db, job_id)
             if job.state not in (JobState.PREPARING, JobState.RUNNING):
                 raise ConflictError(f"job {job_id} is {job.state.value}: only a started job's "
@@ -318,7 +328,7 @@ class SQLiteStore:
             return self._job(db, job_id)
 
     def set_message(self, job_id: str, message: str) -> None:
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             self._job(db, job_id)
             db.execute("UPDATE jobs SET message=? WHERE id=?", (message, job_id))
 
@@ -332,7 +342,7 @@ class SQLiteStore:
         return json.loads(row["launch"]) if row["launch"] else None
 
     def remove_job(self, job_id: str) -> None:
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             job = self._job(db, job_id)
             if not job.state.is_terminal():
                 raise ConflictError(f"job {job_id} is {job.state.value}; terminate it first "

@@ -1,0 +1,175 @@
+"""A job's training scalars, gathered from the files its processes write, as they grow.
+
+Two sources, both under the job's folder:
+
+- TensorBoard event files (``*tfevents*``) anywhere below ``outputs/``: one *run* per folder
+  holding them (``outputs/tb``, ``outputs/tb/rank1``), one series per run and tag.
+- The step profiler's ``metrics/steps.rank<N>.jsonl``: run ``rank N``, one series per phase
+  (``step_ms``, ``data_ms``, ``forward_backward_ms``, ``communication_ms``, ...).
+
+Points are kept in one append-only list, so a client asks for what came after the count it
+has (its cursor) and never receives a point twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from ringtrain.jobs.monitor.tfevents import EventFileReader, open_regular
+
+#: Files looked at per scan, so that a job writing millions of outputs cannot stall a request.
+MAX_SCAN_ENTRIES = 20_000
+#: Points kept per job; past it, new points are dropped (and the response says so).
+MAX_POINTS = 500_000
+#: Seconds between scans for new files (reads of the files known happen on every refresh).
+SCAN_EVERY_S = 1.0
+_STEPS_FILE = re.compile(r"steps\.rank(\d+)\.jsonl")
+_PHASE_KEYS = ("step_ms", "data_ms", "h2d_ms", "forward_backward_ms", "communication_ms",
+               "optimizer_ms", "other_ms")
+
+
+class _StepsFileReader:
+    """Reads one ``steps.rank<N>.jsonl`` incrementally, whole lines only."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path = path
+        self.run = f"rank {rank}"
+        self.offset = 0
+
+    def read(self) -> list[tuple[str, int, float, float]]:
+        try:
+            fd = open_regular(self.path)
+        except OSError:
+            return []
+        try:
+            data = os.pread(fd, 4 * 1024 * 1024, self.offset)
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+                step, wall = int(record["step"]), float(record.get("time", 0.0))
+            except (ValueError, KeyError, TypeError):
+                continue
+            for key in _PHASE_KEYS:
+                value = record.get(key)
+                if isinstance(value, (int, float)):
+                    out.append((key, step, wall, float(value)))
+        return out
+
+
+class JobScalars:
+    """The scalars of one job's folder.
+
+    Args:
+        job_dir: the job's folder on the share.
+    """
+
+    def __init__(self, job_dir: Path):
+        self.job_dir = job_dir
+        self.series: list[dict[str, str]] = []  # {"run", "tag"}, indexed by the points
+        self.points: list[tuple[int, int, float, float]] = []  # (series, step, wall, value)
+        self.truncated = False
+        self._index: dict[tuple[str, str], int] = {}
+        self._events: dict[Path, EventFileReader] = {}
+        self._steps: dict[Path, _StepsFileReader] = {}
+        self._scanned_at = 0.0
+        self._lock = threading.Lock()
+
+    def since(self, cursor: int) -> dict[str, Any]:
+        """Read what was written, then return the points after ``cursor``.
+
+        Returns:
+            ``{"cursor", "series", "points", "truncated"}``: the new cursor, every series
+            (``run``, ``tag``), and the new points as ``[series, step, wall_time, value]``.
+        """
+        with self._lock:
+            self._refresh()
+            cursor = max(0, min(cursor, len(self.points)))
+            return {"cursor": len(self.points), "series": list(self.series),
+                    "points": [list(p) for p in self.points[cursor:]],
+                    "truncated": self.truncated}
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._scanned_at >= SCAN_EVERY_S:
+            self._scanned_at = now
+            self._scan()
+        for path, reader in self._events.items():
+            run = str(path.parent.relative_to(self.job_dir))
+            for s in reader.read():
+                self._add(run, s.tag, s.step, s.wall_time, s.value)
+        for steps in self._steps.values():
+            for tag, step, wall, value in steps.read():
+                self._add(steps.run, tag, step, wall, value)
+
+    def _scan(self) -> None:
+        seen = 0
+        for top, dirs, files in os.walk(self.job_dir / "outputs"):  # never follows links
+            dirs.sort()
+            for name in sorted(files):
+                seen += 1
+                if seen > MAX_SCAN_ENTRIES:
+                    return
+                path = Path(top) / name
+                if "tfevents" in name and path not in self._events:
+                    self._events[path] = EventFileReader(path)
+        try:
+            names = sorted(os.listdir(self.job_dir / "metrics"))
+        except OSError:
+            return
+        for name in names[:1024]:
+            match = _STEPS_FILE.fullmatch(name)
+            path = self.job_dir / "metrics" / name
+            if match and path not in self._steps:
+                self._steps[path] = _StepsFileReader(path, int(match.group(1)))
+
+    def _add(self, run: str, tag: str, step: int, wall: float, value: float) -> None:
+        if len(self.points) >= MAX_POINTS:
+            self.truncated = True
+            return
+        key = (run, tag)
+        index = self._index.get(key)
+        if index is None:
+            index = self._index[key] = len(self.series)
+            self.series.append({"run": run, "tag": tag})
+        self.points.append((index, step, wall, value))
+
+
+class ScalarCache:
+    """The :class:`JobScalars` of the jobs looked at lately (least recently used dropped).
+
+    Args:
+        size: how many jobs to keep.
+    """
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._jobs: OrderedDict[str, JobScalars] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str, job_dir: Path) -> JobScalars:
+        """The scalars of one job, made on first use."""
+        with self._lock:
+            found = self._jobs.get(job_id)
+            if found is None or found.job_dir != job_dir:
+                found = self._jobs[job_id] = JobScalars(job_dir)
+            self._jobs.move_to_end(job_id)
+            while len(self._jobs) > self.size:
+                self._jobs.popitem(last=False)
+            return found
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job's scalars (it was deleted)."""
+        with self._lock:
+            self._jobs.pop(job_id, None)

@@ -1,0 +1,170 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright) against a
+real job service on loopback, with a real 2-rank job that logs TensorBoard scalars.
+
+Screenshots of each page go to ``$RINGTRAIN_TEST_ARTIFACTS`` (else a folder under the test's
+tmp dir); the test prints where.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringtrain.jobs.client import JobsClient
+from ringtrain.jobs.connect import connect
+from ringtrain.jobs.home import Home
+from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
+
+from .conftest import wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+JOB_FILES = Path(__file__).parent / "dashboard_job"
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="needs Debian's chromium (scripts/setup.sh installs it)")
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    root = Path(os.environ.get("RINGTRAIN_TEST_ARTIFACTS") or tmp_path / "artifacts")
+    folder = root / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"dashboard screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def service(home: Home, tmp_path: Path) -> Iterator[JobsClient]:
+    client = connect(home=home)
+    client.create_cluster(ClusterSpec(name="c", nodes=2, slots=2))
+    yield client
+    for job in client.list_jobs():
+        if not job.state.is_terminal():
+            client.terminate(job.id)
+    client.close()
+
+
+def _submit(client: JobsClient, tmp_path: Path, name: str) -> str:
+    wd = tmp_path / f"wd-{name}"
+    if not wd.exists():
+        shutil.copytree(JOB_FILES, wd)
+    spec = parse_job_spec({"name": name, "node_count": 1, "process_count_per_node": 2,
+                           "command": f"{sys.executable} train.py", "working_dir": str(wd),
+                           "outputs": ["tb"]})
+    return client.submit("c", spec).id
+
+
+def _state_of(page: Any, job_id: str) -> str:
+    return page.eval_on_selector(f'tr[data-job="{job_id}"] td.state', "e => e.textContent")
+
+
+def _chart_points(page: Any) -> int:
+    return page.evaluate("() => { const c = document.querySelector('.chart[data-tag=\"loss\"]');"
+                         " return c ? Number(c.dataset.points) : 0; }")
+
+
+def test_jobs_logs_curves_and_terminate_live_in_a_browser(
+        service: JobsClient, home: Home, tmp_path: Path, browser: Any, artifacts: Path) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("dialog", lambda d: d.accept())
+    page.goto(service.dashboard_url())
+    assert "token=" not in page.url  # the token went into a cookie, out of the address bar
+    page.wait_for_selector("#live.on")
+
+    job_id = _submit(service, tmp_path, "curves")
+    job_dir = Path(service.get_job(job_id).job_dir)
+    page.wait_for_selector(f'tr[data-job="{job_id}"]')  # appeared without a reload
+    wait_for(lambda: _state_of(page, job_id) == "running")
+    page.screenshot(path=str(artifacts / "jobs.png"), full_page=True)
+
+    page.click(f'tr[data-job="{job_id}"] a')
+    page.wait_for_selector('.chart[data-tag="loss"]')
+    first = wait_for(lambda: _chart_points(page))
+    assert service.get_job(job_id).state == JobState.RUNNING
+    wait_for(lambda: _chart_points(page) > first)  # the chart grows while the job runs
+    legend = page.inner_text('.chart[data-tag="loss"] .legend')
+    assert "outputs/tb/rank0" in legend and "outputs/tb/rank1" in legend  # a line per rank
+    page.wait_for_function("() => document.querySelector('#split') && document.querySelector("
+                           "'#split').textContent.includes('rank 1 · 16.0 ms per step')")
+    assert "rank 0 · 15.0 ms per step" in page.inner_text("#split")
+    page.screenshot(path=str(artifacts / "job-curves.png"), full_page=True)
+
+    page.click("a[data-nav='clusters']")  # the node the job holds, and what it uses
+    page.wait_for_function(f"() => [...document.querySelectorAll('tr[data-node^=\"c/\"]')]"
+                           f".some(r => r.textContent.includes('{job_id}')"
+                           " && r.textContent.includes(' proc.'))")
+    page.screenshot(path=str(artifacts / "clusters-running.png"), full_page=True)
+    page.go_back()
+    page.wait_for_selector('.chart[data-tag="loss"]')
+    page.click('button[data-tab="logs"]')
+    page.select_option("#log-rank", "1")
+    page.wait_for_function("() => document.querySelector('#log').textContent"
+                           ".includes('rank 1 step')")
+    (job_dir / "say.1").write_text("written after the page opened: 7f3e")
+    page.wait_for_function("() => document.querySelector('#log').textContent"
+                           ".includes('written after the page opened: 7f3e')")
+    page.select_option("#log-rank", "0")
+    page.wait_for_function("() => document.querySelector('#log').textContent"
+                           ".includes('<script>window.__pwned = 1</script>')")
+    # The job's markup is text: no element was made of it and its script never ran.
+    assert page.evaluate("() => document.querySelectorAll('#log *').length") == 0
+    assert page.evaluate("() => window.__pwned") is None
+    page.screenshot(path=str(artifacts / "job-logs.png"), full_page=True)
+
+    (job_dir / "release").write_text("")
+    page.wait_for_function("() => document.querySelector('#job-state').textContent"
+                           " === 'succeeded'")
+    assert page.is_disabled("#terminate") and not page.is_disabled("#delete")
+    page.click('button[data-tab="files"]')
+    page.wait_for_selector("#files td.mono")
+    assert "outputs/tb/rank0" in page.inner_text("#files")
+    page.screenshot(path=str(artifacts / "job-files.png"), full_page=True)
+
+    doomed = _submit(service, tmp_path, "doomed")
+    page.goto(f"{service.url}/dashboard#/jobs/{doomed}")
+    page.wait_for_function("() => document.querySelector('#job-state').textContent"
+                           " === 'running'")
+    page.click("#terminate")  # the confirmation dialog is accepted
+    page.wait_for_function("() => document.querySelector('#job-state').textContent"
+                           " === 'terminated'")
+    assert service.get_job(doomed).state == JobState.TERMINATED
+
+    page.goto(f"{service.url}/dashboard#/jobs")
+    wait_for(lambda: _state_of(page, job_id) == "succeeded" and _state_of(page, doomed)
+             == "terminated")
+    page.click("th[data-key='state']")  # sort by state
+    page.fill("input[type=search]", "doomed")
+    assert page.eval_on_selector_all("#jobs-body tr[data-job]",
+                                     "rows => rows.map(r => r.dataset.job)") == [doomed]
+    page.fill("input[type=search]", "")
+    page.screenshot(path=str(artifacts / "jobs-done.png"), full_page=True)
+    page.click("a[data-nav='clusters']")
+    page.wait_for_selector("tr[data-node='c/0']")
+    page.screenshot(path=str(artifacts / "clusters.png"), full_page=True)
+    page.click("a[data-nav='deployments']")
+    page.wait_for_selector("#deployments .panel")
+    page.screenshot(path=str(artifacts / "deployments.png"), full_page=True)
+    assert problems == [], "\n".join(problems)
