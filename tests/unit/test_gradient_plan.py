@@ -19,10 +19,8 @@ import json, sys, time
 from pathlib import Path
 import torch
 import ringtrain.torch as hvd
-from ringtrain.torch import optimizer as opt_module
 from ringtrain.torch.gradient_plan import GradientRecorder
 
-opt_module.BUCKET_BYTES = 1  # every gradient a bucket of its own
 torch.manual_seed(0)
 
 class Slow(torch.nn.Module):
@@ -56,7 +54,9 @@ hvd.shutdown()
 def test_recorder_writes_bucket_bytes_and_when_backward_made_them(tmp_path):
     path = tmp_path / "gradients.rank0.json"
     subprocess.run([sys.executable, "-c", _SCRIPT, str(path)], check=True, timeout=120,
-                   cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                   cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                        # every gradient a bucket of its own
+                        "RINGTRAIN_BUCKET_BYTES": "1"})
     plan = read_plan(tmp_path)
     assert plan is not None and plan.device == "cpu" and plan.steps == 3
     # Linear(100, 100) then Linear(8, 100): weights and biases, each a bucket of its own.
