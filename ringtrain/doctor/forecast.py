@@ -266,6 +266,7 @@ def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
         print(f"ringtrain doctor: {message}", file=sys.stderr, flush=True)
 
     cores = host_cores()
+    load_avg = os.getloadavg()  # measurements on a busy host are slower: the report says so
     forecaster = Forecaster(command, args.work_dir, args.warmup, args.steps, args.timeout, log)
     try:
         base = forecaster.one_process(None)
@@ -302,7 +303,8 @@ def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
             log(f"{e} (the forecast is reported without that check)")
     context = forecast_report.Context(
         command=command, cores=cores, per_host=per_host, device="cpu" if cpu else "cuda",
-        network=network, measured=measured, link_samples=samples, base=base)
+        network=network, measured=measured, link_samples=samples, base=base,
+        load_avg=load_avg)
     chart = args.work_dir / "forecast.png"
     forecast_report.write_chart(points, checks, context, chart)
     if args.output == "json":

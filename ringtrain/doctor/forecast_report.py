@@ -36,6 +36,7 @@ class Context:
     measured: dict  # cores -> forecast.Measured
     base: object
     link_samples: list = field(default_factory=list)
+    load_avg: tuple[float, float, float] | None = None  # at the start of the measurements
 
     @property
     def unit(self) -> str:
@@ -84,7 +85,9 @@ def as_text(points: list[Point], checks: dict, context: Context) -> str:
     """The report: measurements, network, table, self-check, terminal chart, assumptions."""
     strategies = list(dict.fromkeys(p.strategy for p in points))
     lines = [f"ringtrain doctor --forecast: {' '.join(context.command)}", "",
-             "measured here:", *measurement_lines(context), "",
+             "measured here" + (f" (load average {context.load_avg[0]:.1f} at the start, "
+                                f"{context.cores} core(s)):" if context.load_avg else ":"),
+             *measurement_lines(context), "",
              f"network: {context.network.assumptions}",
              f"hosts of {context.per_host} worker(s) ({context.device} training)", ""]
     head = f"{'workers':>7}{'hosts':>6}  " + "".join(f"{s:<28}" for s in strategies)
@@ -127,7 +130,7 @@ def as_json(points: list[Point], checks: dict, context: Context) -> dict:
     """Everything, for ``-o json``."""
     return {
         "command": context.command, "device": context.device, "per_host": context.per_host,
-        "cores": context.cores, "network": {"name": context.network.name,
+        "cores": context.cores, "load_avg": context.load_avg, "network": {"name": context.network.name,
                                             "assumptions": context.network.assumptions},
         "unit": context.unit,
         "measured": {str(c): {k: v for k, v in m.__dict__.items() if k not in ("plan", "notes")}
