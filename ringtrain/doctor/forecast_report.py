@@ -110,6 +110,10 @@ def as_text(points: list[Point], checks: dict, context: Context) -> str:
     if checks:
         lines.append("error: (ring forecast - measured) / measured; forecasts from 1-process "
                      "runs only, medians over steps")
+    if checks and context.load_avg and context.load_avg[0] > context.cores:
+        lines.append(f"warning: this host was busy (load average {context.load_avg[0]:.1f} on "
+                     f"{context.cores} core(s)): other work shares the cores, steps vary from "
+                     "run to run, and the error says as much about that as about the forecast")
     lines += ["", *terminal_chart(points), "", "assumes:"]
     lines += [f"  - {a}" for a in ASSUMPTIONS]
     return "\n".join(lines)

@@ -116,6 +116,10 @@ def test_report_table_json_and_chart(tmp_path):
     # Every size forecast on its core share: 1 core per worker at 2 and 4 (2 per host).
     assert all(p.compute_ms == 144.0 for p in points)
     text = forecast_report.as_text(points, checks, context)
+    assert "warning: this host was busy" not in text
+    context.load_avg = (7.5, 7.0, 6.0)
+    busy = forecast_report.as_text(points, checks, context)
+    assert "warning: this host was busy (load average 7.5 on 2 core(s))" in busy
     assert "1 process on 1 core(s): step 150.0 ms" in text
     assert "4.00 MB per step in 1 bucket(s)" in text and "assumes:" in text
     ring2 = points[0]
