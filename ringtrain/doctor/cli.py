@@ -56,6 +56,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="with a command: seconds each run of it may take (1800)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _add_forecast_options(p)
     args = p.parse_args(argv)
     if min(args.batch_size, args.size, args.steps) < 1 or args.warmup < 0:
         p.error("--batch-size, --size and --steps must be positive, --warmup not negative")
@@ -66,7 +67,59 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if (args.folder is None) == (not command):
         p.error("give an image FOLDER, or your training command after `--` "
                 "(e.g. `ringtrain doctor -np 2 -- python train.py`), not both")
+    _check_forecast_options(p, args, command)
     return args, command
+
+
+# -- the scaling forecast (ringtrain.doctor.forecast) -------------------------------------------
+
+def _add_forecast_options(p: argparse.ArgumentParser) -> None:
+    from ringtrain.doctor.network_profiles import NAMES
+
+    g = p.add_argument_group("scaling forecast (with a command after `--`)")
+    g.add_argument("--forecast", metavar="SIZES", default=None,
+                   help="forecast throughput, scaling efficiency and the limit at these numbers "
+                        "of workers (e.g. 2,4,8,16,32) from 1-process runs, and run the sizes "
+                        "that fit on this host to check it")
+    g.add_argument("--network", choices=[*NAMES, "measured"], default="25gbit",
+                   help="between hosts: a named profile (its assumptions are printed) or the "
+                        "allreduce measured here (default 25gbit)")
+    g.add_argument("--per-host", type=int, default=None, metavar="N",
+                   help="workers per host (default: this host's GPUs, or its cores for CPU "
+                        "training)")
+    g.add_argument("--strategies", default="ring,hierarchical,ps",
+                   help="ring, hierarchical, ps (one server per host) or ps:K, comma-separated "
+                        "(default ring,hierarchical,ps)")
+    g.add_argument("--no-check", action="store_true",
+                   help="forecast only: do not run the sizes that fit on this host")
+
+
+def _check_forecast_options(p: argparse.ArgumentParser, args: argparse.Namespace,
+                            command: list[str]) -> None:
+    """Parse ``--forecast``'s values into ``args.forecast_spec`` (``None``: no forecast)."""
+    from ringtrain.doctor.forecast import ForecastSpec
+    from ringtrain.doctor.forecast_model import Strategy
+
+    args.forecast_spec = None
+    if args.forecast is None:
+        return
+    if not command:
+        p.error("--forecast needs your training command after `--`")
+    if args.num_proc is not None:
+        p.error("--forecast measures 1 process and launches the sizes it checks itself: "
+                "leave out -np")
+    if args.per_host is not None and args.per_host < 1:
+        p.error("--per-host must be positive")
+    try:
+        sizes = ForecastSpec.parse_sizes(args.forecast)
+        strategies = tuple(Strategy.parse(s.strip()) for s in args.strategies.split(",")
+                           if s.strip())
+    except ValueError as e:
+        p.error(str(e))
+    if not strategies:
+        p.error("--strategies names none")
+    args.forecast_spec = ForecastSpec(sizes, args.per_host, args.network, strategies,
+                                      not args.no_check)
 
 
 def main(argv: list[str]) -> int:
@@ -80,6 +133,10 @@ def main(argv: list[str]) -> int:
                   "run it from a shell (with -np N for N ranks), not under a launcher",
                   file=sys.stderr)
             return 2
+        if args.forecast_spec is not None:
+            from ringtrain.doctor.forecast import doctor_forecast
+
+            return doctor_forecast(args, command, args.forecast_spec)
         from ringtrain.doctor.script import doctor_script
 
         return doctor_script(args, command)

@@ -9,10 +9,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ``DistributedOptimizer``'s default gradient bucket size (DDP's).
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AutotuneConfig:
+    """``--autotune``'s settings (Horovod's flags and defaults): samples thrown away first,
+    training steps per sample, samples of the Bayesian optimisation, the noise its Gaussian
+    process assumes, and where the log goes (``None``: no log)."""
+
+    log_file: str | None = None
+    warmup_samples: int = 3
+    steps_per_sample: int = 10
+    max_samples: int = 20
+    gaussian_process_noise: float = 0.8
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine settings a launcher passes to its workers."""
+    """The engine settings a launcher passes to its workers.
+
+    ``bucket_bytes`` (``DistributedOptimizer``'s gradient buckets) and ``threads_per_rank``
+    (intra-op threads set at ``init()``; ``None``: PyTorch's default) are ringtrain's own
+    knobs; ``autotune`` (``None``: off) tunes them and the cycle time online.
+    """
 
     fusion_threshold_bytes: int = 128 * 1024 * 1024  # Horovod's default fusion buffer
     cycle_time_ms: float = 1.0
@@ -23,3 +44,6 @@ class EngineConfig:
     stall_warning_s: float = 60.0
     stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
     log_level: str | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    threads_per_rank: int | None = None
+    autotune: AutotuneConfig | None = None

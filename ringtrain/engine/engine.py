@@ -273,6 +273,17 @@ class Engine:
         if bell == NEGOTIATE:
             self._negotiation = round_
 
+    def set_cycle_time(self, cycle_time_ms: float) -> None:
+        """Change the time between cycles from the next cycle on (autotuning). Safe at any
+        moment: the cycle time only paces this rank's engine, peers need not agree on it.
+
+        Raises:
+            ValueError: a negative time.
+        """
+        if cycle_time_ms < 0:
+            raise ValueError(f"cycle time must not be negative, got {cycle_time_ms}")
+        self._cycle_s = cycle_time_ms / 1000.0
+
     # -- the background threads -----------------------------------------------------------------
 
     def _run(self) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ringtrain.engine.config import EngineConfig
+from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
@@ -134,7 +134,6 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
     if values["mpi"]:
         raise ConfigError("--mpi: ringtrain has no MPI; it always uses Gloo (and NCCL for CUDA "
                           "tensors). Drop --mpi, or pass --gloo")
-    _reject_autotune(values)
     elastic = _elastic(values, environ)
     host_list = _hosts(values)
     if elastic is not None and elastic.discovery_script is not None and host_list:
@@ -221,6 +220,13 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
         changes["stall_shutdown_s"] = values["stall_check_shutdown_time_seconds"]
     if values["log_level"] is not None:
         changes["log_level"] = values["log_level"]
+    if values["bucket_mb"] is not None:
+        changes["bucket_bytes"] = int(values["bucket_mb"] * _MIB)
+    if values["threads_per_rank"] is not None:
+        changes["threads_per_rank"] = values["threads_per_rank"]
+    autotune = _autotune(values)
+    if autotune is not None:
+        changes["autotune"] = autotune
     return replace(knobs, **changes)
 
 
@@ -229,6 +235,9 @@ def _check_knobs(knobs: EngineConfig) -> None:
         (knobs.fusion_threshold_bytes >= 0, "fusion_threshold_mb", "must not be negative"),
         (knobs.cycle_time_ms > 0, "cycle_time_ms", "must be positive"),
         (knobs.cache_capacity >= 0, "cache_capacity", "must not be negative"),
+        (knobs.bucket_bytes >= 1, "bucket_mb", "must be positive"),
+        (knobs.threads_per_rank is None or knobs.threads_per_rank >= 1, "threads_per_rank",
+         "must be at least 1"),
         (knobs.stall_warning_s > 0, "stall_check_warning_time_seconds", "must be positive"),
         (knobs.stall_shutdown_s >= 0, "stall_check_shutdown_time_seconds",
          "must not be negative (0 = never shut down)"),
@@ -240,20 +249,41 @@ def _check_knobs(knobs: EngineConfig) -> None:
             raise ConfigError(f"{BY_DEST[dest].name} {what}")
 
 
-def _reject_autotune(values: dict[str, Any]) -> None:
-    """Refuse Horovod's autotuning options, from the command line or the config file alike.
+def _autotune(values: dict[str, Any]) -> AutotuneConfig | None:
+    """``--autotune``'s settings (``None``: off).
 
-    ``--autotune`` off (``autotune: {enabled: false}`` in Horovod's file) asks for nothing and
-    passes; every other autotune setting would silently do nothing, so it is an error.
+    Raises:
+        ConfigError: an ``--autotune-*`` setting without ``--autotune``, or a value out of
+            range.
     """
     given = [BY_DEST[dest].name for dest in AUTOTUNE_DESTS
-             if values[dest] is not None and values[dest] is not False]
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)}: autotuning is not supported by ringtrain. Remove the autotune "
-            "options (on the command line, or the `autotune` section of --config-file) and set "
-            "the fusion buffer and cycle time by hand: --fusion-threshold-mb MB or "
-            "HOROVOD_FUSION_THRESHOLD=BYTES, and --cycle-time-ms MS or HOROVOD_CYCLE_TIME=MS")
+             if dest != "autotune" and values[dest] is not None]
+    if not values["autotune"]:
+        if given:
+            raise ConfigError(f"{', '.join(given)} given without --autotune (or `autotune: "
+                              "{enabled: true}` in --config-file): add it, or drop them")
+        return None
+    d = AutotuneConfig()
+    tune = AutotuneConfig(
+        log_file=values["autotune_log_file"],
+        warmup_samples=_given(values, "autotune_warmup_samples", d.warmup_samples),
+        steps_per_sample=_given(values, "autotune_steps_per_sample", d.steps_per_sample),
+        max_samples=_given(values, "autotune_bayes_opt_max_samples", d.max_samples),
+        gaussian_process_noise=_given(values, "autotune_gaussian_process_noise",
+                                      d.gaussian_process_noise))
+    for ok, dest, what in (
+            (tune.warmup_samples >= 0, "autotune_warmup_samples", "must not be negative"),
+            (tune.steps_per_sample >= 1, "autotune_steps_per_sample", "must be at least 1"),
+            (tune.max_samples >= 1, "autotune_bayes_opt_max_samples", "must be at least 1"),
+            (tune.gaussian_process_noise >= 0, "autotune_gaussian_process_noise",
+             "must not be negative")):
+        if not ok:
+            raise ConfigError(f"{BY_DEST[dest].name} {what}")
+    return tune
+
+
+def _given(values: dict[str, Any], dest: str, default: Any) -> Any:
+    return default if values[dest] is None else values[dest]
 
 
 def _elastic(values: dict[str, Any], environ: Mapping[str, str]) -> ElasticSpec | None:

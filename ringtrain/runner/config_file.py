@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 # Horovod's sections: section -> {key in the section -> option dest}.
 _SECTIONS: dict[str, dict[str, str]] = {
-    "params": {k: k for k in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity")},
+    "params": {k: k for k in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
+                              "bucket_mb", "threads_per_rank")},
     "autotune": {"enabled": "autotune"} | {
         k: f"autotune_{k}" for k in ("log_file", "warmup_samples", "steps_per_sample",
                                      "bayes_opt_max_samples", "gaussian_process_noise")},

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringtrain.engine.config import EngineConfig
+from ringtrain.engine.config import DEFAULT_BUCKET_BYTES, AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 
 DEFAULT_START_TIMEOUT_S = 30.0
@@ -34,6 +34,10 @@ ELASTIC = "HOROVOD_ELASTIC"
 ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
 ELASTIC_WORKER = "RINGTRAIN_ELASTIC_WORKER"
 ELASTIC_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
+# ringtrain's own engine knobs (Horovod has none for them): gradient bucket bytes, and the
+# intra-op threads each rank sets at init().
+BUCKET_BYTES = "RINGTRAIN_BUCKET_BYTES"
+THREADS_PER_RANK = "RINGTRAIN_THREADS_PER_RANK"
 
 
 def store_prefix(run_id: str, generation: int) -> str:
@@ -56,7 +60,34 @@ def engine_environ(config: EngineConfig) -> dict[str, str]:
         env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if config.timeline_mark_cycles else "0"
     if config.log_level:
         env["HOROVOD_LOG_LEVEL"] = config.log_level
+    if config.bucket_bytes != DEFAULT_BUCKET_BYTES:
+        env[BUCKET_BYTES] = str(config.bucket_bytes)
+    if config.threads_per_rank is not None:
+        env[THREADS_PER_RANK] = str(config.threads_per_rank)
+    tune = config.autotune
+    if tune is not None:
+        env.update({"HOROVOD_AUTOTUNE": "1",
+                    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": str(tune.warmup_samples),
+                    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": str(tune.steps_per_sample),
+                    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(tune.max_samples),
+                    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE":
+                        _fmt_float(tune.gaussian_process_noise)})
+        if tune.log_file:
+            env["HOROVOD_AUTOTUNE_LOG"] = tune.log_file
     return env
+
+
+def _read_autotune(r: _Reader, environ: Mapping[str, str]) -> AutotuneConfig | None:
+    if not r.bool("HOROVOD_AUTOTUNE", False):
+        return None
+    d = AutotuneConfig()
+    return AutotuneConfig(
+        log_file=environ.get("HOROVOD_AUTOTUNE_LOG") or None,
+        warmup_samples=r.int("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", d.warmup_samples),
+        steps_per_sample=r.int("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", d.steps_per_sample),
+        max_samples=r.int("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", d.max_samples),
+        gaussian_process_noise=r.float("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                                       d.gaussian_process_noise))
 
 
 def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
@@ -77,6 +108,9 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
         stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", default.stall_warning_s),
         stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", default.stall_shutdown_s),
         log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
+        bucket_bytes=r.int(BUCKET_BYTES, default.bucket_bytes),
+        threads_per_rank=r.opt_int(THREADS_PER_RANK),
+        autotune=_read_autotune(r, environ),
     )
 
 

@@ -44,7 +44,7 @@ def _opt(*flags: str, dest: str, help: str, group: str, type=None, default=None,
 
 
 _PLACE, _OUT, _TUNE, _TIMELINE, _STALL, _AUTOTUNE, _ELASTIC, _CTRL = (
-    "placement", "output", "tuning", "timeline", "stall check", "autotune (not supported)",
+    "placement", "output", "tuning", "timeline", "stall check", "autotune",
     "elastic", "controller")
 
 OPTIONS: tuple[Option, ...] = (
@@ -93,19 +93,25 @@ OPTIONS: tuple[Option, ...] = (
     _opt("--stall-check-shutdown-time-seconds", dest="stall_check_shutdown_time_seconds",
          type=float, metavar="SECONDS", group=_STALL,
          help="fail a stalled job after this long (default: 0, never)"),
+    _opt("--bucket-mb", dest="bucket_mb", type=float, metavar="MB", group=_TUNE,
+         help="DistributedOptimizer's gradient bucket size in MiB (default: 25)"),
+    _opt("--threads-per-rank", dest="threads_per_rank", type=int, metavar="N", group=_TUNE,
+         help="intra-op threads each rank sets at init (default: PyTorch's)"),
     _opt("--autotune", dest="autotune", group=_AUTOTUNE,
-         help="refused: ringtrain does not autotune; set --fusion-threshold-mb and "
-              "--cycle-time-ms instead"),
+         help="tune the gradient bucket size, cycle time and threads per rank online with "
+              "Bayesian optimisation, then train on with the best (needs ringtrain[autotune])"),
     _opt("--autotune-log-file", dest="autotune_log_file", type=str, metavar="FILE",
-         group=_AUTOTUNE, help="refused, as --autotune"),
+         group=_AUTOTUNE, help="write every sample to FILE (Horovod's CSV columns) and the "
+                               "best settings to FILE.best.yaml, for --config-file"),
     _opt("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int, metavar="N",
-         group=_AUTOTUNE, help="refused, as --autotune"),
+         group=_AUTOTUNE, help="samples thrown away before tuning (default: 3)"),
     _opt("--autotune-steps-per-sample", dest="autotune_steps_per_sample", type=int,
-         metavar="N", group=_AUTOTUNE, help="refused, as --autotune"),
+         metavar="N", group=_AUTOTUNE, help="training steps per sample (default: 10)"),
     _opt("--autotune-bayes-opt-max-samples", dest="autotune_bayes_opt_max_samples", type=int,
-         metavar="N", group=_AUTOTUNE, help="refused, as --autotune"),
+         metavar="N", group=_AUTOTUNE, help="samples tried before the best is kept (default: 20)"),
     _opt("--autotune-gaussian-process-noise", dest="autotune_gaussian_process_noise",
-         type=float, metavar="X", group=_AUTOTUNE, help="refused, as --autotune"),
+         type=float, metavar="X", group=_AUTOTUNE,
+         help="noise of the Gaussian process, on normalised scores (default: 0.8)"),
     _opt("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N", group=_ELASTIC,
          help="elastic: fewest ranks to keep running (default: -np)"),
     _opt("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N", group=_ELASTIC,
@@ -131,7 +137,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
-#: Horovod's autotuning options, which ringtrain refuses (it has no autotuner).
+#: Horovod's autotuning options.
 AUTOTUNE_DESTS: tuple[str, ...] = tuple(o.dest for o in OPTIONS if o.group == _AUTOTUNE)
 
 

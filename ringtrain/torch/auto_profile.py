@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import types
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import dataloader
 
+from ringtrain.torch.gradient_plan import FILE_PATTERN, GradientRecorder
 from ringtrain.torch.step_profiler import StepProfiler
 
 PROFILE_VAR = "RINGTRAIN_STEP_PROFILE"
@@ -89,7 +91,10 @@ class AutoProfile:
         self._in_step = False
         self._steps = 0
         self._first_batches: dict[int, tuple[object, object]] = {}  # id(source): (source, batch)
-        patched.step = self.step
+        # A bound method of the optimizer itself: an LR scheduler re-binds ``step.__func__``
+        # to the optimizer when it wraps it.
+        patched._ringtrain_auto_profile = self
+        patched.step = types.MethodType(_profiled_step, optimizer)
         patched.synchronize = self.synchronize
 
     def batches(self, source: object, next_batch, remaining: int | None) -> Any:
@@ -163,6 +168,10 @@ class AutoProfile:
         self.profiler.close(finish_current=False)
 
 
+def _profiled_step(optimizer: torch.optim.Optimizer, closure=None):
+    return optimizer._ringtrain_auto_profile.step(closure)
+
+
 _active: AutoProfile | None = None
 
 
@@ -182,7 +191,18 @@ def attach_from_environ(optimizer: torch.optim.Optimizer) -> AutoProfile | None:
     _active = AutoProfile(optimizer, request, StepProfiler(device))
     _patch_data_loaders()
     atexit.register(_active.close)
+    _record_gradients(optimizer, _active.profiler)
     return _active
+
+
+def _record_gradients(optimizer: torch.optim.Optimizer, profiler: StepProfiler) -> None:
+    """For ``ringtrain doctor --forecast``: the buckets and when backward makes each ready,
+    written beside the step records at exit (see :mod:`ringtrain.torch.gradient_plan`)."""
+    if profiler.metrics_path is None or not hasattr(optimizer, "_units"):
+        return  # no folder, or an optimizer without buckets (Adasum)
+    recorder = GradientRecorder(optimizer, profiler.metrics_path.with_name(
+        FILE_PATTERN.format(rank=profiler.rank)))
+    atexit.register(recorder.write)
 
 
 def profiled_batches(batches: Iterable[_T]) -> Iterator[_T]:

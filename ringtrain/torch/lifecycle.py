@@ -88,6 +88,8 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             processes = backend.control_allgather(PeerProcess.this(env.hostname))
         topology = _topology(env, rank, [p.host for p in processes])
         engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO", peers=processes)
+        if env.knobs.threads_per_rank is not None:  # --threads-per-rank (or its autotuned best)
+            torch.set_num_threads(env.knobs.threads_per_rank)
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,
                                          engine=engine, owns_default_group=owns,
                                          world_generation=_elastic_generation))

@@ -21,16 +21,19 @@ from typing import Any
 import torch
 
 from ringtrain.engine import fusion
+from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
 from ringtrain.engine.handle import Handle
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import auto_profile, ops, runtime
+from ringtrain.torch.autotune import Autotuner
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.grad_bucket import GradBucket
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.sparse_grads import SparseGradients
 
-#: Gradients are submitted in buckets of about this many bytes (DDP's default bucket size).
-BUCKET_BYTES = 25 * 1024 * 1024
+#: Gradients are submitted in buckets of about this many bytes by default (DDP's bucket size);
+#: ``--bucket-mb`` (the engine config's ``bucket_bytes``) and autotuning change it.
+BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 
 _STEP_WITHOUT_SKIP = ("optimizer.step() called without optimizer.skip_synchronize() context "
                       "after optimizer.synchronize(). This can cause training slowdown. You may "
@@ -56,6 +59,8 @@ class _DistributedOptimizer:
         self._sparse = (None if sparse_as_dense
                         else SparseGradients(self._names, op, process_set))
         self._groups = _parameter_groups(self.param_groups, groups)
+        knobs = runtime.current().env.knobs
+        self._bucket_bytes = knobs.bucket_bytes
         self._plan_units()
         self._put: set[torch.nn.Parameter] = set()  # gradients in their buckets this step
         self._unit_counts: dict[int, int] = {}
@@ -69,6 +74,9 @@ class _DistributedOptimizer:
             for p in self._names:
                 if p.requires_grad:
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
+        # --autotune: tunes this optimizer's buckets (and the engine's knobs) between steps.
+        self._autotuner = (Autotuner(self, knobs) if knobs.autotune is not None
+                           and process_set is global_process_set else None)
 
     def _plan_units(self) -> None:
         """Plan the units of gradients submitted together: the user's groups (each one grouped
@@ -83,7 +91,8 @@ class _DistributedOptimizer:
             for group in explicit]
         self._units += [[GradBucket(_bucket_name(bucket, self._names), bucket, self._names)]
                         for bucket in _buckets([p for p in self._names if p.requires_grad
-                                                and p not in grouped and p not in sparse])]
+                                                and p not in grouped and p not in sparse],
+                                               self._bucket_bytes)]
         self._unit_of = {p: i for i, unit in enumerate(self._units)
                          for bucket in unit for p in bucket.params}
         self._bucket_of = {p: bucket for unit in self._units for bucket in unit
@@ -185,6 +194,21 @@ class _DistributedOptimizer:
         finally:
             self._should_synchronize = True
 
+    def set_bucket_bytes(self, nbytes: int) -> None:
+        """Cut gradients into buckets of about ``nbytes`` from the next step on. Every rank
+        must make the same change between the same two steps (autotuning does).
+
+        Raises:
+            ValueError: ``nbytes`` is not positive.
+            RuntimeError: gradients of this step are in flight (call it after ``step()``).
+        """
+        if nbytes < 1:
+            raise ValueError(f"bucket size must be positive, got {nbytes}")
+        if self._inflight or self._put:
+            raise RuntimeError("set_bucket_bytes() during a step: call it after step()")
+        self._bucket_bytes = nbytes
+        self._plan_units()
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before gradients are reduced."""
         if passes < 1:
@@ -199,7 +223,10 @@ class _DistributedOptimizer:
                 warnings.warn(_STEP_WITHOUT_SKIP, stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        result = super(self.__class__, self).step(closure)
+        if self._autotuner is not None:
+            self._autotuner.after_step()
+        return result
 
     def load_state_dict(self, state_dict):
         """Load the state and forget the gradients of a step that did not finish (an elastic
@@ -346,7 +373,7 @@ def _parameter_names(param_groups, named_parameters) -> dict:
     return {p: f"allreduce.{by_param[p]}" for p in params}
 
 
-def _buckets(params: list) -> list[list]:
+def _buckets(params: list, bucket_bytes: int | None = None) -> list[list]:
     """Split parameters into the buckets whose gradients are submitted together.
 
     Autograd produces gradients roughly in reverse registration order, so buckets are cut from
@@ -359,7 +386,8 @@ def _buckets(params: list) -> list[list]:
     on the Fashion-MNIST CNN it gained nothing (benchmarks/RESULTS.md, "Tried and dropped").
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
-                       lambda p: p.numel() * p.element_size(), BUCKET_BYTES)
+                       lambda p: p.numel() * p.element_size(),
+                       BUCKET_BYTES if bucket_bytes is None else bucket_bytes)
 
 
 def _horovod_parameter_names(param_groups, named_parameters) -> dict:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from ringtrain.engine.config import EngineConfig
+from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.runner.config import ElasticSpec, LaunchConfig, load_config
 from ringtrain.runner.hosts import HostInfo
@@ -134,24 +134,37 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
     assert "hierarchical_allreduce: ignored" in caplog.text
 
 
-_AUTOTUNE_FLAGS = [
-    ["--autotune"], ["--autotune-log-file", "a.csv"], ["--autotune-warmup-samples", "2"],
-    ["--autotune-steps-per-sample", "5"], ["--autotune-bayes-opt-max-samples", "0"],
-    ["--autotune-gaussian-process-noise", "0.5"]]
-_AUTOTUNE_HINT = (r"autotuning is not supported by ringtrain\. Remove the autotune options .* "
-                  r"--fusion-threshold-mb MB or HOROVOD_FUSION_THRESHOLD=BYTES, and "
-                  r"--cycle-time-ms MS or HOROVOD_CYCLE_TIME=MS")
+def test_autotune_flags_build_the_autotune_config():
+    config = load("-np", "1", "--autotune", "--autotune-log-file", "a.csv",
+                  "--autotune-warmup-samples", "2", "--autotune-steps-per-sample", "5",
+                  "--autotune-bayes-opt-max-samples", "12",
+                  "--autotune-gaussian-process-noise", "0.5", "x")
+    assert config.knobs.autotune == AutotuneConfig("a.csv", 2, 5, 12, 0.5)
+    assert load("-np", "1", "--autotune", "x").knobs.autotune == AutotuneConfig()
+    assert load("-np", "1", "x").knobs.autotune is None
 
 
-@pytest.mark.parametrize("flag", _AUTOTUNE_FLAGS, ids=lambda f: f[0])
-def test_autotune_flags_are_refused(flag):
-    with pytest.raises(ConfigError, match=f"^{flag[0]}: {_AUTOTUNE_HINT}"):
-        load("-np", "1", *flag, "x")
+@pytest.mark.parametrize("argv, words", [
+    (["--autotune-log-file", "a.csv"], "^--autotune-log-file given without --autotune"),
+    (["--autotune", "--autotune-steps-per-sample", "0"],
+     "--autotune-steps-per-sample must be at least 1"),
+    (["--autotune", "--autotune-bayes-opt-max-samples", "0"],
+     "--autotune-bayes-opt-max-samples must be at least 1"),
+    (["--bucket-mb", "0"], "--bucket-mb must be positive"),
+    (["--threads-per-rank", "0"], "--threads-per-rank must be at least 1"),
+])
+def test_bad_autotune_and_tuning_flags(argv, words):
+    with pytest.raises(ConfigError, match=words):
+        load("-np", "1", *argv, "x")
 
 
-def test_autotune_refusal_names_every_flag_given():
-    with pytest.raises(ConfigError, match="^--autotune, --autotune-log-file: autotuning"):
-        load("-np", "1", "--autotune", "--autotune-log-file", "a.csv", "x")
+def test_bucket_and_threads_knobs_from_flags_and_a_written_best_file(tmp_path):
+    config = load("-np", "1", "--bucket-mb", "4", "--threads-per-rank", "2", "x")
+    assert (config.knobs.bucket_bytes, config.knobs.threads_per_rank) == (4 * MIB, 2)
+    cfg = tmp_path / "best.yaml"
+    cfg.write_text("params:\n  bucket_mb: 8\n  cycle_time_ms: 3.5\n  threads_per_rank: 1\n")
+    knobs = load("-np", "1", "--config-file", str(cfg), "x").knobs
+    assert (knobs.bucket_bytes, knobs.cycle_time_ms, knobs.threads_per_rank) == (8 * MIB, 3.5, 1)
 
 
 def test_log_level_from_the_environment_takes_any_case():
@@ -217,12 +230,10 @@ def test_output_filename_must_not_be_a_file(tmp_path):
     ("colour: red\n", "'colour': not an option"),
     ("params:\n  turbo: 1\n", "unknown key 'turbo'"),
     ("num-proc: [\n", "not valid YAML"),
-    # Horovod's autotune settings are refused as their flags are; `enabled: false` alone passes.
-    ("autotune-warmup-samples: 3\n", f"^--autotune-warmup-samples: {_AUTOTUNE_HINT}"),
-    ("autotune:\n  enabled: true\n", f"^--autotune: {_AUTOTUNE_HINT}"),
-    ("autotune:\n  enabled: false\n  log_file: a.csv\n", f"^--autotune-log-file: {_AUTOTUNE_HINT}"),
-    ("autotune:\n  gaussian_process_noise: 0\n",
-     f"^--autotune-gaussian-process-noise: {_AUTOTUNE_HINT}"),
+    # Horovod's autotune settings need `enabled: true`, as their flags need --autotune.
+    ("autotune-warmup-samples: 3\n", "^--autotune-warmup-samples given without --autotune"),
+    ("autotune:\n  enabled: false\n  log_file: a.csv\n",
+     "^--autotune-log-file given without --autotune"),
 ])
 def test_bad_config_file(tmp_path, yaml_text, words):
     cfg = tmp_path / "c.yaml"
@@ -236,3 +247,10 @@ def test_launch_config_validates_when_built_directly():
         LaunchConfig(command=(), num_proc=1, hosts=(HostInfo("localhost", 1),))
     with pytest.raises(ConfigError, match="only 1 slots"):
         LaunchConfig(command=("x",), num_proc=2, hosts=(HostInfo("localhost", 1),))
+
+
+def test_autotune_from_a_horovod_config_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("autotune:\n  enabled: true\n  log_file: t.csv\n  warmup_samples: 1\n")
+    tune = load("-np", "1", "--config-file", str(cfg), "x").knobs.autotune
+    assert tune == AutotuneConfig(log_file="t.csv", warmup_samples=1)

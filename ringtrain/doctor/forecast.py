@@ -1,0 +1,315 @@
+"""``ringtrain doctor --forecast 2,4,8 -- python train.py``: measure here, forecast there, check.
+
+What is measured, from short runs of the unchanged script with the step profiler on (see
+:mod:`ringtrain.torch.auto_profile`), one process at a time:
+
+* the compute of a step (its time less the wait for data), the input pipeline (its wait when
+  loading runs in the training process; the rate it delivers when loader workers run beside
+  training and cannot keep up), and the gradient buckets with the time before the end of
+  backward at which each is ready (:mod:`ringtrain.torch.gradient_plan`);
+* for CPU training, all of that again for each core share a worker would have on a host of
+  ``--per-host`` workers like this one (the run is pinned to that many cores with ``taskset``):
+  processes on one host share its cores, and a step on 1 core is not half a step on 2;
+* the allreduce cost curve: 2 ranks on this host (:mod:`ringtrain.doctor.allreduce_probe`),
+  fitted to latency + bandwidth.
+
+Then :mod:`ringtrain.doctor.forecast_model` forecasts every size for ring, hierarchical and
+parameter-server reduction, and every size that fits on this host is run for real (``ringtrain
+run -np N``) and reported beside its forecast with the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ringtrain.doctor import network_profiles
+from ringtrain.doctor.forecast_model import (
+    Bucket,
+    Layout,
+    Network,
+    Point,
+    Strategy,
+    Workload,
+    forecast_point,
+)
+from ringtrain.doctor.script import ScriptRunError, run_script
+from ringtrain.torch.gradient_plan import GradientPlan, read_plan
+
+#: A background pipeline whose wait is above this share of the step is what paces it.
+PIPELINE_BOUND = 0.05
+DEFAULT_STRATEGIES = (Strategy("ring"), Strategy("hierarchical"), Strategy("ps", 0))
+
+
+@dataclass(frozen=True)
+class ForecastSpec:
+    """What ``--forecast`` asks for: sizes, workers per host, the network profile (a name of
+    :data:`~ringtrain.doctor.network_profiles.NAMES` or ``measured``), the strategies."""
+
+    sizes: tuple[int, ...]
+    per_host: int | None = None
+    network: str = "25gbit"
+    strategies: tuple[Strategy, ...] = DEFAULT_STRATEGIES
+    check: bool = True
+
+    @staticmethod
+    def parse_sizes(text: str) -> tuple[int, ...]:
+        """``2,4,8`` as sizes.
+
+        Raises:
+            ValueError: not a comma-separated list of positive whole numbers.
+        """
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--forecast takes sizes like 2,4,8,16,32, got {text!r}")
+        return tuple(sorted({int(p) for p in parts}))
+
+
+@dataclass
+class Measured:
+    """One run of the script: its median step parts, the plan of its gradients, the cores it
+    ran on and the samples per step of one worker (0: unknown)."""
+
+    workers: int
+    cores: int
+    step_ms: float
+    compute_ms: float
+    data_ms: float
+    loader_workers: int | None
+    samples: int
+    plan: GradientPlan | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        """Samples (or steps) per second of all its workers together."""
+        return self.workers * (self.samples or 1) * 1e3 / self.step_ms
+
+    def workload(self) -> Workload:
+        """The one-worker workload this run measured (it must be a one-process run)."""
+        background = bool(self.loader_workers)
+        pipeline = (self.step_ms if background and self.data_ms > PIPELINE_BOUND * self.step_ms
+                    else None)
+        buckets = tuple(Bucket(b.nbytes, b.ready_before_end_ms)
+                        for b in (self.plan.buckets if self.plan else []))
+        overlap = 1.0 if self.plan and self.plan.device == "cuda" else 0.0
+        return Workload(self.compute_ms, buckets, self.samples,
+                        0.0 if background else self.data_ms, pipeline, overlap)
+
+
+def read_run(out: Path, warmup: int, workers: int, cores: int) -> Measured:
+    """The medians over steps (after ``warmup``) and ranks of the records in ``out``.
+
+    Raises:
+        ScriptRunError: no step recorded after the warm-up.
+    """
+    records = []
+    for path in sorted(out.glob("steps.rank*.jsonl")):
+        records += [r for r in map(json.loads, path.read_text().splitlines())
+                    if r["step"] >= warmup]
+    if not records:
+        raise ScriptRunError(f"no step was profiled after {warmup} warm-up step(s) in {out}: "
+                             "the script must train with hvd.DistributedOptimizer and run more "
+                             "than --warmup steps")
+    loader = [r["loader_workers"] for r in records if "loader_workers" in r]
+    samples = [r["samples"] for r in records if r.get("samples")]
+    return Measured(
+        workers, cores,
+        statistics.median(r["step_ms"] for r in records),
+        statistics.median(r["step_ms"] - r["data_ms"] - r["communication_ms"] for r in records),
+        statistics.median(r["data_ms"] for r in records),
+        max(loader) if loader else None,
+        int(statistics.median(samples)) if len(samples) == len(records) else 0,
+        read_plan(out))
+
+
+def _cpus(cores: int) -> str:
+    """The first ``cores`` CPUs this process may use, for ``taskset -c``."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return ",".join(str(c) for c in allowed[:cores])
+
+
+def host_cores() -> int:
+    """Cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+class Forecaster:
+    """Runs the measurements of one forecast into ``work_dir`` and keeps what they found.
+
+    Args:
+        command: The user's training command.
+        work_dir: Where each run's records go (``forecast/<run>/``).
+        warmup, steps: Steps left out, then measured, in every run.
+        timeout_s: Seconds each run may take.
+        log: Where progress lines go (a person waits minutes for this).
+    """
+
+    def __init__(self, command: list[str], work_dir: Path, warmup: int, steps: int,
+                 timeout_s: float, log=print) -> None:
+        self.command = command
+        self.dir = work_dir / "forecast"
+        self.warmup, self.steps, self.timeout_s = warmup, steps, timeout_s
+        self.log = log
+
+    def one_process(self, cores: int | None) -> Measured:
+        """One process of the script, pinned to ``cores`` cores (``None``: not pinned).
+
+        Raises:
+            ScriptRunError: the run failed, or ``taskset`` is missing for a pinned run.
+        """
+        command = self.command
+        full = host_cores()
+        if cores is not None and cores < full:
+            if shutil.which("taskset") is None:
+                raise ScriptRunError("forecasting CPU training on hosts shared by several "
+                                     "workers pins a run to fewer cores with `taskset` "
+                                     "(util-linux): install it, or pass --per-host 1")
+            command = ["taskset", "-c", _cpus(cores), *command]
+        used = cores or full
+        self.log(f"measuring 1 process on {used} core(s) ...")
+        out = self.dir / f"1proc-{used}cores"
+        run_script(command, None, out, synthetic=False, steps=self.warmup + self.steps,
+                   timeout_s=self.timeout_s)
+        return read_run(out, self.warmup, 1, used)
+
+    def world(self, n: int) -> Measured:
+        """``ringtrain run -np n`` of the script on this host (the self-check).
+
+        Raises:
+            ScriptRunError: the run failed.
+        """
+        self.log(f"running {n} processes on this host to check the forecast ...")
+        out = self.dir / f"{n}proc"
+        run_script(self.command, n, out, synthetic=False, steps=self.warmup + self.steps,
+                   timeout_s=self.timeout_s)
+        return read_run(out, self.warmup, n, max(1, host_cores() // n))
+
+    def link(self, max_bytes: int) -> tuple[network_profiles.Link, list]:
+        """The allreduce cost curve of 2 ranks on this host, fitted.
+
+        Raises:
+            ScriptRunError: the probe failed or ran past the timeout.
+            ValueError: the times could not be fitted.
+        """
+        self.log("measuring allreduce between 2 processes on this host ...")
+        out = self.dir / "allreduce.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = [sys.executable, "-m", "ringtrain.cli", "run", "-np", "2", sys.executable, "-m",
+                 "ringtrain.doctor.allreduce_probe", str(out), str(max(max_bytes, 1 << 20))]
+        try:
+            status = subprocess.run(probe, timeout=self.timeout_s, check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise ScriptRunError("the allreduce probe ran past --timeout") from None
+        if status != 0 or not out.exists():
+            raise ScriptRunError(f"the allreduce probe exited with status {status}")
+        samples = [tuple(s) for s in json.loads(out.read_text())["samples"]]
+        return network_profiles.fit_link(samples, workers=2), samples
+
+
+def cores_per_worker(n: int, per_host: int, cores: int) -> int:
+    """The cores one of ``n`` workers gets on a host like this one holding ``per_host``."""
+    return max(1, cores // min(n, per_host))
+
+
+def build_network(name: str, measured_link, cpu: bool) -> Network:
+    """The network of the forecast: profile ``name`` across hosts and, for CPU training, the
+    link measured here within a host; ``measured``: the measured link everywhere.
+
+    Raises:
+        ValueError: ``measured`` without a measurement, or an unknown name.
+    """
+    how = "2 processes on this host, ringtrain allreduce"
+    if name == "measured":
+        if measured_link is None:
+            raise ValueError("--network measured needs 2 processes on this host to measure "
+                             "allreduce; name a profile: " + ", ".join(network_profiles.NAMES))
+        return network_profiles.measured(measured_link, how)
+    if cpu and measured_link is not None:
+        note = (f"within a host: measured here ({how}), {measured_link.latency_s * 1e6:.0f} us "
+                f"per step, {measured_link.bandwidth_Bps / 1e9:.2f} GB/s")
+        return network_profiles.named(name, measured_link, note)
+    return network_profiles.named(name)
+
+
+def forecast_table(spec: ForecastSpec, workloads: dict[int, Workload], per_host: int,
+                   network: Network, cores: int, cpu: bool) -> list[Point]:
+    """Every size and strategy, each size with the workload of its core share (CPU)."""
+    points = []
+    for n in spec.sizes:
+        share = cores_per_worker(n, per_host, cores) if cpu else cores
+        for strategy in spec.strategies:
+            points.append(forecast_point(workloads[share], Layout(n, per_host), network,
+                                         strategy))
+    return points
+
+
+def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
+    """Measure, forecast, check and report (``ringtrain doctor --forecast``).
+
+    Returns:
+        0; 1 when a run failed; 2 for a request that cannot be met (``--network measured``
+        on one core).
+    """
+    import torch
+
+    from ringtrain.doctor import forecast_report
+
+    def log(message: str) -> None:
+        print(f"ringtrain doctor: {message}", file=sys.stderr, flush=True)
+
+    cores = host_cores()
+    load_avg = os.getloadavg()  # measurements on a busy host are slower: the report says so
+    forecaster = Forecaster(command, args.work_dir, args.warmup, args.steps, args.timeout, log)
+    try:
+        base = forecaster.one_process(None)
+        cpu = not (base.plan is not None and base.plan.device == "cuda")
+        gpus = torch.cuda.device_count()
+        per_host = spec.per_host or (cores if cpu else max(1, gpus))
+        here = min(per_host, cores if cpu else gpus)  # workers that fit on this host
+        measured = {cores: base}
+        if cpu:
+            for share in sorted({cores_per_worker(n, per_host, cores) for n in spec.sizes}
+                                - {cores}):
+                measured[share] = forecaster.one_process(share)
+        link, samples = None, []
+        if (cpu or spec.network == "measured") and min(cores if cpu else gpus, 2) == 2:
+            largest = max((b.nbytes for b in base.plan.buckets), default=1 << 20) if (
+                base.plan) else 1 << 20
+            link, samples = forecaster.link(largest)
+        network = build_network(spec.network, link, cpu)
+    except ScriptRunError as e:
+        log(str(e))
+        return 1
+    except ValueError as e:
+        log(str(e))
+        return 2
+    workloads = {share: m.workload() for share, m in measured.items()}
+    points = forecast_table(spec, workloads, per_host, network, cores, cpu)
+    checks: dict[int, Measured] = {}
+    if spec.check:
+        try:
+            for n in spec.sizes:
+                if 2 <= n <= here:
+                    checks[n] = forecaster.world(n)
+        except ScriptRunError as e:
+            log(f"{e} (the forecast is reported without that check)")
+    context = forecast_report.Context(
+        command=command, cores=cores, per_host=per_host, device="cpu" if cpu else "cuda",
+        network=network, measured=measured, link_samples=samples, base=base,
+        load_avg=load_avg)
+    chart = args.work_dir / "forecast.png"
+    forecast_report.write_chart(points, checks, context, chart)
+    if args.output == "json":
+        print(json.dumps({**forecast_report.as_json(points, checks, context),
+                          "chart": str(chart)}))
+    else:
+        print(forecast_report.as_text(points, checks, context) + f"\n\nchart: {chart}")
+    return 0

@@ -1,0 +1,117 @@
+"""What a ``DistributedOptimizer`` reduces each step, and when in backward each part is ready.
+
+``ringtrain doctor --forecast`` needs, from a one-process run, the gradient buckets a larger world
+would reduce (their bytes) and how long before the end of backward each becomes ready: that is
+the time in which its reduction could hide behind backward. The buckets are planned whatever the
+world size; this module times them with a hook on every parameter (one clock read per gradient)
+and a step pre-hook that marks the end of backward, and writes ``gradients.rank<N>.json`` (one
+:class:`GradientPlan`) when the process exits. On CUDA the clock reads are host times of
+autograd's bookkeeping, ahead of the device; the offsets are then approximate.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+FILE_PATTERN = "gradients.rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class BucketTiming:
+    """One bucket: its name, bytes, and the median milliseconds between its last gradient's
+    arrival and the end of backward (the call of ``step()``)."""
+
+    name: str
+    nbytes: int
+    ready_before_end_ms: float
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    """The buckets of one rank, earliest ready first, and the training device's type."""
+
+    device: str
+    buckets: list[BucketTiming]
+    steps: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> GradientPlan:
+        """Raises:
+            ValueError: not a gradient plan.
+        """
+        try:
+            data = json.loads(text)
+            return GradientPlan(data["device"], [BucketTiming(**b) for b in data["buckets"]],
+                                int(data["steps"]))
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not a gradient plan: {e}") from e
+
+
+class GradientRecorder:
+    """Times ``optimizer``'s buckets (see the module's description).
+
+    Args:
+        optimizer: A ``DistributedOptimizer`` (its ``_units`` are the buckets).
+        path: Where :meth:`write` puts the plan.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        self.path = path
+        self._buckets = [bucket for unit in optimizer._units for bucket in unit]
+        params = [p for b in self._buckets for p in b.params]
+        self._device = params[0].device.type if params else "cpu"
+        self._bucket_of = {p: i for i, b in enumerate(self._buckets) for p in b.params}
+        self._arrived: dict[int, float] = {}
+        self._offsets: list[list[float]] = [[] for _ in self._buckets]
+        self._steps = 0  # steps timed
+        self._warm = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._arrive) for p in params]
+        self._handles.append(optimizer.register_step_pre_hook(self._end_backward))
+
+    def _arrive(self, p: torch.nn.Parameter) -> None:
+        self._arrived[self._bucket_of[p]] = time.perf_counter()
+
+    def _end_backward(self, *_) -> None:
+        now = time.perf_counter()
+        if not self._arrived:
+            # The step's second pre-hook call (the wrapper's class and the user's class both
+            # run them), or a step without backward.
+            return
+        # The first step pays for allocations and autograd's warm-up: left out.
+        if self._warm and len(self._arrived) == len(self._buckets):
+            for i, arrived in self._arrived.items():
+                self._offsets[i].append((now - arrived) * 1e3)
+            self._steps += 1
+        self._warm = True
+        self._arrived.clear()
+
+    def plan(self) -> GradientPlan:
+        """The buckets timed so far (offset 0 for any never timed), earliest ready first."""
+        timings = [BucketTiming(b.name, sum(p.numel() * p.element_size() for p in b.params),
+                                statistics.median(o) if o else 0.0)
+                   for b, o in zip(self._buckets, self._offsets)]
+        timings.sort(key=lambda t: -t.ready_before_end_ms)
+        return GradientPlan(self._device, timings, self._steps)
+
+    def write(self) -> None:
+        """Write :meth:`plan` to ``path``."""
+        self.path.write_text(self.plan().to_json() + "\n", encoding="utf-8")
+
+
+def read_plan(folder: Path, rank: int = 0) -> GradientPlan | None:
+    """The plan rank ``rank`` wrote into ``folder`` (``None``: none there).
+
+    Raises:
+        ValueError: the file is not a gradient plan.
+    """
+    path = folder / FILE_PATTERN.format(rank=rank)
+    return GradientPlan.from_json(path.read_text(encoding="utf-8")) if path.exists() else None
