@@ -20,7 +20,6 @@ from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
 from ringtrain.engine.request import Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
-from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType, ReduceOp
 
 
@@ -56,7 +55,7 @@ class Executor:
             request = local.get(response.name)
             if response.error:
                 if request is not None:
-                    request.handle.set_error(TensorMismatchError(response.error))
+                    request.handle.set_error(response.failure(response.error))
             elif self._rank in response.set_ranks:
                 runnable.append(response)
         allreduces = [r for r in runnable

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ringtrain.engine.request import RequestMeta
+from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType
 
 #: Operations that proceed with joined ranks contributing zeros: allreduce (and Adasum). The
@@ -33,6 +34,7 @@ class Response:
         metas: the meta of every rank that submitted it, by global rank.
         joined: members that had joined and take part contributing zeros (allreduce only).
         error: set when the operation must fail on every rank instead of running.
+        failure: the exception class its handles then raise with ``error``.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Response:
     metas: dict[int, RequestMeta]
     joined: tuple[int, ...] = ()
     error: str | None = None
+    failure: type[RuntimeError] = TensorMismatchError
 
     @property
     def meta(self) -> RequestMeta:

@@ -96,6 +96,12 @@ class _DistributedOptimizer:
     # -- gradient hooks -------------------------------------------------------------------------
 
     def _hook(self, p: torch.nn.Parameter) -> None:
+        # Autograd may run this on a thread of its own (CUDA): that thread is no submitter
+        # whose waits say whether the rank is blocked (see engine.deadlock).
+        with runtime.current().engine.submitting_for_autograd():
+            self._gradient_ready(p)
+
+    def _gradient_ready(self, p: torch.nn.Parameter) -> None:
         if self._delay[p] <= 0:  # already counted since the last synchronize()
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
