@@ -155,6 +155,9 @@ class Engine:
         self._cache = ResponseCache(config.cache_capacity)
         self._stall = StallInspector(self.rank, config, clock)
         self._stuck_after_s = config.stall_shutdown_s if config.stall_check_enabled else 0.0
+        # --no-stall-check (HOROVOD_STALL_CHECK_DISABLE) turns deadlock detection off too: this
+        # rank then never counts as blocked, so nobody waiting for it is taken for deadlocked.
+        self._detect_deadlocks = config.stall_check_enabled
         self._liveness = Liveness(self.rank, self.size, doorbell, clock)
         self._peers = Peers(self.rank, peers)
         self._round_since: float | None = None
@@ -276,7 +279,7 @@ class Engine:
         on this rank between two rounds.
         """
         awaited = {r.name for r in self._pending.values() if r.handle in self._awaited}
-        if not awaited:
+        if not awaited or not self._detect_deadlocks:
             return 0, awaited
         for ident, thread in list(self._submitters.items()):
             if not thread.is_alive():
