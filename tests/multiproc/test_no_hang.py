@@ -117,7 +117,7 @@ def test_operations_a_slow_rank_has_not_submitted_end_in_a_stall_error_naming_it
     rank0, rank1 = stall_world.run(_a_slow_rank, timeout=60)
     assert rank0.pop("seconds") < STALL_S + _SLACK_S
     assert set(rank0) == set(_ASYNC_KINDS) | {"barrier"}
-    for kind, outcome in rank0.items():
+    for outcome in rank0.values():
         assert outcome.startswith(f"StallError: stalled for more than {STALL_S:g} s"), outcome
         # the error lists every stalled name and who it waits for
         for other in _ASYNC_KINDS:

@@ -11,9 +11,8 @@ Run as Horovod runs its suite: ``ringtrain run --horovod-compat -np 2 python -m 
 import itertools
 import unittest
 
-import torch
-
 import horovod.torch as hvd
+import torch
 
 
 class TorchTests(unittest.TestCase):
@@ -38,7 +37,7 @@ class TorchTests(unittest.TestCase):
                 dtypes, dims, first_join_ranks, cachings):
             torch.manual_seed(1234)
 
-            def div(t, s):
+            def div(t, s, dtype=dtype):
                 # Horovod scales an integer average in C++: a truncating division
                 if dtype in integral_types:
                     return torch.div(t, s, rounding_mode="trunc")
