@@ -54,7 +54,7 @@ from ringtrain.op_types import OpType
 log = logging.getLogger(__name__)
 
 #: The control vector of a negotiation round: these flags, then one wait-state slot per rank
-#: (see ``_wait_slot``), then one count per cached response.
+#: (see ``_wait_slot_locked``), then one count per cached response.
 _FULL_EXCHANGE, _SHUTDOWN, _JOINED, _PROBE, _FLAGS = 0, 1, 2, 3, 4
 #: The engine waits this long for the doorbell before checking again that it should go on;
 #: rounds only start when a rank rings.
