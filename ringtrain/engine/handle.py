@@ -96,9 +96,10 @@ class Handle:
     def _block(self, timeout: float | None) -> None:
         untimed = timeout is None
         observer = self._observer
-        if observer is not None:
-            observer.waiting(self, untimed)
         try:
+            # inside the try: a signal handler that raises in the observer still ends the wait
+            if observer is not None:
+                observer.waiting(self, untimed)
             deadline = None if untimed else time.monotonic() + timeout
             while True:
                 slice_s = WAIT_SLICE_S
