@@ -26,10 +26,11 @@ class _Waits:
         self.outcomes: dict[str, object] = {}
         self._threads: list[threading.Thread] = []
 
-    def start(self, engine, name: str) -> None:
+    def start(self, engine, name: str, ranks: tuple[int, ...] | None = None) -> None:
         def run() -> None:
             try:
-                self.outcomes[name] = submit(engine, name, torch.ones(1)).wait().tolist()
+                handle = submit(engine, name, torch.ones(1), ranks=ranks)
+                self.outcomes[name] = handle.wait().tolist()
             except RuntimeError as exc:
                 self.outcomes[name] = exc
         thread = threading.Thread(target=run, name=f"waits.{name}", daemon=True)
@@ -65,6 +66,22 @@ def test_ranks_waiting_for_operations_nobody_else_submits_fail_and_the_engine_go
         assert (f"rank {1 - other} waits for allreduce '{name}' (not submitted by rank(s) "
                 f"[{other}])") in str(error)
     assert results([submit(e, "after", torch.ones(1)) for e in engines]) == [[2.0]] * 2
+
+
+def test_two_members_of_a_process_set_deadlock_while_a_rank_outside_it_computes(
+        start_engines, clock):
+    world, engines = start_engines(3, probe_s=0.005)
+    pair = (0, 1)
+    for engine in engines:
+        world.backend(engine.rank).add_set(pair)
+    waits = _Waits()
+    waits.start(engines[0], "a", pair)
+    waits.start(engines[1], "b", pair)
+    waits.settle(clock, 2)
+    for name in ("a", "b"):
+        assert isinstance(waits.outcomes[name], DeadlockError), waits.outcomes
+        assert "deadlock: rank(s) [0, 1] wait" in str(waits.outcomes[name])
+    assert results([submit(e, "after", torch.ones(1)) for e in engines]) == [[3.0]] * 3
 
 
 def test_a_thread_that_submitted_and_does_not_wait_keeps_its_rank_unblocked(start_engines,
