@@ -126,3 +126,28 @@ def test_a_wait_with_a_timeout_is_not_blocked(start_engines, clock):
     # nothing failed it meanwhile: it simply timed out, still pending
     assert [(type(e), done) for e, done in outcome] == [(TimeoutError, False)]
     assert waits.outcomes == {}
+
+
+def test_sixteen_ranks_in_a_ring_of_pairs_deadlock_only_once_the_ring_closes(start_engines,
+                                                                              clock):
+    # rank r waits for an operation of the pair (r, r + 1) that r + 1 never submits: while one
+    # rank still computes, everybody may still go on; the last to block closes the cycle
+    size = 16
+    world, engines = start_engines(size, probe_s=0.005)
+    pairs = [tuple(sorted((r, (r + 1) % size))) for r in range(size)]
+    for pair in pairs:
+        for rank in pair:
+            world.backend(rank).add_set(pair)
+    waits = _Waits()
+    for r in range(size - 1):
+        waits.start(engines[r], f"op.{r}", pairs[r])
+    _rounds(clock, 12)  # deadlock checks among them (every 5 s of the clock at least)
+    assert waits.outcomes == {}
+    waits.start(engines[size - 1], f"op.{size - 1}", pairs[size - 1])
+    waits.settle(clock, size)
+    messages = {str(e) for e in waits.outcomes.values()}
+    assert len(waits.outcomes) == size and len(messages) == 1  # one report, on every rank
+    (message,) = messages
+    assert message.startswith(f"deadlock: rank(s) {list(range(size))} wait")
+    assert "rank 14 waits for allreduce 'op.14' (not submitted by rank(s) [15])" in message
+    assert "and 8 more" not in message  # one pending operation each
