@@ -101,6 +101,7 @@ def test_shim_names_are_ringtrains_objects(shim_on_path):
 
 
 
+@pytest.mark.slow  # about 50 s on the shared 2-core VM: pytest starts on every rank
 def test_horovod_style_suite_passes_under_pytest_on_two_ranks_without_hanging():
     # join with allreduce, allgather and broadcast, sparse embeddings both ways, and ranks that
     # diverge, as Horovod runs its own suite: every rank runs pytest on the same file
