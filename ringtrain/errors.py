@@ -31,6 +31,15 @@ class TensorMismatchError(RingtrainError, RuntimeError):
     """Ranks submitted the same tensor name with disagreeing shape, dtype, device or root."""
 
 
+class DeadlockError(RingtrainError, RuntimeError):
+    """Every rank an operation waits for is itself blocked waiting for another operation, so
+    none of them can ever complete (the ranks' programs diverged).
+
+    Not a ``HorovodInternalError``: no peer failed and the engine goes on (the next collective
+    works), and elastic training must not take it for a lost host and retry the same code path.
+    """
+
+
 class StallError(HorovodInternalError):
     """Some ranks waited past the stall shutdown time for tensors other ranks never submitted."""
 

@@ -34,10 +34,11 @@ from dataclasses import replace
 import torch
 
 from ringtrain.backends.base import CollectiveBackend
-from ringtrain.engine import negotiation
+from ringtrain.engine import deadlock, negotiation
 from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
 from ringtrain.engine.execute import Executor
+from ringtrain.engine.handle import Handle
 from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.liveness import Liveness
 from ringtrain.engine.negotiation import Decision
@@ -52,7 +53,9 @@ from ringtrain.op_types import OpType
 
 log = logging.getLogger(__name__)
 
-_FULL_EXCHANGE, _SHUTDOWN, _JOINED, _FLAGS = 0, 1, 2, 3
+#: The control vector of a negotiation round: these flags, then one wait-state slot per rank
+#: (see ``_wait_slot_locked``), then one count per cached response.
+_FULL_EXCHANGE, _SHUTDOWN, _JOINED, _PROBE, _FLAGS = 0, 1, 2, 3, 4
 #: The engine waits this long for the doorbell before checking again that it should go on;
 #: rounds only start when a rank rings.
 _BELL_WAIT_S = 3600.0
@@ -60,6 +63,9 @@ _BELL_WAIT_S = 3600.0
 _QUIET_S = 0.0002
 #: How often requests waiting on peers trigger a round (liveness and stall checks).
 _PROBE_S = 1.0
+#: A rank blocked in the same wait since the previous round asks for a deadlock check at least
+#: this often, even when the members it waits for do not all look blocked.
+_DEADLOCK_PROBE_S = 5.0
 
 
 class Engine:
@@ -110,6 +116,17 @@ class Engine:
                              between rounds): a round stuck past the    the watch reads it
                              stall shutdown time looks for stopped
                              peers (see liveness)
+    ``_waiters``             threads blocked with no timeout on a       callers, entering and
+                             handle, with how many such waits each      leaving waits (``_lock``)
+    ``_awaited``             handles such threads are blocked on        callers (``_lock``)
+    ``_submitters``          threads that submitted (not from autograd  callers (``_lock``); the
+                             hooks): all must wait for the rank to      engine prunes dead ones
+                             count as blocked
+    ``_wait_state``          bumped by every submission and every       callers (``_lock``)
+                             change of waits: an unchanged value means
+                             nothing happened on this rank
+    ``_prev_slots``          every rank's wait state in the previous    engine (its own)
+                             negotiation round (identical everywhere)
     =======================  =========================================  ==========================
 
     Args:
@@ -138,6 +155,9 @@ class Engine:
         self._cache = ResponseCache(config.cache_capacity)
         self._stall = StallInspector(self.rank, config, clock)
         self._stuck_after_s = config.stall_shutdown_s if config.stall_check_enabled else 0.0
+        # --no-stall-check (HOROVOD_STALL_CHECK_DISABLE) turns deadlock detection off too: this
+        # rank then never counts as blocked, so nobody waiting for it is taken for deadlocked.
+        self._detect_deadlocks = config.stall_check_enabled
         self._liveness = Liveness(self.rank, self.size, doorbell, clock)
         self._peers = Peers(self.rank, peers)
         self._round_since: float | None = None
@@ -157,6 +177,13 @@ class Engine:
         self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count))
         self._stopped = threading.Event()
         self._caller_blocked = threading.Event()  # a submitter waits for a result: stop gathering
+        self._waiters: dict[int, int] = {}
+        self._awaited: dict[Handle, int] = {}
+        self._submitters: dict[int, threading.Thread] = {}
+        self._for_autograd = threading.local()  # submissions from autograd's hooks
+        self._wait_state = 0
+        self._prev_slots: list[int] | None = None
+        self._last_probe = float("-inf")
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
         self._watch = threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
@@ -181,7 +208,10 @@ class Engine:
                     "synchronize() it before submitting that name again, or use another name")
             request.submitted_at = self._clock()  # requests age on the engine's clock
             self._names.add(request.name)
-            request.handle.on_block(self._caller_blocked.set)
+            request.handle.observe(self)
+            self._wait_state += 1
+            if not getattr(self._for_autograd, "active", False):
+                self._submitters[threading.get_ident()] = threading.current_thread()
             batch = getattr(self._batch, "requests", None)
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
@@ -199,6 +229,79 @@ class Engine:
             # The rest of a burst: counting each operation would cost a store round trip per
             # tensor; they ring for a negotiation round that gathers and fuses them instead.
             self._ring_locked(NEGOTIATE)
+
+    @contextlib.contextmanager
+    def submitting_for_autograd(self) -> Iterator[None]:
+        """Mark this thread's submissions in the block as made by autograd's gradient hooks.
+
+        Autograd runs hooks on its own device threads (CUDA) on behalf of a thread inside
+        ``backward()``; such a thread is not one whose waits decide whether the rank is blocked
+        (see :mod:`ringtrain.engine.deadlock`), since it only submits while another thread
+        computes.
+        """
+        previous = getattr(self._for_autograd, "active", False)
+        self._for_autograd.active = True
+        try:
+            yield
+        finally:
+            self._for_autograd.active = previous
+
+    def waiting(self, handle: Handle, untimed: bool) -> None:
+        """A thread blocks on ``handle`` (see :class:`~ringtrain.engine.handle.WaitObserver`)."""
+        with self._lock:
+            self._caller_blocked.set()  # nothing more comes from that thread: stop gathering
+            if untimed:
+                ident = threading.get_ident()
+                self._waiters[ident] = self._waiters.get(ident, 0) + 1
+                self._awaited[handle] = self._awaited.get(handle, 0) + 1
+                self._wait_state += 1
+
+    def done_waiting(self, handle: Handle, untimed: bool) -> None:
+        """That thread stopped waiting on ``handle``."""
+        if not untimed:
+            return
+        with self._lock:
+            ident = threading.get_ident()
+            for table, key in ((self._waiters, ident), (self._awaited, handle)):
+                left = table.get(key, 0) - 1
+                if left > 0:
+                    table[key] = left
+                else:
+                    table.pop(key, None)
+            self._wait_state += 1
+
+    def _wait_slot_locked(self) -> tuple[int, set[str]]:
+        """This rank's wait state for the control vector, and the names its threads wait for.
+
+        The slot is 0 unless the rank is blocked: some thread waits with no timeout for a
+        pending request, and every live thread that submits operations is waiting too. Then it
+        is ``_wait_state`` (plus one, never 0), so that a peer sees whether anything happened
+        on this rank between two rounds.
+        """
+        awaited = {r.name for r in self._pending.values() if r.handle in self._awaited}
+        if not awaited or not self._detect_deadlocks:
+            return 0, awaited
+        for ident, thread in list(self._submitters.items()):
+            if not thread.is_alive():
+                del self._submitters[ident]
+            elif ident not in self._waiters:
+                return 0, awaited
+        return (self._wait_state & 0x3FFFFFFF) + 1, awaited
+
+    def _wants_deadlock_check(self, slot: int, awaited: set[str]) -> bool:
+        """Whether this rank asks the round for a deadlock check: it is blocked in the same
+        wait as in the previous round, and every member of a set it waits on was blocked then
+        too (or it has not asked for a while)."""
+        prev = self._prev_slots
+        if not slot or prev is None or prev[self.rank] != slot:
+            return False
+        now = self._clock()
+        members = [self._pending[name].meta.set_ranks for name in awaited]
+        if (any(all(prev[m] for m in ranks) for ranks in members)
+                or now - self._last_probe >= _DEADLOCK_PROBE_S):
+            self._last_probe = now
+            return True
+        return False
 
     @contextlib.contextmanager
     def one_round(self) -> Iterator[None]:
@@ -382,6 +485,7 @@ class Engine:
             self._drained = True
             # Callers blocked so far wait for requests this round takes; a later one is news.
             self._caller_blocked.clear()
+            slot, awaited = self._wait_slot_locked()
         if self.timeline.mark_cycles:
             self.timeline.instant(CYCLE_ROW, "CYCLE_START")
 
@@ -396,16 +500,21 @@ class Engine:
                 missed = True
             else:
                 bits.add(bit)
-        counts = [0] * (_FLAGS + len(self._cache))
+        bits_at = _FLAGS + self.size
+        counts = [0] * (bits_at + len(self._cache))
         counts[_FULL_EXCHANGE] = int(missed or self._stall.wants_report(
             list(self._pending.values())))
         counts[_SHUTDOWN] = int(shutting_down)
         counts[_JOINED] = int(joined)
+        counts[_PROBE] = int(self._wants_deadlock_check(slot, awaited))
+        counts[_FLAGS + self.rank] = slot
         for bit in bits:
-            counts[_FLAGS + bit] = 1
+            counts[bits_at + bit] = 1
         summed = torch.tensor(counts, dtype=torch.int32)
         self._backend.control_allreduce(summed)
         summed_list = summed.tolist()
+        slots = summed_list[_FLAGS:bits_at]
+        prev_slots, self._prev_slots = self._prev_slots, slots
 
         if summed_list[_SHUTDOWN]:
             self._fail(HorovodInternalError(
@@ -413,12 +522,16 @@ class Engine:
                 f"{summed_list[_SHUTDOWN]} rank(s)); call hvd.init() again to continue"))
             return None
         self._peers_joined = bool(summed_list[_JOINED])
-        if summed_list[_FULL_EXCHANGE] or summed_list[_JOINED]:
-            decision = self._full_exchange()
+        if summed_list[_FULL_EXCHANGE] or summed_list[_JOINED] or summed_list[_PROBE]:
+            # Ranks blocked in the same wait in both rounds cannot have submitted anything
+            # in between: only they count as blocked for deadlock detection.
+            blocked = [r for r, s in enumerate(slots)
+                       if s and prev_slots is not None and prev_slots[r] == s]
+            decision = self._full_exchange(awaited, blocked)
         else:
             decision = Decision(responses=[
                 self._cache.response(bit) for bit in range(len(self._cache))
-                if summed_list[_FLAGS + bit] == self._cache.members(bit)])
+                if summed_list[bits_at + bit] == self._cache.members(bit)])
             if decision.responses:
                 # Run by the counts, not by their readiness counters, which some members may
                 # not have added to (their units differ): those counters must start even again.
@@ -461,10 +574,18 @@ class Engine:
                 self._doorbell.forget(round_)
         self._forgotten = self._round + 1
 
-    def _full_exchange(self) -> Decision:
+    def _full_exchange(self, awaited: set[str], blocked: list[int]) -> Decision:
         now = self._clock()
-        metas = [replace(r.meta, age_s=now - r.submitted_at) for r in self._pending.values()]
-        decision = negotiation.decide(self._backend.control_allgather(metas))
+        metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.name in awaited)
+                 for r in self._pending.values()]
+        gathered = self._backend.control_allgather(metas)
+        decision = negotiation.decide(gathered)
+        failed = deadlock.find(gathered, decision, blocked)
+        if failed:
+            log.error("rank %d: %s", self.rank, failed[0].error)
+            decision.responses.extend(failed)
+            for response in failed:
+                decision.waiting.pop(response.name, None)
         self._renew_counters(decision)
         stall_error = self._stall.inspect(decision)
         if stall_error is not None:

@@ -2,7 +2,7 @@
 
 Every rank runs the same responses in the same order (allreduce batches first, then the rest in
 response order); a rank outside an operation's process set skips it, and a rank that has joined
-takes part with zeros (allreduce, Adasum) or no rows (allgather). Average still divides by the
+takes part in allreduces (Adasum too) with zeros. Average still divides by the
 size of the process set, joined members included, as Horovod 0.28.1 does (its Average is a sum
 with ``postscale_factor /= process_set.controller->GetSize()``).
 """
@@ -20,7 +20,6 @@ from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
 from ringtrain.engine.request import Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
-from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType, ReduceOp
 
 
@@ -56,7 +55,7 @@ class Executor:
             request = local.get(response.name)
             if response.error:
                 if request is not None:
-                    request.handle.set_error(TensorMismatchError(response.error))
+                    request.handle.set_error(response.failure(response.error))
             elif self._rank in response.set_ranks:
                 runnable.append(response)
         allreduces = [r for r in runnable
@@ -150,14 +149,12 @@ class Executor:
     # -- the other collectives ------------------------------------------------------------------
 
     def _allgather(self, response: Response, request: Request | None):
+        assert request is not None  # negotiation fails an allgather that needs a joined rank
+        _wait_ready(request)
         ranks = response.set_ranks
         results = []
-        for i, meta in enumerate(response.meta.tensors):
-            rows = [response.metas[r].tensors[i].shape[0] if r in response.metas else 0
-                    for r in ranks]
-            mine = request.outputs[i] if request is not None else _zeros(meta, rows=0)
-            if request is not None:
-                _wait_ready(request)
+        for i, mine in enumerate(request.outputs):
+            rows = [response.metas[r].tensors[i].shape[0] for r in ranks]
             longest = max(rows)
             padded = mine
             if mine.shape[0] < longest:
@@ -170,7 +167,7 @@ class Executor:
             if any(r != longest for r in rows):
                 out = torch.cat([out[j * longest:j * longest + r] for j, r in enumerate(rows)])
             results.append(out)
-        return results if request is not None and _grouped(request) else results[0]
+        return results if _grouped(request) else results[0]
 
     def _broadcast(self, response: Response, request: Request | None) -> torch.Tensor:
         assert request is not None
@@ -255,8 +252,8 @@ def _grouped(request: Request) -> bool:
     return request.grouped or len(request.outputs) > 1
 
 
-def _zeros(meta: TensorMeta, rows: int | None = None) -> torch.Tensor:
-    shape = meta.shape if rows is None else (rows, *meta.shape[1:])
+def _zeros(meta: TensorMeta) -> torch.Tensor:
+    shape = meta.shape
     device = torch.device("cuda", torch.cuda.current_device()) if meta.device == "cuda" else "cpu"
     return torch.zeros(shape, dtype=getattr(torch, meta.dtype.removeprefix("torch.")),
                        device=device)

@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+#: A waiting thread wakes this often, so that a Python signal handler (Ctrl-C, pytest-timeout's
+#: SIGALRM, a job's SIGTERM) runs within a fraction of a second on every platform, however long
+#: the operation takes.
+WAIT_SLICE_S = 0.2
+
+
+class WaitObserver(Protocol):
+    """Told when a thread starts and stops waiting for a handle (the engine: it stops gathering
+    a round once its submitter blocks, and knows which of its operations a thread is blocked on,
+    for deadlock detection)."""
+
+    def waiting(self, handle: Handle, untimed: bool) -> None:
+        """A thread is about to block on ``handle`` (``untimed``: with no timeout)."""
+
+    def done_waiting(self, handle: Handle, untimed: bool) -> None:
+        """That thread stopped waiting (the result came, the timeout passed, or a signal
+        handler raised)."""
 
 
 class Handle:
@@ -16,8 +35,8 @@ class Handle:
     error.
     """
 
-    __slots__ = ("name", "_event", "_result", "_error", "_then", "_finish", "_finished",
-                 "_on_block")
+    __slots__ = ("_error", "_event", "_finish", "_finished", "_observer", "_result", "_then",
+                 "name")
 
     def __init__(self, name: str, finish: Callable[[Any], Any] | None = None):
         self.name = name
@@ -27,15 +46,15 @@ class Handle:
         self._then: Callable[[], None] | None = None
         self._finish = finish
         self._finished = False
-        self._on_block: Callable[[], None] | None = None
+        self._observer: WaitObserver | None = None
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
         return self._event.is_set()
 
-    def on_block(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when a thread is about to block waiting for this handle."""
-        self._on_block = callback
+    def observe(self, observer: WaitObserver) -> None:
+        """Tell ``observer`` whenever a thread blocks waiting for this handle."""
+        self._observer = observer
 
     def set_result(self, result: Any, then: Callable[[], None] | None = None) -> None:
         """Complete the operation; ``then`` is work on the result left to the waiting thread.
@@ -54,14 +73,16 @@ class Handle:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the operation finishes and return its result.
 
+        The wait wakes every :data:`WAIT_SLICE_S` seconds, so a signal handler that raises
+        (``KeyboardInterrupt``, a test timeout) ends it promptly.
+
         Raises:
             TimeoutError: ``timeout`` seconds passed first.
-            RuntimeError: the collective failed (mismatch, peer failure, stall shutdown).
+            RuntimeError: the collective failed (mismatch, peer failure, stall shutdown,
+                deadlock).
         """
-        if not self._event.is_set() and self._on_block is not None:
-            self._on_block()
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"operation {self.name!r} did not finish within {timeout} s")
+        if not self._event.is_set():
+            self._block(timeout)
         if self._error is not None:
             raise self._error
         if not self._finished:
@@ -71,6 +92,29 @@ class Handle:
                 self._result = self._finish(self._result)
             self._finished = True
         return self._result
+
+    def _block(self, timeout: float | None) -> None:
+        untimed = timeout is None
+        observer = self._observer
+        try:
+            # inside the try: a signal handler that raises in the observer still ends the wait
+            if observer is not None:
+                observer.waiting(self, untimed)
+            deadline = None if untimed else time.monotonic() + timeout
+            while True:
+                slice_s = WAIT_SLICE_S
+                if deadline is not None:
+                    slice_s = min(slice_s, deadline - time.monotonic())
+                    if slice_s <= 0:
+                        if self._event.is_set():
+                            return
+                        raise TimeoutError(
+                            f"operation {self.name!r} did not finish within {timeout} s")
+                if self._event.wait(slice_s):
+                    return
+        finally:
+            if observer is not None:
+                observer.done_waiting(self, untimed)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"

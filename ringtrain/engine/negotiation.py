@@ -14,13 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ringtrain.engine.request import RequestMeta
+from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType
 
-#: Operations that proceed with joined ranks contributing nothing: zeros to an allreduce (and
-#: Adasum), no rows to an allgather. Horovod 0.28.1 refuses allgather with joined ranks ("not
-#: supported with Join at this time"); here it runs, so sparse allreduces go on too. The others
-#: (broadcast, alltoall, reducescatter, barrier) fail on every submitting rank, as in Horovod.
-JOINABLE_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER})
+#: Operations that proceed with joined ranks contributing zeros: allreduce (and Adasum). The
+#: others (allgather, broadcast, alltoall, reducescatter, barrier) fail on every submitting rank,
+#: as in Horovod 0.28.1, whose own test_horovod_join_allgather requires the allgather to raise
+#: ("Allgather is not supported with Join at this time").
+JOINABLE_OPS = frozenset({OpType.ALLREDUCE})
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,9 @@ class Response:
         name: the operation's name.
         op: the collective.
         metas: the meta of every rank that submitted it, by global rank.
-        joined: members that had joined and take part contributing nothing.
+        joined: members that had joined and take part contributing zeros (allreduce only).
         error: set when the operation must fail on every rank instead of running.
+        failure: the exception class its handles then raise with ``error``.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Response:
     metas: dict[int, RequestMeta]
     joined: tuple[int, ...] = ()
     error: str | None = None
+    failure: type[RuntimeError] = TensorMismatchError
 
     @property
     def meta(self) -> RequestMeta:
@@ -103,10 +106,13 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
             blocked_by_join = [r for r in missing if r in joined]
             if blocked_by_join:
                 root = " (the root)" if first.root_rank in blocked_by_join else ""
+                hint = (" If this is a sparse gradient of DistributedOptimizer, pass "
+                        "sparse_as_dense=True to reduce it with an allreduce."
+                        if first.op is OpType.ALLGATHER else "")
                 decision.responses.append(Response(name, first.op, subs, error=(
                     f"{first.op.value} {name!r} cannot run: rank(s) {blocked_by_join}{root} "
                     f"have already called join(), and {first.op.value} needs every member "
-                    "(only allreduce and allgather go on with joined ranks)")))
+                    f"(only allreduce goes on with joined ranks, as in Horovod).{hint}")))
             else:
                 decision.waiting[name] = Waiting(tuple(sorted(subs)), missing,
                                                  max(m.age_s for m in subs.values()))

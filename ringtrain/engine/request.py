@@ -49,6 +49,9 @@ class RequestMeta:
     #: How long the request has waited on its rank, for stall reports; not part of what peers
     #: must agree on, so equality ignores it.
     age_s: float = field(default=0.0, compare=False)
+    #: Whether a thread of its rank is blocked waiting for it, for deadlock detection; not part
+    #: of what peers must agree on either.
+    waited: bool = field(default=False, compare=False)
 
 
 @dataclass

@@ -31,6 +31,8 @@ from typing import Protocol
 from ringtrain.runner.hosts import SlotInfo
 
 _POLL_S = 0.02
+#: A wait for a key wakes this often, so that signal handlers run (see _wait_key).
+_WAIT_SLICE_S = 0.25
 
 
 class Store(Protocol):
@@ -153,11 +155,29 @@ def host_update(store: Store, keys: Keys, generation: int) -> HostUpdate | None:
     return HostUpdate(store.get(keys.hosts(generation)).decode())
 
 
+def _wait_key(store: Store, key: str, deadline: float, clock: Callable[[], float]) -> None:
+    """Wait until ``key`` exists, in slices of at most :data:`_WAIT_SLICE_S`: a store wait blocks
+    in C++, where Python signal handlers (Ctrl-C, a job's SIGTERM) cannot run.
+
+    Raises:
+        Exception: the store's, at the deadline, or at once if the store cannot be reached.
+    """
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=min(_WAIT_SLICE_S,
+                                                    max(deadline - clock(), 0.001))))
+            return
+        except Exception:
+            if store.check([key]):  # raises if the store is gone: no point waiting on
+                return
+            if clock() >= deadline:
+                raise
+
+
 def _wait_next(store: Store, keys: Keys, generation: int, deadline: float,
                clock: Callable[[], float]) -> int:
-    remaining = deadline - clock()
     try:
-        store.wait([keys.next(generation)], timedelta(seconds=max(remaining, 0.001)))
+        _wait_key(store, keys.next(generation), deadline, clock)
     except Exception as exc:  # the store reports a timeout as a generic error
         raise RendezvousTimeout(
             f"the launcher did not form a new world within the elastic timeout after world "
@@ -169,7 +189,7 @@ def _read_slot(store: Store, keys: Keys, generation: int, worker: int, deadline:
                clock: Callable[[], float]) -> SlotInfo:
     key = keys.slot(generation, worker)
     try:
-        store.wait([key], timedelta(seconds=max(deadline - clock(), 0.001)))
+        _wait_key(store, key, deadline, clock)
     except Exception as exc:
         raise RendezvousTimeout(f"no place in world {generation} for worker {worker} within "
                                 f"the elastic timeout ({exc})") from exc

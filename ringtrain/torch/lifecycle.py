@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -25,6 +26,7 @@ from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.engine.peers import PeerProcess
+from ringtrain.errors import HorovodInternalError
 from ringtrain.log_level import apply_log_level
 from ringtrain.runner import elastic_rendezvous
 from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 # Collectives may legitimately wait long (a slow rank writing a checkpoint); a dead peer is
 # detected by its closed connection, not by this timeout.
 _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+#: init() waits for its peers in slices this long, so that signal handlers run meanwhile.
+_ARRIVAL_SLICE_S = 0.25
 
 _lock = threading.RLock()
 _generation = 0
@@ -189,11 +193,40 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
     if "GLOO_SOCKET_IFNAME" not in os.environ and _is_loopback(env.master_addr):
         # Every rank is on this host: keep Gloo's listening sockets on loopback.
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = _store(env, rank, size)
+    store = dist.PrefixStore(prefix, _store(env, rank, size))
+    _await_ranks(store, rank, size, env.start_timeout_s)
     backend = "cpu:gloo,cuda:nccl" if _nccl_usable() else "gloo"
-    dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                            world_size=size, timeout=_COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size,
+                            timeout=_COLLECTIVE_TIMEOUT)
     return True, prefix
+
+
+def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> None:
+    """Announce this rank and wait, in slices, until every rank of the world has announced itself.
+
+    torch.distributed's own rendezvous would wait in C++ for the collective timeout (hours),
+    where no Python signal handler (Ctrl-C, a job's SIGTERM) can run; after this it finds every
+    rank there.
+
+    Raises:
+        HorovodInternalError: ranks that did not call ``init()`` within the start timeout
+            (``--start-timeout``, ``HOROVOD_START_TIMEOUT``), named.
+    """
+    store.set(f"arrived/{rank}", b"1")
+    keys = [f"arrived/{r}" for r in range(size)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            store.wait(keys, datetime.timedelta(seconds=_ARRIVAL_SLICE_S))
+            return
+        except dist.DistStoreError:
+            if time.monotonic() < deadline:
+                continue
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise HorovodInternalError(
+                f"rank(s) {missing} did not call hvd.init() within {timeout_s:g} s of rank "
+                f"{rank} (the start timeout, --start-timeout or HOROVOD_START_TIMEOUT): they "
+                "failed or are still starting") from None
 
 
 def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:

@@ -305,9 +305,10 @@ def join(device: int = -1) -> int:
     """Declare that this rank has no more data; wait until every rank has joined.
 
     Until then this rank takes part in the others' allreduces with zeros (Average still divides
-    by the size of the process set, as in Horovod) and in their allgathers with no rows; their
-    broadcasts, alltoalls, reducescatters and barriers that need it fail on every rank that
-    submitted them.
+    by the size of the process set, as in Horovod); their allgathers, broadcasts, alltoalls,
+    reducescatters and barriers that need it fail on every rank that submitted them (as in
+    Horovod 0.28.1; sparse gradients travel by allgather: use ``sparse_as_dense=True`` with
+    join).
 
     Returns:
         The rank that joined last.

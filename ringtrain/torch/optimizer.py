@@ -58,6 +58,10 @@ class _DistributedOptimizer:
         # None: sparse gradients go through the buckets as dense ones
         self._sparse = (None if sparse_as_dense
                         else SparseGradients(self._names, op, process_set))
+        # sparse_as_dense: parameters whose sparse gradient travels dense this step, with its
+        # number of sparse dimensions, to be made sparse again for the optimizer (Horovod does:
+        # SparseAdam refuses dense gradients)
+        self._densified: dict[torch.nn.Parameter, int] = {}
         self._groups = _parameter_groups(self.param_groups, groups)
         knobs = runtime.current().env.knobs
         self._bucket_bytes = knobs.bucket_bytes
@@ -102,6 +106,12 @@ class _DistributedOptimizer:
     # -- gradient hooks -------------------------------------------------------------------------
 
     def _hook(self, p: torch.nn.Parameter) -> None:
+        # Autograd may run this on a thread of its own (CUDA): that thread is no submitter
+        # whose waits say whether the rank is blocked (see engine.deadlock).
+        with runtime.current().engine.submitting_for_autograd():
+            self._gradient_ready(p)
+
+    def _gradient_ready(self, p: torch.nn.Parameter) -> None:
         if self._delay[p] <= 0:  # already counted since the last synchronize()
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
@@ -122,7 +132,8 @@ class _DistributedOptimizer:
         grad = p.grad
         if grad is not None and grad.is_sparse:
             if self._sparse is None:
-                grad = p.grad = grad.to_dense()
+                self._densified[p] = grad.sparse_dim()
+                grad = grad.to_dense()
             else:
                 self._sparse.found(p)
                 grad = None  # its slot carries zeros this step, as on every rank
@@ -160,6 +171,8 @@ class _DistributedOptimizer:
         if self._sparse is not None:
             self._sparse.submit_missing()
         timeline = runtime.current().engine.timeline
+        for p in self._densified:
+            p.grad = None  # the bucket gives it the dense average, made sparse below
         try:
             for unit in range(len(self._units)):
                 for bucket, handle, ctx in self._inflight[unit]:
@@ -167,6 +180,8 @@ class _DistributedOptimizer:
                                 timeline)
             if self._sparse is not None:
                 self._sparse.finish()
+            for p, sparse_dim in self._densified.items():
+                p.grad = p.grad.to_sparse(sparse_dim)
         finally:
             self._forget_step()
         self._synchronized = True
@@ -179,6 +194,7 @@ class _DistributedOptimizer:
         self._inflight.clear()
         self._unit_counts.clear()
         self._put.clear()
+        self._densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
 
@@ -310,7 +326,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``size / factor`` after (for fp16 range).
         num_groups / groups: reduce parameters in this many groups, or in these explicit lists of
             parameters, each group as one grouped allreduce.
-        sparse_as_dense: reduce sparse gradients as dense tensors. Otherwise each sparse
+        sparse_as_dense: reduce sparse gradients as dense tensors (in the buckets), made sparse
+            again before the step, as Horovod does, so sparse optimizers (``SparseAdam``) work
+            either way; needed with ``join()``, which refuses allgathers. Otherwise each sparse
             gradient is reduced on its own as Horovod does (an allgather of indices and values,
             summed, divided by the size for ``Average``).
         process_set: average over these ranks only.

@@ -1,6 +1,6 @@
 """Joins, with N ranks as threads of this process: what a rank that has joined contributes to its
-peers' collectives (Horovod 0.28.1's rules, and where ringtrain goes further), and which
-collectives cannot run without it. Every wait is bounded."""
+peers' collectives (Horovod 0.28.1's rules: zeros to allreduces), and which collectives cannot
+run without it (every other kind). Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -60,17 +60,23 @@ def test_a_grouped_allreduce_and_adasum_go_on_with_zeros_from_a_joined_rank(star
     assert join_the_rest(engines, joined, clock) == [2, 2, 2]
 
 
-def test_an_allgather_goes_on_with_no_rows_from_a_joined_rank(start_engines, clock):
+def test_an_allgather_with_a_joined_member_fails_on_every_rank_that_submitted_it(
+        start_engines, clock):
+    # Horovod 0.28.1's test_horovod_join_allgather requires the error.
     _, engines = start_engines(3)
     joined = {1: join(engines[1])}
     active = [engines[0], engines[2]]
-    single = [submit(e, "gather", torch.full((e.rank + 1, 2), float(e.rank)),
-                     op=OpType.ALLGATHER) for e in active]
-    grouped = [submit(e, "gather.grouped", [torch.full((1,), float(e.rank)),
-                                            torch.full((e.rank, 1), 5.0)],
-                      op=OpType.ALLGATHER) for e in active]
-    assert results(single) == [[[0.0, 0.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]] * 2
-    assert results(grouped) == [[[0.0, 2.0], [[5.0], [5.0]]]] * 2
+    for name, tensors in [("gather", lambda e: torch.full((e.rank + 1, 2), float(e.rank))),
+                          ("gather.grouped", lambda e: [torch.full((1,), float(e.rank)),
+                                                       torch.full((e.rank, 1), 5.0)])]:
+        failed = errors([submit(e, name, tensors(e), op=OpType.ALLGATHER) for e in active])
+        for error in failed:
+            assert isinstance(error, TensorMismatchError)
+            assert (f"allgather {name!r} cannot run: rank(s) [1] have already called join(), "
+                    "and allgather needs every member (only allreduce goes on with joined "
+                    "ranks, as in Horovod). If this is a sparse gradient of "
+                    "DistributedOptimizer, pass sparse_as_dense=True") in str(error)
+    assert results([submit(e, "after", torch.ones(1)) for e in active]) == [[2.0]] * 2
     assert join_the_rest(engines, joined, clock) == [2, 2, 2]
 
 
@@ -116,7 +122,8 @@ def test_a_process_set_with_a_joined_member_goes_on_among_the_others(start_engin
                      ranks=pair)
     gathered = submit(engines[0], "pair.gather", torch.ones(1, 2), op=OpType.ALLGATHER,
                       ranks=pair)
-    assert results([reduced, gathered]) == [[2.0, 2.0], [[1.0, 1.0]]]
+    assert results([reduced]) == [[2.0, 2.0]]
+    assert "have already called join()" in str(errors([gathered])[0])
     assert join_the_rest(engines, joined, clock) == [2, 2, 2]
 
 

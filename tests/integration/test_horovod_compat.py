@@ -100,7 +100,6 @@ def test_shim_names_are_ringtrains_objects(shim_on_path):
     assert not util.extension_available("horovod.tensorflow")
 
 
-
 def test_shim_keras_names_are_ringtrain_keras_objects(shim_on_path):
     hvd_keras = pytest.importorskip("ringtrain.keras")
     import horovod.keras as shim
@@ -118,3 +117,16 @@ def test_shim_keras_names_are_ringtrain_keras_objects(shim_on_path):
     assert (KerasState, run) == (hvd_keras.elastic.KerasState, hvd_keras.elastic.run)
     with pytest.raises(AttributeError, match="no TensorFlow frontend"):
         tf_shim.DistributedOptimizer  # noqa: B018
+
+
+@pytest.mark.slow  # about 50 s on the shared 2-core VM: pytest starts on every rank
+def test_horovod_style_suite_passes_under_pytest_on_two_ranks_without_hanging():
+    # join with allreduce, allgather and broadcast, sparse embeddings both ways, and ranks that
+    # diverge, as Horovod runs its own suite: every rank runs pytest on the same file
+    lines = _launch("--horovod-compat", "-np", "2", sys.executable, "-m", "pytest", "-q",
+                    "-p", "no:cacheprovider", "--noconftest",
+                    str(SCRIPTS / "horovod_style_suite.py"))
+    assert sorted(lines) == [0, 1]
+    for out in lines.values():
+        summary = [line for line in out if " passed" in line or " failed" in line]
+        assert summary and summary[-1].startswith("5 passed"), "\n".join(out)

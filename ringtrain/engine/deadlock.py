@@ -1,0 +1,107 @@
+"""Deadlock detection: operations that can never complete because every rank they wait for is
+itself blocked.
+
+A rank is *blocked* when each of its threads that submits operations waits, with no timeout, for
+an operation that has not completed (``synchronize``, a synchronous collective, ``join``). A
+blocked rank submits nothing until one of the operations it waits for completes. So an
+operation can still complete only if every member that has not submitted it yet may still do
+so: a rank that is not blocked (it computes, and may submit anything), or a blocked rank one of
+whose awaited operations can itself still complete. The ranks left over once that is settled
+(the greatest fixpoint) wait forever: their programs diverged (rank 0 waits in an allgather that
+rank 1 skipped, while rank 1 waits in the next collective). Horovod would print a stall warning
+every minute and wait; here every such operation fails, on every rank that submitted it, with
+:class:`~ringtrain.errors.DeadlockError` listing each blocked rank's pending operations.
+
+Pure: every rank runs :func:`find` on the same gathered metas and gets the same responses. Only
+ranks seen blocked in the same state in two consecutive negotiation rounds count as blocked (the
+engine's job), so a thread that leaves a wait between rounds (a timeout, a signal handler) is
+never taken for blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ringtrain.engine.negotiation import Decision, Response
+from ringtrain.engine.request import RequestMeta
+from ringtrain.errors import DeadlockError
+from ringtrain.op_types import OpType
+
+#: The message lists at most this many ranks, and this many pending operations of each.
+_MAX_RANKS_LISTED = 16
+_MAX_OPS_LISTED = 8
+
+
+def find(metas_by_rank: Sequence[Sequence[RequestMeta]], decision: Decision,
+         blocked: Collection[int]) -> list[Response]:
+    """The operations to fail because they can never complete.
+
+    Args:
+        metas_by_rank: for each global rank, the metas of its pending requests (``waited`` set on
+            those a thread of that rank is blocked on).
+        decision: this round's decision from the same metas (what runs now cannot deadlock).
+        blocked: the ranks known to be blocked (see the module docstring).
+
+    Returns:
+        An error response for every operation a deadlocked rank waits for, in name order; empty
+        when no rank is deadlocked.
+    """
+    world = len(metas_by_rank)
+    if not blocked or decision.join_done is not None:
+        return []
+    decided = {response.name for response in decision.responses}
+    joined = {r for r, metas in enumerate(metas_by_rank)
+              if any(m.op is OpType.JOIN for m in metas)}
+    awaited = {r: [m for m in metas_by_rank[r] if m.waited] for r in blocked}
+
+    def missing(meta: RequestMeta) -> set[int]:
+        if meta.op is OpType.JOIN:
+            return set(range(world)) - joined
+        if meta.name in decided:
+            return set()
+        waiting = decision.waiting.get(meta.name)
+        return set(waiting.missing) if waiting is not None else set()
+
+    live = set(range(world)) - set(blocked)
+    changed = True
+    while changed:
+        changed = False
+        for rank in sorted(set(blocked) - live):
+            if any(missing(m) <= live for m in awaited[rank]):
+                live.add(rank)
+                changed = True
+    stuck = sorted(set(blocked) - live)
+    if not stuck:
+        return []
+    message = _report(metas_by_rank, stuck, missing)
+    names = sorted({m.name for rank in stuck for m in awaited[rank]})
+    responses = []
+    for name in names:
+        subs = {r: m for r, metas in enumerate(metas_by_rank) for m in metas if m.name == name}
+        first = subs[min(subs)]
+        responses.append(Response(name, first.op, subs, error=message, failure=DeadlockError))
+    return responses
+
+
+def _report(metas_by_rank: Sequence[Sequence[RequestMeta]], stuck: list[int],
+            missing) -> str:
+    lines = []
+    for rank in stuck[:_MAX_RANKS_LISTED]:
+        metas = sorted(metas_by_rank[rank], key=lambda m: (not m.waited, m.name))
+        waits = "; ".join(f"{_describe(m)} (not submitted by rank(s) {sorted(missing(m))})"
+                          for m in metas if m.waited)
+        pending = ", ".join(_describe(m) for m in metas[:_MAX_OPS_LISTED])
+        if len(metas) > _MAX_OPS_LISTED:
+            pending += f", and {len(metas) - _MAX_OPS_LISTED} more"
+        lines.append(f"  rank {rank} waits for {waits}; its pending operations: {pending}")
+    if len(stuck) > _MAX_RANKS_LISTED:
+        lines.append(f"  and {len(stuck) - _MAX_RANKS_LISTED} more ranks")
+    return (f"deadlock: rank(s) {stuck} wait for operations that can never complete, each one "
+            "missing on ranks that themselves wait for another of them (the ranks' programs "
+            "diverged: they submit different operations, or the same ones under different names "
+            "or in another order). Every awaited operation of these ranks failed on every rank "
+            "that submitted it:\n" + "\n".join(lines))
+
+
+def _describe(meta: RequestMeta) -> str:
+    return "join()" if meta.op is OpType.JOIN else f"{meta.op.value} {meta.name!r}"
