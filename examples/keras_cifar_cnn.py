@@ -1,7 +1,7 @@
 """The tutorial's Keras CIFAR-10 CNN (``cifar10_cnn.py``) with Horovod's changes, on Keras 3.
 
     ringtrain run -np 2 python examples/keras_cifar_cnn.py                 # Fashion-MNIST
-    ringtrain run -np 2 python examples/keras_cifar_cnn.py --data DIR      # DIR/{train,val}/<class>/
+    ringtrain run -np 2 python examples/keras_cifar_cnn.py --data DIR   # DIR/{train,val}/<class>/
     ringtrain run --horovod-compat -np 2 python examples/keras_cifar_cnn.py --hvd horovod
 
 The script is the tutorial's, with exactly the changes its Horovod version makes (marked
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     # Horovod: save checkpoints only on worker 0 to prevent other workers from corrupting them.
     if hvd.rank() == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        callbacks.append(keras.callbacks.ModelCheckpoint(str(save_dir / "checkpoint-{epoch}.keras")))
+        checkpoints = str(save_dir / "checkpoint-{epoch}.keras")
+        callbacks.append(keras.callbacks.ModelCheckpoint(checkpoints))
 
     fit_started = time.perf_counter()
     model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,

@@ -134,8 +134,8 @@ def as_json(points: list[Point], checks: dict, context: Context) -> dict:
     """Everything, for ``-o json``."""
     return {
         "command": context.command, "device": context.device, "per_host": context.per_host,
-        "cores": context.cores, "load_avg": context.load_avg, "network": {"name": context.network.name,
-                                            "assumptions": context.network.assumptions},
+        "cores": context.cores, "load_avg": context.load_avg,
+        "network": {"name": context.network.name, "assumptions": context.network.assumptions},
         "unit": context.unit,
         "measured": {str(c): {k: v for k, v in m.__dict__.items() if k not in ("plan", "notes")}
                      for c, m in context.measured.items()},

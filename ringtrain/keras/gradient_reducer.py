@@ -71,7 +71,8 @@ class GradientReducer:
             by_id = {id(v): i for i, v in enumerate(variables)}
             seen: set[int] = set()
             for group in self._groups:
-                members = [by_id[id(v)] for v in group if id(v) in by_id and by_id[id(v)] not in seen]
+                members = [by_id[id(v)] for v in group
+                           if id(v) in by_id and by_id[id(v)] not in seen]
                 seen.update(members)
                 if members:
                     explicit.append(members)

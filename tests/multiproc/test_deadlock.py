@@ -33,7 +33,7 @@ def _diverge() -> dict[str, str]:
 
 def test_ranks_that_diverge_in_every_kind_of_collective_fail_with_a_named_deadlock(world2):
     results = world2.run(_diverge, timeout=_BOUND_S * 3)
-    for r, out in enumerate(results):
+    for _r, out in enumerate(results):
         assert out.pop("after") == 2.0  # the engine goes on: nothing was stopped
         for kind, outcome in out.items():
             assert outcome.startswith("DeadlockError: deadlock: rank(s) [0, 1] wait for "

@@ -1,6 +1,7 @@
 """A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events, a step
-profiler record and a numbered line to stdout every 0.2 s, echoes what the test writes to ``say.<rank>`` in the job's
-folder, and exits 0 once the test creates ``release`` there (1 after 120 s without it)."""
+profiler record and a numbered line to stdout every 0.2 s, echoes what the test writes to
+``say.<rank>`` in the job's folder, and exits 0 once the test creates ``release`` there (1 after
+120 s without it)."""
 
 import json
 import os
