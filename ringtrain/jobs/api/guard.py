@@ -11,7 +11,8 @@ an ``<a href>`` download or an ``EventSource``, so the dashboard is entered once
 which the browser then sends on its own. Cookies are shared by every port of a host, so a page of
 another local port counts as the same site; it could make the browser send a form with the
 cookie, but never a custom header without a CORS preflight, which this server does not answer. A
-request authenticated by the cookie that changes something must therefore carry ``X-Ringtrain-Request``.
+request authenticated by the cookie that changes something must therefore carry
+``X-Ringtrain-Request``.
 """
 
 from __future__ import annotations
