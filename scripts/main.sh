@@ -18,3 +18,7 @@ echo "output files of $job:"
 ringtrain job files "$job" outputs/model
 state=$(ringtrain job show "$job" -o json | python -c 'import json, sys; print(json.load(sys.stdin)["state"])')
 [ "$state" = succeeded ]
+echo "serve the trained model (model.pt + model.json) with either of:"
+echo "  ringtrain serve $job --port 8080          # fetched through the job service"
+echo "  ringtrain job deploy $job                 # a deployment of the service"
+

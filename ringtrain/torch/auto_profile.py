@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -87,8 +88,18 @@ class AutoProfile:
         self._in_step = False
         self._steps = 0
         self._first_batches: dict[int, tuple[object, object]] = {}  # id(source): (source, batch)
-        optimizer.step = self.step
-        optimizer.synchronize = self.synchronize
+        # Bound to the optimizer, not to this object: wrappers that re-bind ``step.__func__``
+        # to the optimizer (torch's LR schedulers do) must still reach this profile.
+        profile = self
+
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            return profile.step(*args, **kwargs)
+
+        def synchronize(opt: torch.optim.Optimizer) -> None:
+            profile.synchronize()
+
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        optimizer.synchronize = types.MethodType(synchronize, optimizer)
 
     def batches(self, source: object, next_batch, remaining: int | None) -> Any:
         """The next batch of ``source`` fetched by ``next_batch()``, timed as ``data``; with
