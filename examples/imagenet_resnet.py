@@ -30,10 +30,10 @@ from ringtrain.data.classification import ClassificationImages
 from ringtrain.data.gpu_decode import EncodedImages, GpuDecoder
 from ringtrain.data.image_folder import ImageFolder
 from ringtrain.data.loader import DeviceLoader
+from ringtrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
 from ringtrain.data.packed import PackedImages
 from ringtrain.data.sharding import ShardedSampler
 from ringtrain.data.synthetic import synthetic_batch
-from ringtrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
 from ringtrain.models.resnet import resnet50
 from ringtrain.models.saved import ModelInfo, save_model
 from ringtrain.torch.step_profiler import StepProfiler
