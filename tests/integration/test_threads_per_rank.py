@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtrain.runner.threads import default_threads_environ, threads_per_rank, usable_cores
+from ringtrain.runner.threads import (
+    default_threads_environ,
+    threads_per_rank,
+    usable_cores,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 _PROBE = "import os, torch; print('threads', torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])"
