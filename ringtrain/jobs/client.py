@@ -126,10 +126,11 @@ class JobsClient:
         """One cluster."""
         return ClusterInfo.model_validate(self._call("GET", _cluster_path(name)))
 
-    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
-        """Change a cluster's size."""
-        return ClusterInfo.model_validate(
-            self._call("PATCH", _cluster_path(name), json={"nodes": nodes}))
+    def resize_cluster(self, name: str, nodes: int | None = None,
+                       slots: int | None = None) -> ClusterInfo:
+        """Change a cluster's number of nodes and/or its slots per node."""
+        body = {k: v for k, v in (("nodes", nodes), ("slots", slots)) if v is not None}
+        return ClusterInfo.model_validate(self._call("PATCH", _cluster_path(name), json=body))
 
     def delete_cluster(self, name: str) -> ClusterInfo:
         """Delete a cluster (once its running jobs end)."""

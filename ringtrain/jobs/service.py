@@ -113,14 +113,24 @@ class JobService:
             log.warning("cluster %s: %s", info.name, e)
             return info
 
-    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
-        """Change a cluster's size; busy nodes leave only after their job ends.
+    def resize_cluster(self, name: str, nodes: int | None = None,
+                       slots: int | None = None) -> ClusterInfo:
+        """Change a cluster's size (busy nodes leave only after their job ends) and/or its slots
+        per node (jobs already running keep their processes).
 
         Raises:
             NotFoundError: no such cluster.
             ConflictError: it is being deleted.
-            InvalidRequestError: ``nodes`` is negative, or the cluster is a Ray cluster.
+            InvalidRequestError: neither given, ``nodes`` is negative, ``slots`` is under 1 or
+                under what a waiting job asks per node, or ``nodes`` on a Ray cluster.
         """
+        if nodes is None and slots is None:
+            raise InvalidRequestError("give the new number of nodes, of slots per node, or both")
+        if slots is not None:
+            info = self._set_slots(name, slots)
+        if nodes is None:
+            self.wake.set()  # a job that waited for slots may fit now
+            return info
         if nodes < 0:
             raise InvalidRequestError(f"nodes must be 0 or more (got {nodes})")
         if self.store.get_cluster(name).backend == "ray":
@@ -132,6 +142,22 @@ class JobService:
             info = self.store.resize_cluster(name, nodes)
         self.wake.set()
         return info
+
+    def _set_slots(self, name: str, slots: int) -> ClusterInfo:
+        if slots < 1:
+            raise InvalidRequestError(f"slots must be 1 or more (got {slots})")
+        with self.lock:
+            self.store.get_cluster(name)  # NotFoundError first
+            waiting = [j for j in self.store.list_jobs(
+                cluster=name, states=[JobState.STAGING, JobState.QUEUED])
+                if j.spec.process_count_per_node > slots]
+            if waiting:
+                job = waiting[0]
+                raise InvalidRequestError(
+                    f"job {job.id} waits on cluster {name} with process_count_per_node "
+                    f"{job.spec.process_count_per_node}, more than {slots} slots; terminate it "
+                    "or resize to at least that many slots")
+            return self.store.set_cluster_slots(name, slots)
 
     def delete_cluster(self, name: str) -> ClusterInfo:
         """Delete a cluster: its queued jobs fail, running ones finish, then it is gone.

@@ -109,7 +109,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @r.patch("/clusters/{name}")
     def resize_cluster(name: ClusterName, body: ResizeRequest) -> ClusterInfo:
-        return service.resize_cluster(name, body.nodes)
+        return service.resize_cluster(name, body.nodes, body.slots)
 
     @r.delete("/clusters/{name}")
     def delete_cluster(name: ClusterName) -> ClusterInfo:

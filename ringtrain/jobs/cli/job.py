@@ -12,6 +12,7 @@ from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
+from ringtrain.jobs.models.overrides import apply_overrides
 from ringtrain.jobs.models.spec import expand_path
 
 
@@ -21,6 +22,10 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML or JSON)")
     p.add_argument("spec", help="the spec file; `ringtrain job schema` describes it")
     p.add_argument("--cluster", required=True, type=cluster_name)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a field of the spec (repeatable): node_count=1, "
+                        "environment.SEED=3, max_wall_clock_time=600")
+    p.add_argument("--args", help="appended to the spec's command, e.g. --args='--epochs 1'")
     p.add_argument("--follow", action="store_true",
                    help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_submit)
@@ -104,7 +109,10 @@ def _show_job(args: argparse.Namespace, job: JobInfo) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    spec = _resolve_paths(load_job_spec(args.spec))
+    spec = load_job_spec(args.spec)
+    if args.sets or args.args:
+        spec = apply_overrides(spec, args.sets, args.args, f"job spec {args.spec} with --set/--args")
+    spec = _resolve_paths(spec)
     client = _client(args)
     job = client.submit(args.cluster, spec)
     if not args.follow:
