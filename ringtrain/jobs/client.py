@@ -115,8 +115,11 @@ class JobsClient:
         return Health.model_validate(self._call("GET", "/health"))
 
     def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
-        """Create a cluster."""
-        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump()))
+        """Create a cluster (a private Ray cluster, ``address="local"``, starts its nodes
+        first: up to a few minutes on a loaded machine)."""
+        timeout = max(self._timeout_s, 300.0) if spec.address == "local" else self._timeout_s
+        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump(),
+                                                     timeout=timeout))
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""

@@ -25,9 +25,10 @@ from ringtrain.jobs.errors import (
 )
 from ringtrain.jobs.executors.base import Executor
 from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models.info import RayNodeInfo
 from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.ray.agent import ensure_agents
-from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
+from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager
@@ -89,12 +90,36 @@ class JobService:
             raise ConflictError(f"cluster {spec.name!r} already exists")
         address = spec.address or ""
         if address == LOCAL:
-            address = start_private_head(self.share.root.parent / "ray")
-        alive = [n for n in self.ray.nodes(address) if n.alive]
+            address = start_private_cluster(self.share.root.parent / "ray", max(1, spec.nodes),
+                                            spec.slots)
+            alive = self._wait_for_ray_nodes(address, max(1, spec.nodes))
+        else:
+            alive = [n for n in self.ray.nodes(address) if n.alive]
         # Each machine's agent starts now, so that the first job does not wait for it.
         ensure_agents(self.ray.connect(address))
         return spec.model_copy(update={"address": address,
                                        "nodes": spec.nodes or len(alive)})
+
+    def _wait_for_ray_nodes(self, address: str, count: int,
+                            timeout_s: float = 60.0) -> list[RayNodeInfo]:
+        """The alive nodes of a private Ray cluster once ``count`` of them have joined.
+
+        Raises:
+            InvalidRequestError: fewer joined within ``timeout_s``.
+        """
+        ray = self.ray
+        if ray is None:
+            raise InvalidRequestError("this service runs no ray backend")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [n for n in ray.nodes(address) if n.alive]
+            if len(alive) >= count:
+                return alive
+            if time.monotonic() > deadline:
+                raise InvalidRequestError(
+                    f"the private Ray cluster at {address} has {len(alive)} of its {count} "
+                    f"nodes after {timeout_s:g} s; see {self.share.root.parent / 'ray'}")
+            time.sleep(0.5)
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""

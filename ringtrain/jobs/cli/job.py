@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ringtrain.jobs.cli import deployment, output
 from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
@@ -14,6 +15,7 @@ from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
 from ringtrain.jobs.models.overrides import apply_overrides
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -26,6 +28,9 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                    help="change a field of the spec (repeatable): node_count=1, "
                         "environment.SEED=3, max_wall_clock_time=600")
     p.add_argument("--args", help="appended to the spec's command, e.g. --args='--epochs 1'")
+    p.add_argument("--max-working-dir-mb", type=float, default=DEFAULT_MAX_BYTES / 1e6,
+                   help="refuse a working_dir whose copy is larger (default "
+                        f"{DEFAULT_MAX_BYTES / 1e6:.0f} MB, after .gitignore/.ringtrainignore)")
     p.add_argument("--follow", action="store_true",
                    help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_submit)
@@ -113,6 +118,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.sets or args.args:
         spec = apply_overrides(spec, args.sets, args.args, f"job spec {args.spec} with --set/--args")
     spec = _resolve_paths(spec)
+    if spec.working_dir:
+        _size_working_dir(Path(spec.working_dir), args.max_working_dir_mb)
     client = _client(args)
     job = client.submit(args.cluster, spec)
     if not args.follow:
@@ -123,6 +130,30 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     print(job.id, file=sys.stderr if args.output == "json" else sys.stdout, flush=True)
     return _follow(client, args, job.id, rank=0, stream="stdout")
+
+
+def _size_working_dir(folder: Path, max_mb: float) -> None:
+    """Say on stderr what of the working dir will be copied; refuse it above ``max_mb``.
+
+    Raises:
+        SpecError: the copy would be larger than ``max_mb`` MB.
+    """
+    if not folder.is_dir():
+        return  # the service names the problem
+    plan = plan_copy(folder)
+    skipped = ", ".join(plan.skipped[:6]) + (", ..." if len(plan.skipped) > 6 else "")
+    note = f"; skipped: {skipped}" if skipped else ""
+    print(f"working_dir {folder}: {plan.files} files, {human_bytes(plan.bytes)} to copy into "
+          f"the job{note}", file=sys.stderr)
+    hint = ("list what the job does not need (data, outputs, checkpoints) in "
+            f"{folder / '.ringtrainignore'} (.gitignore syntax), or point the job at its data "
+            "with inputs:")
+    if plan.bytes > max_mb * 1e6:
+        raise SpecError([{"field": "working_dir", "message": (
+            f"{human_bytes(plan.bytes)} to copy, more than --max-working-dir-mb {max_mb:g}: "
+            f"{hint}")}])
+    if plan.bytes > WARN_BYTES:
+        print(f"warning: every job copies this working dir; {hint}", file=sys.stderr)
 
 
 def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int,
