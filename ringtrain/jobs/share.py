@@ -39,7 +39,6 @@ from ringtrain.jobs.models.spec import MAX_NAME_BYTES, MAX_PATH_BYTES, expand_pa
 from ringtrain.jobs.workdir import CopyFilter
 
 
-
 class Share:
     """The job folders under one share root (a local directory).
 
