@@ -222,7 +222,8 @@ class JobsClient:
 
     def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
              follow: bool = False) -> Iterator[bytes]:
-        """One rank's stdout or stderr; with ``follow``, until the job ends.
+        """One rank's ``stdout``, ``stderr`` or ``output`` (both, as written), or node ``rank``'s
+        ``prep.stdout`` / ``prep.stderr``; with ``follow``, until it ends.
 
         A followed log outlives the server: on a lost connection it reconnects and goes on
         from the last byte received.

@@ -36,7 +36,10 @@ from ringtrain.jobs.store import Store
 
 log = logging.getLogger(__name__)
 
-LOG_STREAMS = ("stdout", "stderr")
+#: A rank's streams; ``output`` holds both, interleaved as written (``ringtrain run`` writes it;
+#: where it does not exist, a Ray cluster's job, it falls back to ``stdout``). ``prep.*`` are a
+#: node's preparation step, with the rank parameter naming the node.
+LOG_STREAMS = ("stdout", "stderr", "output", "prep.stdout", "prep.stderr")
 #: The most bytes one argument or environment entry of exec(2) may hold on Linux
 #: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
 MAX_ARG_BYTES = 131_071
@@ -353,21 +356,49 @@ class JobService:
         return self.share.open_file(job_id, path)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> Path:
-        """Where one rank's stdout or stderr is (it may not exist yet).
+        """Where one rank's stdout, stderr or both (``output``) are, or (``prep.stdout``,
+        ``prep.stderr``) node ``rank``'s preparation output; the file may not exist yet.
 
         Raises:
             NotFoundError: no such job.
-            InvalidRequestError: the rank or stream does not exist in this job.
+            InvalidRequestError: the rank, node or stream does not exist in this job.
         """
         job = self.store.get_job(job_id)
+        if stream not in LOG_STREAMS:
+            raise InvalidRequestError(f"stream must be one of {', '.join(LOG_STREAMS)} "
+                                      f"(got {stream!r})")
+        if stream.startswith("prep."):
+            nodes = job.spec.max_nodes or job.spec.node_count
+            if not 0 <= rank < nodes:
+                raise InvalidRequestError(f"node {rank} is out of range: job {job_id} has "
+                                          f"{nodes} nodes (0..{nodes - 1})")
+            return self.share.job_dir(job_id) / "prep" / f"node.{rank}.{stream[5:]}"
         total = job.spec.total_processes
         # An elastic job's workers that join later count on past its first world's ranks.
         if rank < 0 or (rank >= total and not job.spec.elastic):
             raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
                                       f"ranks (0..{total - 1})")
-        if stream not in LOG_STREAMS:
-            raise InvalidRequestError(f"stream must be stdout or stderr (got {stream!r})")
-        return self.share.log_path(job_id, rank, stream)
+        path = self.share.log_path(job_id, rank, stream)
+        if stream == "output" and not path.exists() and self._on_ray(job):
+            return self.share.log_path(job_id, rank, "stdout")  # a Ray node writes them apart
+        return path
+
+    def _on_ray(self, job: JobInfo) -> bool:
+        try:
+            return self.store.get_cluster(job.cluster).backend == "ray"
+        except NotFoundError:  # the cluster is gone: the job's folder tells
+            return self.share.log_path(job.id, 0, "stdout").exists()
+
+    def log_ended(self, job_id: str, stream: str) -> bool:
+        """Whether nothing will be written to the job's log ``stream`` any more: the job is
+        over, or (a preparation log) its ranks have started.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        if self.store.get_job(job_id).state.is_terminal():
+            return True
+        return stream.startswith("prep.") and self.share.log_path(job_id, 0, "stdout").exists()
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
         def done() -> bool:
             try:
-                return not follow or service.get_job(job_id).state.is_terminal()
+                return not follow or service.log_ended(job_id, stream)
             except NotFoundError:  # deleted while followed
                 return True
 

@@ -32,7 +32,8 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                    help="refuse a working_dir whose copy is larger (default "
                         f"{DEFAULT_MAX_BYTES / 1e6:.0f} MB, after .gitignore/.ringtrainignore)")
     p.add_argument("--follow", action="store_true",
-                   help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
+                   help="stream the preparation step's output, then rank 0's stdout and stderr "
+                        "as written, until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
     p.add_argument("--experiment", type=experiment_name)
@@ -42,12 +43,18 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("show", parents=[common], help="a job's state and details")
     p.add_argument("id", type=job_id)
     p.set_defaults(func=_show)
-    p = sub.add_parser("logs", parents=[common], help="a rank's stdout (or stderr)")
+    p = sub.add_parser("logs", parents=[common],
+                       help="a rank's output: stdout and stderr as written (or one of them)")
     p.add_argument("id", type=job_id)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    p.add_argument("--rank", type=int, default=0, help="the rank (with --prep: the node)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stdout-only", action="store_true", help="stdout only")
+    which.add_argument("--stderr", action="store_true", help="stderr only")
+    which.add_argument("--prep", action="store_true",
+                       help="the preparation step's output on node --rank (stdout, then stderr)")
     p.add_argument("--follow", action="store_true",
-                   help="stream until the job ends; exit 1 unless it succeeds")
+                   help="stream until the job ends (the preparation step's output first); "
+                        "exit 1 unless it succeeds")
     p.set_defaults(func=_logs)
     p = sub.add_parser("files", parents=[common], help="list the files of a job's folder")
     p.add_argument("id", type=job_id)
@@ -129,7 +136,7 @@ def _submit(args: argparse.Namespace) -> int:
             print(job.id)
         return 0
     print(job.id, file=sys.stderr if args.output == "json" else sys.stdout, flush=True)
-    return _follow(client, args, job.id, rank=0, stream="stdout")
+    return _follow(client, args, job.id, rank=0, stream="output")
 
 
 def _size_working_dir(folder: Path, max_mb: float) -> None:
@@ -158,8 +165,15 @@ def _size_working_dir(folder: Path, max_mb: float) -> None:
 
 def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int,
             stream: str) -> int:
-    """Stream a log until the job ends; the outcome sets the exit code."""
+    """Stream a log until the job ends (node 0's preparation output first, when the job has a
+    preparation step); the outcome sets the exit code."""
     out = sys.stderr.buffer if args.output == "json" else sys.stdout.buffer
+    if client.get_job(job_id).spec.job_preparation:
+        # prep.stdout is followed until the ranks start; prep.stderr is complete by then.
+        for prep, follow in (("prep.stdout", True), ("prep.stderr", False)):
+            for chunk in client.logs(job_id, 0, prep, follow=follow):
+                out.write(chunk)
+                out.flush()
     for chunk in client.logs(job_id, rank, stream, follow=True):
         out.write(chunk)
         out.flush()
@@ -185,10 +199,19 @@ def _show(args: argparse.Namespace) -> int:
 
 def _logs(args: argparse.Namespace) -> int:
     client = _client(args)
-    stream = "stderr" if args.stderr else "stdout"
-    if args.follow:
+    stream = "stderr" if args.stderr else "stdout" if args.stdout_only else "output"
+    if args.prep:
+        if args.follow:
+            raise SpecError([{"field": "--prep", "message": "give --prep or --follow, not both "
+                                                            "(--follow shows the preparation "
+                                                            "step first)"}], "command line")
+        data = b"".join(b"".join(client.logs(args.id, args.rank, prep))
+                        for prep in ("prep.stdout", "prep.stderr"))
+        stream = "prep"
+    elif args.follow:
         return _follow(client, args, args.id, args.rank, stream)
-    data = b"".join(client.logs(args.id, args.rank, stream))
+    else:
+        data = b"".join(client.logs(args.id, args.rank, stream))
     if args.output == "json":
         output.emit_json({"id": args.id, "rank": args.rank, "stream": stream,
                           "text": data.decode(errors="replace")})
