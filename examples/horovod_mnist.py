@@ -8,10 +8,10 @@ import argparse
 import gzip
 from pathlib import Path
 
+import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-import horovod.torch as hvd
 
 p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=2)

@@ -32,7 +32,7 @@ CUTS = {
 
 def readme_commands(text: str) -> list[str]:
     """The contents of the README's ```bash blocks, in order."""
-    return re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M)
+    return re.findall(r"^```bash\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
 
 
 def _copy_repo(dest: Path) -> Path:
