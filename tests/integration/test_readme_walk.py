@@ -17,6 +17,7 @@ import pytest
 
 from ringtrain.jobs.connect import stop_server
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.ray.node import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "--limit-train 512 --limit-test 200"
@@ -61,7 +62,10 @@ def test_the_readme_blocks_are_found_and_every_cut_applies() -> None:
 def test_the_readme_runs_in_order_on_a_fresh_home(tmp_path: Path) -> None:
     repo = _copy_repo(tmp_path / "repo")
     script = "\n".join(readme_commands((ROOT / "README.md").read_text()))
-    for text, cut in CUTS.items():
+    port = str(free_port("127.0.0.1"))  # 8080 may be taken on a shared machine
+    for text, cut in {**CUTS, "--port 8080": f"--port {port}",
+                      "127.0.0.1:8080/": f"127.0.0.1:{port}/"}.items():
+        assert script.count(text) == 1, text
         script = script.replace(text, cut)
     (tmp_path / "walk.sh").write_text("set -euxo pipefail\n" + script)
     home = Home(tmp_path / "home")
