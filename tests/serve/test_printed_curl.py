@@ -1,5 +1,6 @@
 """The curl line that `job deploy` / `deployment show` print works as printed against a real
-`ringtrain serve` (it names the image's content type), and is not printed on the way down."""
+`ringtrain serve` (it names the image's content type), and is not printed on the way down; the
+server's /docs page works offline."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def test_the_printed_curl_gets_an_answer(tiny_classifier: Path, tmp_path: Path):
             if time.monotonic() > deadline or server.poll() is not None:
                 pytest.fail("ringtrain serve did not become ready")
             time.sleep(0.2)
+        docs = httpx.get(f"{url}/docs")  # Swagger UI from the package, no CDN
+        assert docs.status_code == 200 and "cdn" not in docs.text.lower()
+        assert httpx.get(f"{url}/docs/assets/swagger-ui-bundle.js").status_code == 200
         Image.new("L", (20, 20), 128).save(tmp_path / "IMAGE.jpg")
         line = next(x for x in _text(DeploymentState.READY, url).splitlines()
                     if x.startswith("try:"))

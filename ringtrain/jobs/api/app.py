@@ -41,6 +41,7 @@ from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.service import JobService
+from ringtrain.web.offline_docs import add_offline_docs
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
 
@@ -66,8 +67,10 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             allowed_hosts`); ``None`` answers any.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
                   description="Clusters, training jobs, their logs and output files, and "
                               "deployments of their models.")
+    add_offline_docs(app, "ringtrain job service")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
     if token is not None:
