@@ -29,8 +29,9 @@ from tqdm import tqdm
 from training_curves import TrainingCurves
 
 import ringtrain.torch as hvd
-from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR, FashionMNIST
+from ringtrain.data.fashion_mnist import CLASSES, DEFAULT_DATA_DIR, FashionMNIST
 from ringtrain.models.fashion_cnn import FashionCNN
+from ringtrain.models.saved import ModelInfo, save_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -207,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                        args.output_dir / f"checkpoint-{epoch + 1}.pt")
 
     if hvd.rank() == 0:
-        model_path = args.output_dir / "model.pt"
-        torch.save(model.state_dict(), model_path)
+        # model.pt + model.json: what `ringtrain serve` (and `ringtrain job deploy`) loads.
+        info = ModelInfo(arch="fashion_cnn", task="classification", classes=list(CLASSES),
+                         input_shape=[1, 28, 28], mean=[0.0], std=[1.0],
+                         extra={"epochs": epochs, "test_accuracy": round(test_acc, 4)})
+        model_path = save_model(args.output_dir, model, info)
         print(f"test accuracy {test_acc:.4f}; model saved to {model_path}")
         print(json.dumps({
             "example": "fashion_mnist", "world_size": hvd.size(), "epochs": epochs,

@@ -30,10 +30,12 @@ from ringtrain.data.classification import ClassificationImages
 from ringtrain.data.gpu_decode import EncodedImages, GpuDecoder
 from ringtrain.data.image_folder import ImageFolder
 from ringtrain.data.loader import DeviceLoader
+from ringtrain.data.normalize import IMAGENET_MEAN, IMAGENET_STD
 from ringtrain.data.packed import PackedImages
 from ringtrain.data.sharding import ShardedSampler
 from ringtrain.data.synthetic import synthetic_batch
 from ringtrain.models.resnet import resnet50
+from ringtrain.models.saved import ModelInfo, save_model
 from ringtrain.torch.step_profiler import StepProfiler
 
 
@@ -64,11 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_batches(args: argparse.Namespace, device: torch.device):
-    """(batches per epoch as an iterable, its sampler or None, number of classes)."""
+    """(batches per epoch as an iterable, its sampler or None, the class names)."""
     if args.synthetic:
         batch = synthetic_batch(args.batch_size, image_shape=(3, args.size, args.size),
                                 num_classes=args.num_classes, device=device)
-        return [batch] * (args.steps or 100), None, args.num_classes
+        return [batch] * (args.steps or 100), None, [str(k) for k in range(args.num_classes)]
     source = PackedImages(args.packed) if args.packed else ImageFolder(args.data)
     if args.gpu_decode:
         dataset, decoder = EncodedImages(source), GpuDecoder(device, args.size)
@@ -83,7 +85,7 @@ def make_batches(args: argparse.Namespace, device: torch.device):
     loader = DeviceLoader(dataset, args.batch_size, sampler=sampler, device=device,
                           settings=settings, local_size=hvd.local_size(),
                           channels_last=device.type == "cuda", decoder=decoder)
-    return loader, sampler, len(source.classes)
+    return loader, sampler, list(source.classes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(f"cuda:{hvd.local_rank()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    batches, sampler, num_classes = make_batches(args, device)
+    batches, sampler, classes = make_batches(args, device)
+    num_classes = len(classes)
     model = resnet50(num_classes=num_classes).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
@@ -128,8 +131,13 @@ def main(argv: list[str] | None = None) -> None:
                               "img_per_s": round(rate, 1), "step_breakdown_ms": summary}))
     profiler.close()
     if hvd.rank() == 0:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), args.output_dir / "resnet50.pt")
+        # model.pt + model.json: what `ringtrain serve` loads (ringtrain's ResNet-50 has
+        # torchvision's state_dict keys).
+        info = ModelInfo(arch="torchvision", task="classification", classes=classes,
+                         kwargs={"name": "resnet50", "num_classes": num_classes},
+                         input_shape=[3, args.size, args.size],
+                         mean=[m / 255 for m in IMAGENET_MEAN], std=[s / 255 for s in IMAGENET_STD])
+        save_model(args.output_dir, model, info)
     hvd.shutdown()
 
 

@@ -26,19 +26,25 @@ def collect() -> dict[str, object]:
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
         "mpi": False,
-        "keras": _installed_version("keras"),  # read from its metadata: importing picks a backend
+        "torchvision": _version("torchvision"),
+        "keras": _version("keras"),  # read from its metadata: importing picks a backend
         "keras_backend": os.environ.get("KERAS_BACKEND"),
         "cpu_count": os.cpu_count(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "horovod_variables": {k: v for k, v in sorted(os.environ.items())
-                              if k.startswith(("HOROVOD_", "RINGTRAIN_"))},
+                              if k.startswith("HOROVOD_")},
+        "ringtrain_variables": {k: v for k, v in sorted(os.environ.items())
+                                if k.startswith("RINGTRAIN_") and "TOKEN" not in k},
     }
 
 
-def _installed_version(package: str) -> str | None:
+def _version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (``None``: not installed), without importing
+    it: torchvision's import can warn, and a bug report should not change what it reports."""
     from importlib import metadata
 
     try:
-        return metadata.version(package)
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
 

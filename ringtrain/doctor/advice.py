@@ -50,6 +50,9 @@ class Measurements:
     real: dict[str, float]
     decode_ms: dict[str, float]
     pack_size: int
+    #: Differences smaller than this fraction of the step are noise (two runs of one trial
+    #: differ by this much), however they come out.
+    noise: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,8 @@ def advise(m: Measurements) -> list[Advice]:
     data_frac = m.real.get("data", 0.0) / step
     slowdown = (m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0))
     budget = m.budget
-    if gap > THRESHOLD:
+    threshold = max(THRESHOLD, m.noise)
+    if gap > threshold:
         if data_frac > THRESHOLD:
             need = workers_needed(m.decode_ms["torchvision"], m.batch_size, compute)
             tail = ("" if need <= budget else
@@ -92,7 +96,7 @@ def advise(m: Measurements) -> list[Advice]:
                 f"ms): decoding takes {m.decode_ms['torchvision']:.2f} ms/image, so a "
                 f"{compute:.1f} ms step of {m.batch_size} images needs {need} worker(s) instead "
                 f"of {m.baseline_workers}{tail}"))
-        if slowdown / step > THRESHOLD:
+        if slowdown / step > threshold:
             advice.append(_slowdown_advice(m.real, m.synthetic, m.baseline_workers,
                                            m.cores_per_rank))
         if "packed" in m.decode_ms:
@@ -118,7 +122,7 @@ def advise(m: Measurements) -> list[Advice]:
             "and prefetch on a side stream (ringtrain.data.loader.DeviceLoader does both)"))
     advice += _communication_advice(m.real)
     if not advice:
-        advice.append(_keeps_up(gap, data_frac))
+        advice.append(_keeps_up(gap, data_frac, m.noise))
     return advice
 
 
@@ -140,9 +144,10 @@ def _communication_advice(real: dict[str, float]) -> list[Advice]:
                    "(compression=hvd.Compression.fp16) or raise the batch size per rank")]
 
 
-def _keeps_up(gap: float, data_frac: float) -> Advice:
+def _keeps_up(gap: float, data_frac: float, noise: float = 0.0) -> Advice:
+    within = f" (within the ±{noise:.0%} noise)" if gap <= noise and noise > 0 else ""
     return Advice(f"the input pipeline keeps up: real data runs at {1 - gap:.0%} of synthetic "
-                  f"data's speed, data wait is {data_frac:.0%} of the step")
+                  f"data's speed{within}, data wait is {data_frac:.0%} of the step")
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,7 @@ class ScriptMeasurements:
     workers: int | None
     cores_per_rank: int
     budget: int
+    noise: float = 0.0  # as in Measurements
 
 
 def advise_script(m: ScriptMeasurements) -> list[Advice]:
@@ -181,7 +187,8 @@ def advise_script(m: ScriptMeasurements) -> list[Advice]:
         return advice + _communication_advice(m.real)
     compute = m.synthetic.get("step", 0.0)
     gap = 1 - compute / step
-    if gap > THRESHOLD and data_frac > THRESHOLD and m.workers is not None:
+    threshold = max(THRESHOLD, m.noise)
+    if gap > threshold and data_frac > THRESHOLD and m.workers is not None:
         batch_ms = m.workers * step if m.workers else m.real["data"]
         need = workers_needed(batch_ms, 1, compute)
         tail = ("" if need <= m.budget else
@@ -195,9 +202,9 @@ def advise_script(m: ScriptMeasurements) -> list[Advice]:
             f"{need} loader worker(s) (DataLoader(num_workers=...)) instead of {m.workers}"
             f"{tail}"))
     slowdown = m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0)
-    if gap > THRESHOLD and slowdown / step > THRESHOLD and m.workers:
+    if gap > threshold and slowdown / step > threshold and m.workers:
         advice.append(_slowdown_advice(m.real, m.synthetic, m.workers, m.cores_per_rank))
     advice += _communication_advice(m.real)
     if not advice:
-        advice.append(_keeps_up(gap, data_frac))
+        advice.append(_keeps_up(gap, data_frac, m.noise))
     return advice

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,8 +39,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="image folder in ImageNet's layout (FOLDER/<class>/)")
     p.add_argument("-np", "--num-proc", type=int, default=None,
                    help="launch this many ranks on this host with `ringtrain run`")
-    p.add_argument("--model", choices=_MODELS, default="resnet50",
-                   help="resnet50 (the reference, default) or small-cnn (CPU-sized)")
+    p.add_argument("--model", choices=_MODELS, default=None,
+                   help="resnet50 (the reference; default with a GPU) or small-cnn (CPU-sized; "
+                        "default without one)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per step (32)")
     p.add_argument("--size", type=int, default=224, help="crop side in pixels (224)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per trial (20)")
@@ -161,10 +163,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     import ringtrain.torch as hvd
     from ringtrain.data.image_folder import ImageFolder
-    from ringtrain.data.tuning import cores_per_rank, worker_budget
-    from ringtrain.doctor import report
-    from ringtrain.doctor.advice import Measurements, TrialSpec, advise
-    from ringtrain.doctor.trials import Workload, run_trial
+    from ringtrain.data.tuning import cores_per_rank
+    from ringtrain.doctor.progress import Progress
+    from ringtrain.doctor.trials import Workload
 
     hvd.init()
     cuda = torch.cuda.is_available()
@@ -173,6 +174,10 @@ def _doctor(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
     folder = ImageFolder(args.folder)
     classes = folder.classes
+    if hvd.rank() == 0:
+        for line in _setup_notes(args, classes, cuda):
+            print(f"ringtrain doctor: {line}", file=sys.stderr, flush=True)
+    args.model = args.model or default_model(cuda)
     if len(folder) < args.batch_size * hvd.size():
         if hvd.rank() == 0:
             print(f"ringtrain doctor: {args.folder} has fewer images than one step needs "
@@ -193,8 +198,59 @@ def _doctor(args: argparse.Namespace) -> int:
     baseline_workers = args.workers if args.workers is not None else max(1, cores - 1)
     pack_size = round(args.size / 0.875)
 
-    synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work)
-    baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work)
+    results: list = []
+    progress = Progress(hvd.rank() == 0)
+    stop = signal.signal(signal.SIGTERM, _interrupt)  # `ringtrain run` stops ranks so
+    try:
+        return _trials(args, work, baseline_workers, pack_size, results, progress, device)
+    except KeyboardInterrupt:
+        if hvd.rank() == 0:
+            _report_interrupted(args, results, device)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, stop)
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _report_interrupted(args: argparse.Namespace, results: list, device) -> None:
+    """What the trials finished before Ctrl-C (or the launcher's stop) measured."""
+    from ringtrain.doctor import report
+
+    if not results:
+        print("ringtrain doctor: interrupted before the first trial ended; nothing measured",
+              file=sys.stderr)
+        return
+    context = {"title": f"{args.model} on {args.folder}, interrupted after {len(results)} "
+                        f"trial(s), {device}",
+               "ceiling": max((r for r in results if r.data == "synthetic"),
+                              key=lambda r: r.images_per_second, default=results[0]).name}
+    print(report.as_text(results, [], context), flush=True)
+
+
+def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: int,
+            results: list, progress, device) -> int:
+    import ringtrain.torch as hvd
+    from ringtrain.data.tuning import worker_budget
+    from ringtrain.doctor import report
+    from ringtrain.doctor.advice import Measurements, TrialSpec, advise
+    from ringtrain.doctor.trials import run_trial
+
+    cuda, cores = device.type == "cuda", work.cores
+    synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work, progress)
+    results.append(synthetic)
+    baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work,
+                         progress)
+    results.append(baseline)
+    # Synthetic data again: what two runs of one trial differ by is the noise no finding may
+    # hide in (load drifting on the machine included).
+    again = run_trial(TrialSpec("synthetic (again)", "synthetic"), work, progress)
+    results.append(again)
+    noise = max(abs(synthetic.images_per_second - again.images_per_second)
+                / max(synthetic.images_per_second, again.images_per_second),
+                synthetic.noise, again.noise, baseline.noise)
     # Every rank measures decoding at once (so cores are as busy as in training); rank 0
     # advises, and every rank gets its advice, so that all run the same trials.
     costs = hvd.allgather_object(_decode_costs(args.folder, args.packed, args.size, pack_size))
@@ -203,20 +259,16 @@ def _doctor(args: argparse.Namespace) -> int:
         measurements = Measurements(
             args.batch_size, cores, worker_budget(cores, cpu_training=not cuda),
             baseline_workers, cuda, synthetic.breakdown_ms, baseline.breakdown_ms,
-            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size)
+            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size,
+            noise)
         advice = advise(measurements)
     advice = hvd.broadcast_object(advice, root_rank=0)
-    results = [synthetic, baseline]
     for item in [] if args.no_try else advice:
         if item.trial is None:
             continue
         if item.trial.data == "packed" and work.packed is None:
             work.packed = _pack(args.folder, args.work_dir / f"packed-{pack_size}", pack_size)
-        results.append(run_trial(item.trial, work))
-    if len(results) > 2:
-        # Synthetic data once more at the end: the faster of the two runs is the ceiling, so
-        # that load drifting during the run does not pass for a gap closed.
-        results.append(run_trial(TrialSpec("synthetic (again)", "synthetic"), work))
+        results.append(run_trial(item.trial, work, progress))
     ceiling = max((r for r in results if r.data == "synthetic"),
                   key=lambda r: r.images_per_second)
     for r in results:
@@ -226,7 +278,8 @@ def _doctor(args: argparse.Namespace) -> int:
         title = (f"{args.model} on {args.folder}, {hvd.size()} rank(s), batch "
                  f"{args.batch_size} per rank, {args.size} px, {device}")
         context = {"title": title, "model": args.model, "folder": str(args.folder),
-                   "ranks": hvd.size(), "ceiling": ceiling.name,
+                   "ranks": hvd.size(), "ceiling": ceiling.name, "baseline": baseline.name,
+                   "noise": noise, "verdict": report.verdict(baseline, ceiling, noise),
                    "batch_size": args.batch_size, "size": args.size, "device": str(device),
                    "cores_per_rank": cores}
         chart = args.work_dir / "breakdown.png"
@@ -237,6 +290,29 @@ def _doctor(args: argparse.Namespace) -> int:
             print(report.as_text(results, advice, context) + f"\n\nchart: {chart}")
     hvd.shutdown()
     return 0
+
+
+def default_model(cuda: bool) -> str:
+    """ResNet-50 (the reference) on a GPU; the small CNN on a CPU, where a ResNet-50 step of
+    32 images takes seconds and a trial minutes."""
+    return "resnet50" if cuda else "small-cnn"
+
+
+def _setup_notes(args: argparse.Namespace, classes: list[str], cuda: bool) -> list[str]:
+    """What rank 0 says before the trials: the model chosen and why, a folder whose "classes"
+    are a data set's splits."""
+    notes = []
+    if args.model is None:
+        why = ("a GPU is here" if cuda else
+               "no GPU here: a ResNet-50 trial takes minutes on a CPU; --model resnet50 to "
+               "measure it anyway")
+        notes.append(f"model {default_model(cuda)} ({why})")
+    splits = {"train", "val", "valid", "validation", "test"}
+    if classes and set(classes) <= splits:
+        notes.append(f"warning: the class folders of {args.folder} are {', '.join(classes)}: "
+                     f"those are a data set's splits, not its classes; give "
+                     f"{args.folder / classes[0]} (FOLDER/<class>/<image>)")
+    return notes
 
 
 def build_model(name: str, num_classes: int):

@@ -16,9 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.doctor.progress import Progress
 from ringtrain.doctor.trials import TrialResult, result_of_ranks
 from ringtrain.torch.auto_profile import PROFILE_VAR, STEPS_VAR, SYNTHETIC_VAR
 from ringtrain.torch.step_profiler import METRICS_DIR_VAR, summarize
@@ -40,7 +42,7 @@ class ScriptTrial:
 
 
 def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic: bool,
-               steps: int, timeout_s: float) -> None:
+               steps: int, timeout_s: float, progress: Progress | None = None) -> None:
     """Run ``command`` (under ``ringtrain run -np num_proc`` when given) with step profiling on,
     writing the step records to ``out`` (emptied first) and stopping after ``steps`` steps.
 
@@ -59,8 +61,16 @@ def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic
     kind = "synthetic-data" if synthetic else "real-data"
     # Its own process group, so that a timeout or Ctrl-C stops the launcher and its ranks.
     proc = subprocess.Popen([*launch, *command], env=env, start_new_session=True)
+    progress = progress or Progress(False)
+    progress.start(f"{kind} run", steps)
+    deadline = time.monotonic() + timeout_s
     try:
-        status = proc.wait(timeout_s)
+        while (status := proc.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(command, timeout_s)
+            time.sleep(0.5)
+            progress.step(min(_steps_recorded(out), steps - 1))
+        progress.step(steps)
     except subprocess.TimeoutExpired:
         _stop(proc)
         raise ScriptRunError(f"the script ran past --timeout {timeout_s:g} s in the {kind} run "
@@ -71,6 +81,15 @@ def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic
     if status != 0:
         raise ScriptRunError(f"the script exited with status {status} in the {kind} run "
                              f"({' '.join(command)})")
+
+
+def _steps_recorded(out: Path) -> int:
+    """Steps rank 0 of the script has finished so far (lines of its step records)."""
+    try:
+        with open(out / "steps.rank0.jsonl", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -129,32 +148,44 @@ def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
     from ringtrain.doctor.advice import ScriptMeasurements, advise_script
 
     steps = args.warmup + args.steps
-    trials = []
+    trials: list[ScriptTrial] = []
+    progress = Progress(True)
     try:
         for name, synthetic_data in (("synthetic", True), ("real", False)):
             out = args.work_dir / name
             run_script(command, args.num_proc, out, synthetic=synthetic_data, steps=steps,
-                       timeout_s=args.timeout)
+                       timeout_s=args.timeout, progress=progress)
             trials.append(read_trial(name, name, out, args.warmup))
     except ScriptRunError as e:
         print(f"ringtrain doctor: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        done = "; ".join(f"{t.result.name}: {t.result.images_per_second:.1f} "
+                         f"{'img/s' if t.samples_known else 'steps/s'} "
+                         f"(±{t.result.noise:.0%}), data wait {t.result.breakdown_ms['data']:.1f}"
+                         f" of a {t.result.breakdown_ms['step']:.1f} ms step" for t in trials)
+        print(f"ringtrain doctor: interrupted; measured so far: {done or 'nothing'}",
+              file=sys.stderr)
+        return 130
     synthetic, real = trials
     results = [t.result for t in trials] if synthetic.synthetic_seen else [real.result]
     ceiling = "synthetic" if synthetic.synthetic_seen else "real"
     cores = cores_per_rank(args.num_proc or 1)
     # The script's device is not recorded: a host with CUDA is taken to train on it.
     budget = worker_budget(cores, cpu_training=not torch.cuda.is_available())
+    noise = max(real.result.noise, synthetic.result.noise)
     advice = advise_script(ScriptMeasurements(
         real.result.breakdown_ms,
         synthetic.result.breakdown_ms if synthetic.synthetic_seen else None,
-        real.result.workers, cores, budget))
+        real.result.workers, cores, budget, noise))
     unit = "img/s" if real.samples_known else "steps/s"
     ranks = len(real.result.step_ms_per_rank)  # the script may launch its own ranks
     context = {"title": f"{' '.join(command)}, {ranks} rank(s) x {args.steps} measured "
                         "step(s)",
                "command": command, "ranks": ranks, "ceiling": ceiling,
-               "rate_unit": unit}
+               "rate_unit": unit, "baseline": "real", "noise": noise,
+               "verdict": (report.verdict(real.result, synthetic.result, noise)
+                           if synthetic.synthetic_seen else None)}
     chart = args.work_dir / "breakdown.png"
     report.write_chart(results, chart, unit)
     if args.output == "json":

@@ -7,6 +7,7 @@ gradients); the per-rank results are gathered on every rank.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from ringtrain.data.tuning import (
     training_threads,
 )
 from ringtrain.doctor.advice import TrialSpec
+from ringtrain.doctor.progress import Progress
 from ringtrain.torch.step_profiler import PHASES, StepProfiler
 
 
@@ -63,27 +65,38 @@ class TrialResult:
     step_ms_per_rank: list[float]
     slowest_rank: int
     gap_closed: float | None = field(default=None)
+    #: The relative half-width of the 95 % interval of the mean step (the noisiest rank's).
+    noise: float = 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95 % interval of :attr:`images_per_second`."""
+        return (self.images_per_second / (1 + self.noise),
+                self.images_per_second / max(1 - self.noise, 1e-9))
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "images_per_second_interval": list(self.interval)}
 
 
-def run_trial(spec: TrialSpec, work: Workload) -> TrialResult:
-    """Train ``work.warmup + work.steps`` steps fed as ``spec`` says; collective over ranks."""
+def run_trial(spec: TrialSpec, work: Workload, progress: Progress | None = None) -> TrialResult:
+    """Train ``work.warmup + work.steps`` steps fed as ``spec`` says; collective over ranks.
+    ``progress`` hears of every step."""
     batches, workers = _batches(spec, work)
     threads = torch.get_num_threads()
     if work.device.type == "cpu":  # the training's threads share the cores with the workers
         torch.set_num_threads(training_threads(work.cores, workers))
     try:
-        return _train(spec, work, batches, workers)
+        return _train(spec, work, batches, workers, progress or Progress(False))
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> TrialResult:
+def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int,
+           progress: Progress) -> TrialResult:
     profiler = StepProfiler(work.device, metrics_dir=False, skip=work.warmup)
-    for images, labels in profiler.iterate(itertools.islice(batches,
-                                                            work.warmup + work.steps)):
+    progress.start(spec.name, work.warmup + work.steps)
+    for done, (images, labels) in enumerate(profiler.iterate(itertools.islice(
+            batches, work.warmup + work.steps)), 1):
         with profiler.phase("h2d"):
             images = images.to(work.device, non_blocking=True)
             labels = labels.to(work.device, non_blocking=True)
@@ -92,6 +105,7 @@ def _train(spec: TrialSpec, work: Workload, batches: Iterator, workers: int) -> 
             F.cross_entropy(work.model(images), labels).backward()
         profiler.optimizer_step(work.optimizer)
         work.optimizer.zero_grad()
+        progress.step(done)
     profiler.close()
     every = hvd.allgather_object(profiler.summary(), name=f"doctor.{spec.name}")
     return result_of_ranks(spec.name, spec.data, workers, every,
@@ -107,8 +121,10 @@ def result_of_ranks(name: str, data: str, workers: int | None, summaries: list[d
     breakdown = {p: sum(s[f"{p}_ms"] for s in summaries) / len(summaries) for p in PHASES}
     breakdown["step"] = sum(s["step_ms"] for s in summaries) / len(summaries)
     per_rank = [s["step_ms"] for s in summaries]
+    noise = max((1.96 * s.get("step_ms_sd", 0.0) / math.sqrt(s["steps"]) / s["step_ms"]
+                 for s in summaries if s["steps"] > 1 and s["step_ms"] > 0), default=0.0)
     return TrialResult(name, data, workers, samples / wall_s, breakdown, per_rank,
-                       max(range(len(per_rank)), key=per_rank.__getitem__))
+                       max(range(len(per_rank)), key=per_rank.__getitem__), noise=noise)
 
 
 def _forever(loader: Iterable, sampler) -> Iterator:

@@ -116,8 +116,11 @@ class JobsClient:
         return Health.model_validate(self._call("GET", "/health"))
 
     def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
-        """Create a cluster."""
-        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump()))
+        """Create a cluster (a private Ray cluster, ``address="local"``, starts its nodes
+        first: up to a few minutes on a loaded machine)."""
+        timeout = max(self._timeout_s, 300.0) if spec.address == "local" else self._timeout_s
+        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump(),
+                                                     timeout=timeout))
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""
@@ -127,10 +130,11 @@ class JobsClient:
         """One cluster."""
         return ClusterInfo.model_validate(self._call("GET", _cluster_path(name)))
 
-    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
-        """Change a cluster's size."""
-        return ClusterInfo.model_validate(
-            self._call("PATCH", _cluster_path(name), json={"nodes": nodes}))
+    def resize_cluster(self, name: str, nodes: int | None = None,
+                       slots: int | None = None) -> ClusterInfo:
+        """Change a cluster's number of nodes and/or its slots per node."""
+        body = {k: v for k, v in (("nodes", nodes), ("slots", slots)) if v is not None}
+        return ClusterInfo.model_validate(self._call("PATCH", _cluster_path(name), json=body))
 
     def delete_cluster(self, name: str) -> ClusterInfo:
         """Delete a cluster (once its running jobs end)."""
@@ -219,7 +223,8 @@ class JobsClient:
 
     def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
              follow: bool = False) -> Iterator[bytes]:
-        """One rank's stdout or stderr; with ``follow``, until the job ends.
+        """One rank's ``stdout``, ``stderr`` or ``output`` (both, as written), or node ``rank``'s
+        ``prep.stdout`` / ``prep.stderr``; with ``follow``, until it ends.
 
         A followed log outlives the server: on a lost connection it reconnects and goes on
         from the last byte received.

@@ -33,10 +33,11 @@ from ringtrain.jobs.models import (
     JobSpec,
     JobState,
 )
+from ringtrain.jobs.models.info import RayNodeInfo
 from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.monitor.scalars import ScalarCache
 from ringtrain.jobs.ray.agent import ensure_agents
-from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
+from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager
@@ -44,7 +45,10 @@ from ringtrain.jobs.store import Store
 
 log = logging.getLogger(__name__)
 
-LOG_STREAMS = ("stdout", "stderr")
+#: A rank's streams; ``output`` holds both, interleaved as written (``ringtrain run`` writes it;
+#: where it does not exist, a Ray cluster's job, it falls back to ``stdout``). ``prep.*`` are a
+#: node's preparation step, with the rank parameter naming the node.
+LOG_STREAMS = ("stdout", "stderr", "output", "prep.stdout", "prep.stderr")
 #: The most bytes one argument or environment entry of exec(2) may hold on Linux
 #: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
 MAX_ARG_BYTES = 131_071
@@ -101,12 +105,36 @@ class JobService:
             raise ConflictError(f"cluster {spec.name!r} already exists")
         address = spec.address or ""
         if address == LOCAL:
-            address = start_private_head(self.share.root.parent / "ray")
-        alive = [n for n in self.ray.nodes(address) if n.alive]
+            address = start_private_cluster(self.share.root.parent / "ray", max(1, spec.nodes),
+                                            spec.slots)
+            alive = self._wait_for_ray_nodes(address, max(1, spec.nodes))
+        else:
+            alive = [n for n in self.ray.nodes(address) if n.alive]
         # Each machine's agent starts now, so that the first job does not wait for it.
         ensure_agents(self.ray.connect(address))
         return spec.model_copy(update={"address": address,
                                        "nodes": spec.nodes or len(alive)})
+
+    def _wait_for_ray_nodes(self, address: str, count: int,
+                            timeout_s: float = 60.0) -> list[RayNodeInfo]:
+        """The alive nodes of a private Ray cluster once ``count`` of them have joined.
+
+        Raises:
+            InvalidRequestError: fewer joined within ``timeout_s``.
+        """
+        ray = self.ray
+        if ray is None:
+            raise InvalidRequestError("this service runs no ray backend")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [n for n in ray.nodes(address) if n.alive]
+            if len(alive) >= count:
+                return alive
+            if time.monotonic() > deadline:
+                raise InvalidRequestError(
+                    f"the private Ray cluster at {address} has {len(alive)} of its {count} "
+                    f"nodes after {timeout_s:g} s; see {self.share.root.parent / 'ray'}")
+            time.sleep(0.5)
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""
@@ -125,14 +153,24 @@ class JobService:
             log.warning("cluster %s: %s", info.name, e)
             return info
 
-    def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
-        """Change a cluster's size; busy nodes leave only after their job ends.
+    def resize_cluster(self, name: str, nodes: int | None = None,
+                       slots: int | None = None) -> ClusterInfo:
+        """Change a cluster's size (busy nodes leave only after their job ends) and/or its slots
+        per node (jobs already running keep their processes).
 
         Raises:
             NotFoundError: no such cluster.
             ConflictError: it is being deleted.
-            InvalidRequestError: ``nodes`` is negative, or the cluster is a Ray cluster.
+            InvalidRequestError: neither given, ``nodes`` is negative, ``slots`` is under 1 or
+                under what a waiting job asks per node, or ``nodes`` on a Ray cluster.
         """
+        if nodes is None and slots is None:
+            raise InvalidRequestError("give the new number of nodes, of slots per node, or both")
+        if slots is not None:
+            info = self._set_slots(name, slots)
+        if nodes is None:
+            self.wake.set()  # a job that waited for slots may fit now
+            return info
         if nodes < 0:
             raise InvalidRequestError(f"nodes must be 0 or more (got {nodes})")
         if self.store.get_cluster(name).backend == "ray":
@@ -144,6 +182,22 @@ class JobService:
             info = self.store.resize_cluster(name, nodes)
         self.wake.set()
         return info
+
+    def _set_slots(self, name: str, slots: int) -> ClusterInfo:
+        if slots < 1:
+            raise InvalidRequestError(f"slots must be 1 or more (got {slots})")
+        with self.lock:
+            self.store.get_cluster(name)  # NotFoundError first
+            waiting = [j for j in self.store.list_jobs(
+                cluster=name, states=[JobState.STAGING, JobState.QUEUED])
+                if j.spec.process_count_per_node > slots]
+            if waiting:
+                job = waiting[0]
+                raise InvalidRequestError(
+                    f"job {job.id} waits on cluster {name} with process_count_per_node "
+                    f"{job.spec.process_count_per_node}, more than {slots} slots; terminate it "
+                    "or resize to at least that many slots")
+            return self.store.set_cluster_slots(name, slots)
 
     def delete_cluster(self, name: str) -> ClusterInfo:
         """Delete a cluster: its queued jobs fail, running ones finish, then it is gone.
@@ -325,21 +379,49 @@ class JobService:
         return self.scalars.get(job_id, self.share.job_dir(job_id)).since(cursor)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> Path:
-        """Where one rank's stdout or stderr is (it may not exist yet).
+        """Where one rank's stdout, stderr or both (``output``) are, or (``prep.stdout``,
+        ``prep.stderr``) node ``rank``'s preparation output; the file may not exist yet.
 
         Raises:
             NotFoundError: no such job.
-            InvalidRequestError: the rank or stream does not exist in this job.
+            InvalidRequestError: the rank, node or stream does not exist in this job.
         """
         job = self.store.get_job(job_id)
+        if stream not in LOG_STREAMS:
+            raise InvalidRequestError(f"stream must be one of {', '.join(LOG_STREAMS)} "
+                                      f"(got {stream!r})")
+        if stream.startswith("prep."):
+            nodes = job.spec.max_nodes or job.spec.node_count
+            if not 0 <= rank < nodes:
+                raise InvalidRequestError(f"node {rank} is out of range: job {job_id} has "
+                                          f"{nodes} nodes (0..{nodes - 1})")
+            return self.share.job_dir(job_id) / "prep" / f"node.{rank}.{stream[5:]}"
         total = job.spec.total_processes
         # An elastic job's workers that join later count on past its first world's ranks.
         if rank < 0 or (rank >= total and not job.spec.elastic):
             raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
                                       f"ranks (0..{total - 1})")
-        if stream not in LOG_STREAMS:
-            raise InvalidRequestError(f"stream must be stdout or stderr (got {stream!r})")
-        return self.share.log_path(job_id, rank, stream)
+        path = self.share.log_path(job_id, rank, stream)
+        if stream == "output" and not path.exists() and self._on_ray(job):
+            return self.share.log_path(job_id, rank, "stdout")  # a Ray node writes them apart
+        return path
+
+    def _on_ray(self, job: JobInfo) -> bool:
+        try:
+            return self.store.get_cluster(job.cluster).backend == "ray"
+        except NotFoundError:  # the cluster is gone: the job's folder tells
+            return self.share.log_path(job.id, 0, "stdout").exists()
+
+    def log_ended(self, job_id: str, stream: str) -> bool:
+        """Whether nothing will be written to the job's log ``stream`` any more: the job is
+        over, or (a preparation log) its ranks have started.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        if self.store.get_job(job_id).state.is_terminal():
+            return True
+        return stream.startswith("prep.") and self.share.log_path(job_id, 0, "stdout").exists()
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Layout under the share root::
 
-    jobs/<id>/wd/                       the working_dir copied at submit time (the ranks' cwd)
+    jobs/<id>/wd/                       the working_dir copied at submit time (the ranks' cwd),
+                                        less what it ignores (see ringtrain.jobs.workdir)
     jobs/<id>/stdouterr/rank.N/stdout   each rank's output, written by `ringtrain run`
     jobs/<id>/prep/node.K.{stdout,stderr}
     jobs/<id>/outputs/<name>/           one folder per spec output
@@ -35,10 +36,7 @@ from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, brief
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 from ringtrain.jobs.models.spec import MAX_NAME_BYTES, MAX_PATH_BYTES, expand_path
-
-# Never worth copying into a job: version control, environments, caches, ringtrain's own state.
-COPY_IGNORE = (".git", ".hg", ".venv", "venv", "__pycache__", ".pytest_cache", "*.pyc",
-               ".ringtrain", "node_modules", ".mypy_cache")
+from ringtrain.jobs.workdir import CopyFilter
 
 
 class Share:
@@ -88,10 +86,11 @@ class Share:
         if not src.is_dir():
             raise InvalidRequestError(f"working_dir: {brief(str(src))} is not a folder")
         root = os.stat(self.root)
-        patterns = shutil.ignore_patterns(*COPY_IGNORE)
+        # .gitignore, .ringtrainignore, environments and caches, any ringtrain home.
+        patterns = CopyFilter(src)
 
         def ignore(folder: str, names: list[str]) -> set[str]:
-            skipped = set(patterns(folder, names))
+            skipped = patterns(folder, names)
             for name in names:
                 if name in skipped:
                     continue

@@ -121,7 +121,7 @@ def register_nms_fallback() -> bool:
         _fallback_library.define(_SCHEMAS[op])
         # CompositeExplicitAutograd: one kernel for every device, as it uses only torch ops.
         _fallback_library.impl(op, impls[op], "CompositeExplicitAutograd")
-    log.info("registered pure-PyTorch fallbacks for torchvision::%s", ", ".join(missing))
+    log.debug("registered pure-PyTorch fallbacks for torchvision::%s", ", ".join(missing))
     return True
 
 
@@ -136,7 +136,8 @@ def _load_compiled_torchvision_ops(package_dir: Path) -> bool:
             # A build for another torch fails in dlopen (a missing CUDA library, an undefined
             # symbol) before any of its operators is registered, so nothing is left half-made.
             except (OSError, ImportError, RuntimeError) as e:
-                log.info("torchvision's compiled operators do not load here: %s", e)
+                # Handled (the fallback below): worth a line for a developer, not for a user.
+                log.debug("torchvision's compiled operators do not load here: %s", e)
                 return False
     return False
 

@@ -24,6 +24,7 @@ from enum import Enum
 from functools import partial
 from typing import IO
 
+from ringtrain.runner.hints import failure_hint
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import (
@@ -39,7 +40,7 @@ from ringtrain.runner.task import Marker, MarkerEvent, split_marker
 log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
-_TAIL_LINES = 5  # stderr lines kept to explain a failure to start
+_TAIL_LINES = 5  # stderr lines kept to explain a failure
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
 
 
@@ -280,7 +281,11 @@ class Agent:
             self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
                                                    reason=f"{reason}: {tail}" if tail else reason))
         else:
-            self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig))
+            hint = failure_hint(rank.stderr_tail)
+            reason = None if hint is None else (
+                f"{'exited with code ' + str(code) if code is not None else 'died'}; {hint}")
+            self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
+                                                   reason=reason))
 
     def _check_start_deadlines(self, now: float) -> None:
         late = [r for r in self._ranks if r.state is RankState.STARTING and not r.exited

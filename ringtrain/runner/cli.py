@@ -24,6 +24,7 @@ def main(argv: Sequence[str]) -> int:
     # Import here: `ringtrain --help` and the other commands never load the launcher.
     from ringtrain.runner.config import load_config
     from ringtrain.runner.launch import launch
+    from ringtrain.runner.threads import threads_note
 
     logging.basicConfig(format="ringtrain run: %(message)s", level=logging.WARNING)
     try:
@@ -35,6 +36,9 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_START_FAILED
     if config.verbose:
         logging.getLogger("ringtrain").setLevel(logging.DEBUG)
+    note = threads_note(os.environ, _most_ranks_per_host(config))
+    if note:
+        print(f"ringtrain run: {note}", file=sys.stderr, flush=True)
     try:
         result = launch(config)
     except ConfigError as e:
@@ -47,6 +51,19 @@ def main(argv: Sequence[str]) -> int:
     else:
         print(f"ringtrain run: {result.message}", file=sys.stderr)
     return result.exit_code
+
+
+def _most_ranks_per_host(config) -> int | None:
+    """The most ranks the launch starts on one host (``None``: hosts found later, elastic)."""
+    from ringtrain.runner.hosts import assign
+
+    if not config.hosts:
+        return None
+    try:
+        slots = assign(config.hosts, config.num_proc)
+    except ConfigError:
+        return None
+    return max(slot.local_size for slot in slots)
 
 
 def _write_result(path: str, result: RunResult) -> None:

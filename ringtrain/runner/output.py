@@ -1,5 +1,7 @@
 """Rank output: each line to the terminal with horovodrun's ``[rank]<stdout>:`` prefix, and
-optionally, unprefixed, to ``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr``.
+optionally, unprefixed, to ``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr``, and both streams
+interleaved line by line as they arrive to ``DIR/rank.N/output`` (what a follower of the rank
+reads: progress bars on stderr among the prints on stdout).
 
 Every line is flushed as soon as it is written, so a reader tailing the files sees it at once.
 """
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 STREAMS = ("stdout", "stderr")
+#: The file of both streams, line by line in the order they arrived.
+COMBINED = "output"
 
 
 def rank_output_path(directory: str | Path, rank: int, stream: str) -> Path:
@@ -44,7 +48,7 @@ class OutputSink:
         """
         if self._directory is None or (rank, STREAMS[0]) in self._files:
             return
-        for stream in STREAMS:
+        for stream in (*STREAMS, COMBINED):
             path = rank_output_path(self._directory, rank, stream)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._files[rank, stream] = open(path, "wb")
@@ -55,6 +59,10 @@ class OutputSink:
         if file is not None:
             file.write(line)
             file.flush()
+            combined = self._files[rank, COMBINED]
+            with self._lock:  # the two streams' reader threads write here
+                combined.write(line)
+                combined.flush()
         prefix = f"[{rank}]<{stream}>:".encode()
         if self._timestamps:
             prefix = time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix

@@ -6,6 +6,9 @@ end-of-file (the launcher closed the pipe, exited or died, or the ssh connection
 receives SIGTERM, SIGHUP or SIGINT, it sends SIGTERM to the child's group, then SIGKILL after
 the grace period. When the child exits, whatever it left running in its group is killed too.
 
+COMMAND runs with ``OMP_NUM_THREADS`` set to this host's cores divided by its local ranks
+unless the environment sets it (:mod:`ringtrain.runner.threads`).
+
 COMMAND's stdout and stderr are the wrapper's own, passed through untouched. The wrapper itself
 prints only marker lines on stderr, each ``@ringtrain-task:<token>:<event> <detail>``:
 
@@ -29,6 +32,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from ringtrain.runner.threads import default_threads_environ
 
 _PREFIX = b"@ringtrain-task:"
 DEFAULT_GRACE_S = 3.0
@@ -122,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(target=_set_on_eof, args=(stop,), name="stdin-eof", daemon=True).start()
     try:
         # A session of its own, so that stopping kills the whole tree the command starts.
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env=os.environ | default_threads_environ(os.environ))
     except OSError as e:
         _report(args.token, MarkerEvent.FAILED, f"cannot run {command[0]!r}: {e.strerror or e}")
         return 127

@@ -41,6 +41,7 @@ from ringtrain.serve.problems import (
 from ringtrain.serve.schemas import ErrorBody, ModelMetadata, TensorSpec
 from ringtrain.web.body_limit import BodyLimit
 from ringtrain.web.exposure import bearer_matches
+from ringtrain.web.offline_docs import add_offline_docs
 
 _IMAGE_TYPES = ("image/", "application/octet-stream")
 _ERROR_CODES = (400, 401, 404, 413, 503, 504)
@@ -77,9 +78,11 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
             await run_in_threadpool(batcher.close, config.drain_s)
 
     app = FastAPI(title="ringtrain model server", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
                   description="The Open Inference Protocol (KServe v2) for one trained model, "
                               "an image route, Prometheus metrics.")
     app.state.batcher, app.state.metrics = batcher, metrics
+    add_offline_docs(app, "ringtrain model server")
     # Outermost last: metrics see every answer, the body limit holds for the lean route too.
     app.add_middleware(InferRoute, predictor=predictor, batcher=batcher, config=config)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes,

@@ -5,7 +5,9 @@
 ``RINGTRAIN_STEP_PROFILE=1``
     The first ``DistributedOptimizer`` the script creates gets a :class:`StepProfiler` (its
     records go to ``$RINGTRAIN_METRICS_DIR/steps.rank<N>.jsonl``). Each ``optimizer.step()``
-    ends a step. The wait inside every torch ``DataLoader`` iterator's ``next()`` (which covers
+    ends a step; a step's samples are its batch's first dimension (from the data loader, else
+    from the input of the first module called in it). The wait inside every torch
+    ``DataLoader`` iterator's ``next()`` (which covers
     :class:`ringtrain.data.loader.DeviceLoader`) is ``data``; from the end of that wait to the
     optimizer is ``forward_backward`` (it includes the script's host-to-device copy and
     whatever else it does there); ``synchronize()`` is ``communication``; the rest of the step
@@ -90,12 +92,21 @@ class AutoProfile:
         self._compute_done = False
         self._in_step = False
         self._steps = 0
+        # No batch from a loader yet this step: the first module call's input tells the samples.
+        self._samples_pending = True
         self._first_batches: dict[int, tuple[object, object]] = {}  # id(source): (source, batch)
-        # A bound method of the optimizer itself: an LR scheduler re-binds ``step.__func__``
-        # to the optimizer when it wraps it.
-        patched._ringtrain_auto_profile = self
-        patched.step = types.MethodType(_profiled_step, optimizer)
-        patched.synchronize = self.synchronize
+        # Bound to the optimizer, not to this object: wrappers that re-bind ``step.__func__``
+        # to the optimizer (torch's LR schedulers do) must still reach this profile.
+        profile = self
+
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            return profile.step(*args, **kwargs)
+
+        def synchronize(opt: torch.optim.Optimizer) -> None:
+            profile.synchronize()
+
+        patched.step = types.MethodType(step, optimizer)
+        patched.synchronize = types.MethodType(synchronize, optimizer)
 
     def batches(self, source: object, next_batch, remaining: int | None) -> Any:
         """The next batch of ``source`` fetched by ``next_batch()``, timed as ``data``; with
@@ -115,8 +126,19 @@ class AutoProfile:
                 if self.request.synthetic:
                     self._first_batches[id(source)] = (source, batch)
         self.profiler.note(samples=_batch_size(batch), synthetic=self.request.synthetic)
+        self._samples_pending = False
         self._compute_from = self.profiler.mark()
         return batch
+
+    def forward_input(self, args: tuple) -> None:
+        """A module is called with ``args``: the first call of a step whose batch came from
+        no loader counts the step's samples (its input's first dimension), so that a script
+        making its batches inline is still measured in samples per second."""
+        if self._samples_pending:
+            self._samples_pending = False
+            n = _batch_size(list(args))
+            if n is not None:
+                self.profiler.note(samples=n)
 
     def _end_compute(self) -> None:
         if self._compute_done:
@@ -157,6 +179,7 @@ class AutoProfile:
         # Until a batch is waited for, the step's work is the script's own (made its batch
         # itself, or the forward pass began): forward_backward from here.
         self._compute_from, self._compute_done = self.profiler.mark(), False
+        self._samples_pending = True
         self._steps += 1
         if self.request.steps is not None and self._steps >= self.request.steps:
             self.close()
@@ -166,10 +189,6 @@ class AutoProfile:
     def close(self) -> None:
         """Stop profiling: write the last finished steps and close the metrics file."""
         self.profiler.close(finish_current=False)
-
-
-def _profiled_step(optimizer: torch.optim.Optimizer, closure=None):
-    return optimizer._ringtrain_auto_profile.step(closure)
 
 
 _active: AutoProfile | None = None
@@ -190,6 +209,7 @@ def attach_from_environ(optimizer: torch.optim.Optimizer) -> AutoProfile | None:
     device = params[0].device if params else torch.device("cpu")
     _active = AutoProfile(optimizer, request, StepProfiler(device))
     _patch_data_loaders()
+    torch.nn.modules.module.register_module_forward_pre_hook(_forward_pre_hook)
     atexit.register(_active.close)
     _record_gradients(optimizer, _active.profiler)
     return _active
@@ -225,6 +245,11 @@ def profiled_batches(batches: Iterable[_T]) -> Iterator[_T]:
         if remaining is not None:
             remaining -= 1
         yield batch
+
+
+def _forward_pre_hook(_module: torch.nn.Module, args: tuple) -> None:
+    if _active is not None:
+        _active.forward_input(args)
 
 
 _original_next = dataloader._BaseDataLoaderIter.__next__

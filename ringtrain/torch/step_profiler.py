@@ -26,6 +26,7 @@ timeline is recording, a row of spans in it::
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -254,10 +255,14 @@ class StepProfiler:
 
 def summarize(records: list[Mapping[str, Any]]) -> dict[str, float]:
     """Mean milliseconds of the step and of each phase over step records (as written to
-    ``steps.rank<N>.jsonl``), with ``steps``, the number averaged."""
+    ``steps.rank<N>.jsonl``), with ``steps``, the number averaged, and ``step_ms_sd``, the
+    steps' sample standard deviation (0 for fewer than 2 steps)."""
     out: dict[str, float] = {"steps": float(len(records))}
     for key in ("step_ms", *(f"{p}_ms" for p in PHASES)):
         out[key] = sum(r[key] for r in records) / len(records) if records else 0.0
+    n = len(records)
+    out["step_ms_sd"] = (math.sqrt(sum((r["step_ms"] - out["step_ms"]) ** 2 for r in records)
+                                   / (n - 1)) if n > 1 else 0.0)
     return out
 
 

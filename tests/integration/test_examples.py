@@ -72,6 +72,12 @@ def test_fashion_mnist_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     state = torch.load(out / "model.pt")
     assert set(state) == set(checkpoint["model"])
     assert metrics["model_path"] == str(out / "model.pt")
+    from ringtrain.models.saved import load_model
+
+    model, info = load_model(out)  # as `ringtrain serve` loads it
+    assert info.arch == "fashion_cnn" and info.classes[9] == "Ankle boot"
+    assert model(torch.zeros(2, *info.input_shape)).shape == (2, 10)
+
     # Its training curves, as the job service's dashboard reads them.
     from ringtrain.jobs.monitor.tfevents import EventFileReader
 

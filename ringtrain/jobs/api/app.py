@@ -45,6 +45,7 @@ from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.monitor.service_metrics import LatencyMiddleware, ServiceMetrics
 from ringtrain.jobs.service import JobService
+from ringtrain.web.offline_docs import add_offline_docs
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
@@ -71,9 +72,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             allowed_hosts`); ``None`` answers any.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
                   description="Clusters, training jobs, their logs and output files, and "
                               "deployments of their models.")
     metrics = ServiceMetrics(service)
+    add_offline_docs(app, "ringtrain job service")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
@@ -116,7 +119,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @r.patch("/clusters/{name}")
     def resize_cluster(name: ClusterName, body: ResizeRequest) -> ClusterInfo:
-        return service.resize_cluster(name, body.nodes)
+        return service.resize_cluster(name, body.nodes, body.slots)
 
     @r.delete("/clusters/{name}")
     def delete_cluster(name: ClusterName) -> ClusterInfo:
@@ -168,7 +171,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
         def done() -> bool:
             try:
-                return not follow or service.get_job(job_id).state.is_terminal()
+                return not follow or service.log_ended(job_id, stream)
             except NotFoundError:  # deleted while followed
                 return True
 

@@ -5,9 +5,9 @@ declares (``/openapi.json``, ``/docs``, unknown paths) and streams pass through 
 token is compared in constant time.
 
 Programs send ``Authorization: Bearer <token>``. A browser cannot put a header on a page load,
-an ``<a href>`` download or an ``EventSource``, so the dashboard is entered once with
-``/dashboard?token=...``: the guard answers with a redirect that drops the token from the URL
-(and so from the history) and sets an HttpOnly, ``SameSite=Strict`` cookie derived from it,
+an ``<a href>`` download or an ``EventSource``, so the dashboard (or ``/docs``) is entered once
+with ``?token=...`` in its URL, as Jupyter does: the guard answers with a redirect that drops
+the token from the URL (and so from the history) and sets an HttpOnly, ``SameSite=Strict`` cookie derived from it,
 which the browser then sends on its own. Cookies are shared by every port of a host, so a page of
 another local port counts as the same site; it could make the browser send a form with the
 cookie, but never a custom header without a CORS preflight, which this server does not answer. A
@@ -23,14 +23,14 @@ import json
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl, urlencode
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: The page that takes the token in its query (and nothing else does).
+#: The dashboard's page; its URL with ``?token=`` is what ``ringtrain dashboard`` prints.
 DASHBOARD_PATH = "/dashboard"
 #: The header a cookie-authenticated request must carry to change anything (see the module).
 CSRF_HEADER = b"x-ringtrain-request"
@@ -87,10 +87,11 @@ class RequestGuard:
         if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             await self.app(scope, receive, send)
             return
-        if scope["path"] == DASHBOARD_PATH and scope["method"] == "GET":
-            given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])
-            if hmac.compare_digest(given[-1].encode(), self.token):
-                await self._enter(send)
+        if scope["method"] == "GET":
+            query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+            given = [v for k, v in query if k == "token"]
+            if given and hmac.compare_digest(given[-1].encode(), self.token):
+                await self._enter(send, scope, [(k, v) for k, v in query if k != "token"])
                 return
         if hmac.compare_digest(self._cookie(headers), self.cookie_value):
             if scope["method"] in _SAFE_METHODS or CSRF_HEADER in headers:
@@ -102,7 +103,8 @@ class RequestGuard:
         await _refuse(send, 401, "missing or wrong token: send `Authorization: Bearer "
                                  "<token>` (the CLI does: it reads RINGTRAIN_HOME/token, "
                                  "or takes --token / RINGTRAIN_TOKEN); in a browser, open the "
-                                 "URL `ringtrain dashboard` prints",
+                                 "URL `ringtrain dashboard` prints, or any page once with "
+                                 "?token=<token>",
                       [(b"www-authenticate", b"Bearer")])
 
     def _cookie(self, headers: dict[bytes, bytes]) -> bytes:
@@ -117,11 +119,13 @@ class RequestGuard:
         morsel = jar.get(self.cookie)
         return b"" if morsel is None else morsel.value.encode("latin-1", "replace")
 
-    async def _enter(self, send: Send) -> None:
-        """Set the cookie and send the browser to the dashboard's URL without the token."""
+    async def _enter(self, send: Send, scope: Scope, query: list[tuple[str, str]]) -> None:
+        """Set the cookie and send the browser to the page it asked for, without the token."""
         cookie = f"{self.cookie}={self.cookie_value.decode()}; Path=/; HttpOnly; SameSite=Strict"
+        location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}"
+                                                                 if query else "")
         await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", DASHBOARD_PATH.encode()),
+                    "headers": [(b"location", location.encode("latin-1")),
                                 (b"set-cookie", cookie.encode()),
                                 (b"cache-control", b"no-store"),
                                 (b"referrer-policy", b"no-referrer"),

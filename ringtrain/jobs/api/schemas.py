@@ -14,11 +14,12 @@ IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 
 
 class ResizeRequest(BaseModel):
-    """``PATCH /v1/clusters/{name}``: the new number of nodes."""
+    """``PATCH /v1/clusters/{name}``: the new number of nodes and/or of slots per node."""
 
     model_config = ConfigDict(extra="forbid")
 
-    nodes: int = Field(ge=0, le=1024, strict=True)
+    nodes: int | None = Field(None, ge=0, le=1024, strict=True)
+    slots: int | None = Field(None, ge=1, le=1024, strict=True)
 
 
 class SubmitRequest(BaseModel):

@@ -42,9 +42,11 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("name", type=cluster_name)
     p.set_defaults(func=_show)
     p = sub.add_parser("resize", parents=[common],
-                       help="change the number of nodes (busy nodes leave after their job)")
+                       help="change the number of nodes (busy nodes leave after their job) "
+                            "and/or the process slots per node")
     p.add_argument("name", type=cluster_name)
-    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--slots", type=int, help="process slots per node (jobs that start later)")
     p.set_defaults(func=_resize)
     p = sub.add_parser("delete", parents=[common],
                        help="delete a cluster (its queued jobs fail; running ones finish)")
@@ -82,8 +84,11 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _resize(args: argparse.Namespace) -> int:
+    if args.nodes is None and args.slots is None:
+        raise SpecError([{"field": "nodes", "message": "give --nodes N, --slots S, or both"}],
+                        "cluster")
     return _show_one(args, connect(url=args.url, token=args.token).resize_cluster(
-        args.name, args.nodes))
+        args.name, args.nodes, args.slots))
 
 
 def _delete(args: argparse.Namespace) -> int:

@@ -29,6 +29,14 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--replica", type=int, default=0, help="which replica (default 0)")
     p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
     p.set_defaults(func=_logs)
+    p = sub.add_parser("front", parents=[common],
+                       help="one URL for the replicas: a round-robin front with health checks "
+                            "(runs in the foreground)")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1", "::1"],
+                   help="loopback address to listen on (the front has no token of its own)")
+    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.set_defaults(func=_front)
     p = sub.add_parser("stop", parents=[common],
                        help="stop a deployment (requests in flight are answered first)")
     p.add_argument("id", type=job_id)
@@ -87,6 +95,31 @@ def _logs(args: argparse.Namespace) -> int:
     data = b"".join(client.logs(args.id, args.replica, "stderr" if args.stderr else "stdout"))
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+    return 0
+
+
+def _front(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    from ringtrain.jobs.front import Backends, create_front
+
+    client = _client(args)
+    info = client.get_deployment(args.id)
+    if not info.urls:
+        print(f"deployment {info.id} has no replica listening ({info.state.value}); see "
+              f"`ringtrain deployment show {info.id}`", file=sys.stderr)
+        return 1
+    app = create_front(Backends(info.urls),
+                       refresh=lambda: client.get_deployment(args.id).urls)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    host, port = sock.getsockname()[:2]
+    print(f"front of deployment {info.id} at http://{host}:{port} -> {len(info.urls)} "
+          f"replica(s), round robin; Ctrl-C stops it", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ringtrain.jobs.cli import deployment, output
@@ -13,7 +14,9 @@ from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
+from ringtrain.jobs.models.overrides import apply_overrides
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -22,8 +25,16 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML or JSON)")
     p.add_argument("spec", help="the spec file; `ringtrain job schema` describes it")
     p.add_argument("--cluster", required=True, type=cluster_name)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a field of the spec (repeatable): node_count=1, "
+                        "environment.SEED=3, max_wall_clock_time=600")
+    p.add_argument("--args", help="appended to the spec's command, e.g. --args='--epochs 1'")
+    p.add_argument("--max-working-dir-mb", type=float, default=DEFAULT_MAX_BYTES / 1e6,
+                   help="refuse a working_dir whose copy is larger (default "
+                        f"{DEFAULT_MAX_BYTES / 1e6:.0f} MB, after .gitignore/.ringtrainignore)")
     p.add_argument("--follow", action="store_true",
-                   help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
+                   help="stream the preparation step's output, then rank 0's stdout and stderr "
+                        "as written, until the job ends; exit 1 unless it succeeds")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
     p.add_argument("--experiment", type=experiment_name)
@@ -33,12 +44,18 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p = sub.add_parser("show", parents=[common], help="a job's state and details")
     p.add_argument("id", type=job_id)
     p.set_defaults(func=_show)
-    p = sub.add_parser("logs", parents=[common], help="a rank's stdout (or stderr)")
+    p = sub.add_parser("logs", parents=[common],
+                       help="a rank's output: stdout and stderr as written (or one of them)")
     p.add_argument("id", type=job_id)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    p.add_argument("--rank", type=int, default=0, help="the rank (with --prep: the node)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stdout-only", action="store_true", help="stdout only")
+    which.add_argument("--stderr", action="store_true", help="stderr only")
+    which.add_argument("--prep", action="store_true",
+                       help="the preparation step's output on node --rank (stdout, then stderr)")
     p.add_argument("--follow", action="store_true",
-                   help="stream until the job ends; exit 1 unless it succeeds")
+                   help="stream until the job ends (the preparation step's output first); "
+                        "exit 1 unless it succeeds")
     p.set_defaults(func=_logs)
     p = sub.add_parser("metrics", parents=[common],
                        help="the training scalars a job logged (TensorBoard events under its "
@@ -111,7 +128,13 @@ def _show_job(args: argparse.Namespace, job: JobInfo) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    spec = _resolve_paths(load_job_spec(args.spec))
+    spec = load_job_spec(args.spec)
+    if args.sets or args.args:
+        spec = apply_overrides(spec, args.sets, args.args,
+                               f"job spec {args.spec} with --set/--args")
+    spec = _resolve_paths(spec)
+    if spec.working_dir:
+        _size_working_dir(Path(spec.working_dir), args.max_working_dir_mb)
     client = _client(args)
     job = client.submit(args.cluster, spec)
     if not args.follow:
@@ -121,13 +144,44 @@ def _submit(args: argparse.Namespace) -> int:
             print(job.id)
         return 0
     print(job.id, file=sys.stderr if args.output == "json" else sys.stdout, flush=True)
-    return _follow(client, args, job.id, rank=0, stream="stdout")
+    return _follow(client, args, job.id, rank=0, stream="output")
+
+
+def _size_working_dir(folder: Path, max_mb: float) -> None:
+    """Say on stderr what of the working dir will be copied; refuse it above ``max_mb``.
+
+    Raises:
+        SpecError: the copy would be larger than ``max_mb`` MB.
+    """
+    if not folder.is_dir():
+        return  # the service names the problem
+    plan = plan_copy(folder)
+    skipped = ", ".join(plan.skipped[:6]) + (", ..." if len(plan.skipped) > 6 else "")
+    note = f"; skipped: {skipped}" if skipped else ""
+    print(f"working_dir {folder}: {plan.files} files, {human_bytes(plan.bytes)} to copy into "
+          f"the job{note}", file=sys.stderr)
+    hint = ("list what the job does not need (data, outputs, checkpoints) in "
+            f"{folder / '.ringtrainignore'} (.gitignore syntax), or point the job at its data "
+            "with inputs:")
+    if plan.bytes > max_mb * 1e6:
+        raise SpecError([{"field": "working_dir", "message": (
+            f"{human_bytes(plan.bytes)} to copy, more than --max-working-dir-mb {max_mb:g}: "
+            f"{hint}")}])
+    if plan.bytes > WARN_BYTES:
+        print(f"warning: every job copies this working dir; {hint}", file=sys.stderr)
 
 
 def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int,
             stream: str) -> int:
-    """Stream a log until the job ends; the outcome sets the exit code."""
+    """Stream a log until the job ends (node 0's preparation output first, when the job has a
+    preparation step); the outcome sets the exit code."""
     out = sys.stderr.buffer if args.output == "json" else sys.stdout.buffer
+    if client.get_job(job_id).spec.job_preparation:
+        # prep.stdout is followed until the ranks start; prep.stderr is complete by then.
+        for prep, follow in (("prep.stdout", True), ("prep.stderr", False)):
+            for chunk in client.logs(job_id, 0, prep, follow=follow):
+                out.write(chunk)
+                out.flush()
     for chunk in client.logs(job_id, rank, stream, follow=True):
         out.write(chunk)
         out.flush()
@@ -153,10 +207,19 @@ def _show(args: argparse.Namespace) -> int:
 
 def _logs(args: argparse.Namespace) -> int:
     client = _client(args)
-    stream = "stderr" if args.stderr else "stdout"
-    if args.follow:
+    stream = "stderr" if args.stderr else "stdout" if args.stdout_only else "output"
+    if args.prep:
+        if args.follow:
+            raise SpecError([{"field": "--prep", "message": "give --prep or --follow, not both "
+                                                            "(--follow shows the preparation "
+                                                            "step first)"}], "command line")
+        data = b"".join(b"".join(client.logs(args.id, args.rank, prep))
+                        for prep in ("prep.stdout", "prep.stderr"))
+        stream = "prep"
+    elif args.follow:
         return _follow(client, args, args.id, args.rank, stream)
-    data = b"".join(client.logs(args.id, args.rank, stream))
+    else:
+        data = b"".join(client.logs(args.id, args.rank, stream))
     if args.output == "json":
         output.emit_json({"id": args.id, "rank": args.rank, "stream": stream,
                           "text": data.decode(errors="replace")})

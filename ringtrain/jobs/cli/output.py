@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ringtrain.jobs.models import ClusterInfo, FileInfo, JobInfo
-from ringtrain.jobs.models.deployment import DeploymentInfo
+from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
 
 
 def emit_json(value: Any) -> None:
@@ -125,8 +125,8 @@ def deployment_text(d: DeploymentInfo) -> str:
              f"cluster:     {d.job.cluster}", f"state:       {d.state.value}",
              f"message:     {d.message or '-'}", f"replicas:    {d.replicas}"]
     lines += [f"url:         {url}   (replica {i})" for i, url in enumerate(d.urls)]
-    if d.urls:
-        lines.append(f"try:         curl -X POST --data-binary @IMAGE.jpg "
+    if d.urls and d.state == DeploymentState.READY:  # not on the way down
+        lines.append(f"try:         curl -H 'Content-Type: image/jpeg' --data-binary @IMAGE.jpg "
                      f"{d.urls[0]}/v2/models/model/image")
     return "\n".join(lines)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from ringtrain.jobs.cli import output
 from ringtrain.jobs.connect import running_server, start_server, stop_server
@@ -51,6 +52,9 @@ def _report(args: argparse.Namespace, info: ServerInfo | None, verb: str) -> int
         print(f"no server runs for {Home.from_environ().root}")
     else:
         print(f"server {verb}: pid {info.pid} at {info.url} (home {info.home})")
+        if verb != "stopped":  # a browser sends no bearer header: the link sets a cookie once
+            print(f"API docs in a browser: {info.url}/docs?token=TOKEN, TOKEN being the "
+                  f"contents of {Path(info.home) / 'token'}")
     return 0 if info is not None or verb == "stopped" else 1
 
 

@@ -145,11 +145,17 @@ class RayConnection:
         return out
 
 
-def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1") -> str:
+def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1",
+                       cpus: int | None = None) -> str:
     """Start a Ray head on this host with ``ray start`` and return its address.
 
     The head runs detached from the service (it outlives a service restart); it binds
     ``node_ip``, which is loopback unless the caller chooses otherwise.
+
+    Args:
+        log_dir: Where ``ray-start.log`` is written.
+        node_ip: The address the head binds and announces.
+        cpus: The CPUs it offers (``None``: Ray's count of this machine's).
 
     Raises:
         InvalidRequestError: ray is missing, or ``ray start`` failed (its output is in
@@ -157,18 +163,45 @@ def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1") -> str:
     """
     import_ray()
     port = free_port(node_ip)
+    _ray_start(["--head", f"--port={port}", "--include-dashboard=false"], log_dir, node_ip, cpus)
+    return f"{node_ip}:{port}"
+
+
+def start_private_cluster(log_dir: Path, nodes: int, slots: int,
+                          node_ip: str = "127.0.0.1") -> str:
+    """Start a Ray cluster of ``nodes`` nodes on this host (a head and ``nodes - 1`` more
+    raylets, each a separate Ray node, as on separate machines) and return its address.
+
+    Each node offers ``max(slots, cores // nodes)`` CPUs, so that a job's bundle of ``slots``
+    CPUs fits on every node and the nodes together do not claim each core many times.
+
+    Raises:
+        InvalidRequestError: see :func:`start_private_head`.
+    """
+    cores = os.cpu_count() or 1
+    cpus = max(slots, cores // max(1, nodes)) if nodes > 1 else None
+    address = start_private_head(log_dir, node_ip, cpus)
+    for _ in range(nodes - 1):
+        _ray_start([f"--address={address}"], log_dir, node_ip, cpus)
+    return address
+
+
+def _ray_start(args: list[str], log_dir: Path, node_ip: str, cpus: int | None) -> None:
+    """Run ``ray start ARGS`` (a head, or one more node of a private cluster)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     ray_cli = Path(sys.executable).parent / "ray"
-    argv = [str(ray_cli), "start", "--head", f"--node-ip-address={node_ip}", f"--port={port}",
-            "--include-dashboard=false", "--disable-usage-stats"]
+    argv = [str(ray_cli), "start", *args, f"--node-ip-address={node_ip}",
+            "--disable-usage-stats"]
+    if cpus is not None:
+        argv.append(f"--num-cpus={cpus}")
     log_file = log_dir / "ray-start.log"
     with open(log_file, "ab") as out:
         code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120,
                               env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}).returncode
     if code != 0:
-        raise InvalidRequestError(f"`ray start --head` failed with exit code {code}; see "
+        what = "--head" if "--head" in args else args[0]
+        raise InvalidRequestError(f"`ray start {what}` failed with exit code {code}; see "
                                   f"{log_file}")
-    return f"{node_ip}:{port}"
 
 
 def _probe(address: str, timeout_s: float = 0.5) -> None:

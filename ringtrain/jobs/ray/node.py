@@ -45,6 +45,7 @@ from ringtrain.jobs.envvars import NODE_INDEX, input_var
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.ray import transfer
+from ringtrain.runner.threads import default_threads_environ
 
 #: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
 #: private copies, even where it sees the service's share.
@@ -323,6 +324,7 @@ class NodeRunner:
                    "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ppn),
                    "GROUP_RANK": str(plan.node), "MASTER_ADDR": master_addr,
                    "MASTER_PORT": str(master_port)}
+            env |= default_threads_environ(env)  # as `ringtrain run`'s task wrapper does
             logs = self.work_dir / "stdouterr" / f"rank.{rank}"
             logs.mkdir(parents=True, exist_ok=True)
             try:

@@ -47,6 +47,12 @@ class Store(Protocol):
         Raises InvalidRequestError past the cluster's ``max_nodes``."""
         ...
 
+    def set_cluster_slots(self, name: str, slots: int) -> ClusterInfo:
+        """Set the process slots per node (for jobs that start from now on).
+
+        Raises NotFoundError (no such cluster) or ConflictError (it is being deleted)."""
+        ...
+
     def mark_cluster_deleting(self, name: str) -> ClusterInfo:
         """Start deleting: like a resize to zero, after which the cluster is removed."""
         ...

@@ -163,6 +163,13 @@ class SQLiteStore:
             self._resize(db, name, nodes)
             return self._cluster(db, name)
 
+    def set_cluster_slots(self, name: str, slots: int) -> ClusterInfo:
+        with self._tx() as db:
+            if self._cluster_row(db, name)["deleting"]:
+                raise ConflictError(f"cluster {name!r} is being deleted; it cannot be resized")
+            db.execute("UPDATE clusters SET slots=? WHERE name=?", (slots, name))
+            return self._cluster(db, name)
+
     def mark_cluster_deleting(self, name: str) -> ClusterInfo:
         with self._tx() as db:
             self._cluster_row(db, name)
