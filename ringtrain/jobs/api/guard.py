@@ -7,12 +7,12 @@ token is compared in constant time.
 Programs send ``Authorization: Bearer <token>``. A browser cannot put a header on a page load,
 an ``<a href>`` download or an ``EventSource``, so the dashboard (or ``/docs``) is entered once
 with ``?token=...`` in its URL, as Jupyter does: the guard answers with a redirect that drops
-the token from the URL (and so from the history) and sets an HttpOnly, ``SameSite=Strict`` cookie derived from it,
-which the browser then sends on its own. Cookies are shared by every port of a host, so a page of
-another local port counts as the same site; it could make the browser send a form with the
-cookie, but never a custom header without a CORS preflight, which this server does not answer. A
-request authenticated by the cookie that changes something must therefore carry
-``X-Ringtrain-Request``.
+the token from the URL (and so from the history) and sets an HttpOnly, ``SameSite=Strict``
+cookie derived from it, which the browser then sends on its own. Cookies are shared by every
+port of a host, so a page of another local port counts as the same site; it could make the
+browser send a form with the cookie, but never a custom header without a CORS preflight, which
+this server does not answer. A request authenticated by the cookie that changes something must
+therefore carry ``X-Ringtrain-Request``.
 """
 
 from __future__ import annotations
