@@ -32,6 +32,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: The dashboard's page; its URL with ``?token=`` is what ``ringtrain dashboard`` prints.
 DASHBOARD_PATH = "/dashboard"
+#: The pages that take the token in their query (and nothing else does: an API URL with the
+#: token in it would end up in logs and histories).
+SIGN_IN_PAGES = (DASHBOARD_PATH, "/docs")
 #: The header a cookie-authenticated request must carry to change anything (see the module).
 CSRF_HEADER = b"x-ringtrain-request"
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -87,7 +90,7 @@ class RequestGuard:
         if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             await self.app(scope, receive, send)
             return
-        if scope["method"] == "GET":
+        if scope["method"] == "GET" and scope["path"] in SIGN_IN_PAGES:
             query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
             given = [v for k, v in query if k == "token"]
             if given and hmac.compare_digest(given[-1].encode(), self.token):
@@ -103,8 +106,7 @@ class RequestGuard:
         await _refuse(send, 401, "missing or wrong token: send `Authorization: Bearer "
                                  "<token>` (the CLI does: it reads RINGTRAIN_HOME/token, "
                                  "or takes --token / RINGTRAIN_TOKEN); in a browser, open the "
-                                 "URL `ringtrain dashboard` prints, or any page once with "
-                                 "?token=<token>",
+                                 "URL `ringtrain dashboard` prints (or /docs?token=<token>)",
                       [(b"www-authenticate", b"Bearer")])
 
     def _cookie(self, headers: dict[bytes, bytes]) -> bytes:
