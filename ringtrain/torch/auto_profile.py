@@ -169,7 +169,8 @@ class AutoProfile:
 
 
 def _profiled_step(optimizer: torch.optim.Optimizer, closure=None):
-    return optimizer._ringtrain_auto_profile.step(closure)
+    # set on the instance by AutoProfile, which mypy cannot see on torch's class
+    return optimizer._ringtrain_auto_profile.step(closure)  # type: ignore[attr-defined]
 
 
 _active: AutoProfile | None = None
