@@ -279,7 +279,8 @@ def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
             for share in sorted({cores_per_worker(n, per_host, cores) for n in spec.sizes}
                                 - {cores}):
                 measured[share] = forecaster.one_process(share)
-        link, samples = None, []
+        link: network_profiles.Link | None = None
+        samples: list = []
         if (cpu or spec.network == "measured") and min(cores if cpu else gpus, 2) == 2:
             largest = max((b.nbytes for b in base.plan.buckets), default=1 << 20) if (
                 base.plan) else 1 << 20

@@ -242,10 +242,11 @@ def exposed_ms(buckets: Sequence[Bucket], costs: Sequence[float], overlap: float
     total = sum(costs)
     if total == 0:
         return 0.0
-    done = None
+    done: float | None = None
     for bucket, cost in zip(buckets, costs):
         start = -bucket.ready_before_end_ms
         done = max(start, done if done is not None else start) + cost
+    assert done is not None  # costs has one entry per bucket and sums to non-zero
     scheduled = max(0.0, done)
     return overlap * scheduled + (1.0 - overlap) * total
 
@@ -264,7 +265,7 @@ def forecast_point(workload: Workload, layout: Layout, network: Network,
     per_step = workload.batch_size or 1
     rate = layout.workers * per_step * 1e3 / step
     waits = {"network": exposed, "input pipeline": workload.inline_data_ms + pipeline_wait}
-    limit = max(waits, key=waits.get)
+    limit = max(waits, key=waits.__getitem__)
     if waits[limit] < 0.05 * step:  # nothing beside compute takes a twentieth of the step
         limit = "compute"
     return Point(layout.workers, strategy.label, step, workload.compute_ms, sum(costs), exposed,

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from ringtrain.doctor.forecast_model import Network, Point
+
+if TYPE_CHECKING:
+    from ringtrain.torch.gradient_plan import GradientPlan
 
 ASSUMPTIONS = (
     ("every worker trains the same batch as measured here (weak scaling): compute per step does "
@@ -23,6 +27,23 @@ ASSUMPTIONS = (
 )
 
 
+class BaseRun(Protocol):
+    """What the report reads of the baseline run: a ``forecast.Measured`` (not imported here:
+    that module imports this one)."""
+
+    @property
+    def cores(self) -> int: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def plan(self) -> GradientPlan | None: ...
+
+    @property
+    def rate(self) -> float: ...
+
+
 @dataclass
 class Context:
     """What the report says besides the points: the command, this host, the network, the
@@ -34,7 +55,7 @@ class Context:
     device: str
     network: Network
     measured: dict  # cores -> forecast.Measured
-    base: object
+    base: BaseRun
     link_samples: list = field(default_factory=list)
     load_avg: tuple[float, float, float] | None = None  # at the start of the measurements
 

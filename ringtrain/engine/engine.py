@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -262,7 +263,10 @@ class Engine:
             return
         with self._lock:
             ident = threading.get_ident()
-            for table, key in ((self._waiters, ident), (self._awaited, handle)):
+            # Any: one table is keyed by thread ids, the other by handles
+            tables: tuple[tuple[dict[Any, int], Any], ...] = (
+                (self._waiters, ident), (self._awaited, handle))
+            for table, key in tables:
                 left = table.get(key, 0) - 1
                 if left > 0:
                     table[key] = left

@@ -100,7 +100,7 @@ class Handle:
             # inside the try: a signal handler that raises in the observer still ends the wait
             if observer is not None:
                 observer.waiting(self, untimed)
-            deadline = None if untimed else time.monotonic() + timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 slice_s = WAIT_SLICE_S
                 if deadline is not None:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,7 +22,10 @@ from ringtrain.keras.backend import import_keras
 from ringtrain.keras.collectives import broadcast_variables, is_seed_state
 from ringtrain.torch import ops, runtime
 
-keras = import_keras()
+if TYPE_CHECKING:  # keras (untyped: Any) as a module, so its classes can be base classes
+    import keras
+else:
+    keras = import_keras()  # checks the backend: keras must come from here at run time
 
 
 def _get_lr(optimizer: Any) -> float:
@@ -193,6 +196,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.staircase and batch == 0:
             self._adjust_learning_rate(self.current_epoch)
         elif not self.staircase:
+            assert self.steps_per_epoch is not None  # on_train_begin sets it when not staircase
             self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -222,6 +226,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                  momentum_correction: bool = True, steps_per_epoch: int | None = None,
                  verbose: int = 0):
         def multiplier(epoch: float) -> float:
+            assert self.steps_per_epoch is not None  # per batch: on_train_begin has set it
             epoch += 1.0 / self.steps_per_epoch
             size = runtime.size()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
@@ -233,6 +238,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_end(epoch, logs)
+        assert self.end_epoch is not None  # warmup_epochs, given to the base class
         if epoch == self.end_epoch - 1 and self.verbose > 0 and runtime.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get_lr(self.model.optimizer):g}.")

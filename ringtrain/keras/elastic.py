@@ -9,7 +9,7 @@ in the next world that the elastic launcher forms (see docs/horovod-compat.md, *
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,7 +17,10 @@ from ringtrain.keras.backend import import_keras
 from ringtrain.keras.collectives import broadcast_variables, is_seed_state
 from ringtrain.torch.elastic import ObjectState, run
 
-keras = import_keras()
+if TYPE_CHECKING:  # keras (untyped: Any) as a module, so its classes can be base classes
+    import keras
+else:
+    keras = import_keras()  # checks the backend: keras must come from here at run time
 
 __all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run"]

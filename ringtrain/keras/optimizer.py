@@ -25,7 +25,7 @@ from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 
 _STATE = "_ringtrain_state"
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[type, type[Any]] = {}
 
 
 class _DistributedState:
@@ -41,7 +41,7 @@ class _DistributedState:
         self.accumulated: list[torch.Tensor | None] = []
 
     def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any] | None,
-              base_apply: Callable[[list, list | None], Any]) -> Any:
+              base_apply: Callable[[Sequence, Sequence | None], Any]) -> Any:
         if len(grads) == 0:
             return base_apply(list(grads), variables)
         if self.passes == 1 and self.process_set.size() == 1:
@@ -81,13 +81,13 @@ class _DistributedState:
             self.accumulated[i] = g.detach().clone() if acc is None else acc.add_(g)
 
 
-def _distributed_class(base: type) -> type:
+def _distributed_class(base: type[Any]) -> type[Any]:
     """The subclass of ``base`` whose ``apply`` reduces gradients (one per base class)."""
     cls = _CLASSES.get(base)
     if cls is not None:
         return cls
 
-    class Distributed(base):  # type: ignore[misc, valid-type]
+    class Distributed(base):
         def apply(self, grads, trainable_variables=None):
             state = self.__dict__.get(_STATE)
             if state is None:  # made by deserialisation, not by DistributedOptimizer

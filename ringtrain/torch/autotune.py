@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ringtrain.engine.config import EngineConfig
+from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.autotune_search import (
     Search,
@@ -48,7 +48,8 @@ class Autotuner:
     def __init__(self, optimizer, knobs: EngineConfig,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._optimizer = optimizer
-        self._config = knobs.autotune
+        assert knobs.autotune is not None  # made only when autotune is on (see the docstring)
+        self._config: AutotuneConfig = knobs.autotune
         self._clock = clock
         rt = runtime.current()
         self._engine = rt.engine
@@ -109,6 +110,7 @@ class Autotuner:
     def _decide(self, score: float) -> tuple[Setting, bool]:
         """Rank 0: record the sample, then the next setting, or the best when the search is
         over."""
+        assert self._search is not None  # rank 0 has one
         self._search.register(self.current, score)
         self._scored += 1
         if self._log is not None:
@@ -127,6 +129,7 @@ class Autotuner:
     def _finish(self) -> None:
         if self._rank != 0:
             return
+        assert self._search is not None  # rank 0 has one
         best, score = self._search.best()
         path = best_config_path(self._config.log_file)
         path.write_text(best_config_yaml(best, score, self._scored), encoding="utf-8")

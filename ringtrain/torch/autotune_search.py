@@ -90,7 +90,7 @@ class Search:
                 gp=self._bo._gp, target_space=self._bo.space, n_random=2000, n_smart=3,
                 fit_gp=True, random_state=self._random)
             point = self._bo.space.array_to_params(array)
-        threads = round(point["threads"]) if "threads" in point else self._threads
+        threads = round(float(point["threads"])) if "threads" in point else self._threads
         return Setting(round(2 ** float(point["bucket"]), 2),
                        round(2 ** float(point["cycle"]), 2), int(threads))
 

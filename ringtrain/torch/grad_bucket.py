@@ -10,27 +10,31 @@ moves no gradient bytes, and every copy runs with the training thread's intra-op
 from __future__ import annotations
 
 import time
+from typing import Generic, TypeVar
 
 import torch
 
 from ringtrain.engine.timeline import Timeline
 
+#: What a bucket holds gradients of: the torch optimizer's parameters, keras variable values.
+P = TypeVar("P", bound=torch.Tensor)
 
-class GradBucket:
+
+class GradBucket(Generic[P]):
     """Parameters of one dtype and device whose gradients travel as one flat tensor."""
 
-    def __init__(self, name: str, params: list[torch.nn.Parameter], names: dict):
+    def __init__(self, name: str, params: list[P], names: dict):
         self.name = name
         self.params = params
         self._names = names
         self._flat: torch.Tensor | None = None  # allocated on first use, like DDP's buckets
-        self._slots: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._slots: dict[P, torch.Tensor] = {}
 
-    def _slot(self, p: torch.nn.Parameter) -> torch.Tensor:
+    def _slot(self, p: P) -> torch.Tensor:
         self.flat()
         return self._slots[p]
 
-    def put(self, p: torch.nn.Parameter, grad: torch.Tensor | None, scale: float,
+    def put(self, p: P, grad: torch.Tensor | None, scale: float,
             timeline: Timeline) -> None:
         """Copy ``p``'s gradient (zeros for None) into its slot, multiplied by ``scale``."""
         start = time.monotonic()

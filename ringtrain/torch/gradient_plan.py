@@ -66,7 +66,9 @@ class GradientRecorder:
 
     def __init__(self, optimizer: torch.optim.Optimizer, path: Path) -> None:
         self.path = path
-        self._buckets = [bucket for unit in optimizer._units for bucket in unit]
+        # _units: the mixin's, on a class made at run time that mypy cannot see
+        self._buckets = [bucket for unit in optimizer._units  # type: ignore[attr-defined]
+                         for bucket in unit]
         params = [p for b in self._buckets for p in b.params]
         self._device = params[0].device.type if params else "cpu"
         self._bucket_of = {p: i for i, b in enumerate(self._buckets) for p in b.params}

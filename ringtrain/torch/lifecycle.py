@@ -212,7 +212,7 @@ def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> N
         HorovodInternalError: ranks that did not call ``init()`` within the start timeout
             (``--start-timeout``, ``HOROVOD_START_TIMEOUT``), named.
     """
-    store.set(f"arrived/{rank}", b"1")
+    store.set(f"arrived/{rank}", b"1")  # type: ignore[arg-type]  # stub says str; bytes work
     keys = [f"arrived/{r}" for r in range(size)]
     deadline = time.monotonic() + timeout_s
     while True:

@@ -181,6 +181,7 @@ class _DistributedOptimizer:
             if self._sparse is not None:
                 self._sparse.finish()
             for p, sparse_dim in self._densified.items():
+                assert p.grad is not None  # its bucket has just given it the dense average
                 p.grad = p.grad.to_sparse(sparse_dim)
         finally:
             self._forget_step()
