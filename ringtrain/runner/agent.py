@@ -282,10 +282,10 @@ class Agent:
                                                    reason=f"{reason}: {tail}" if tail else reason))
         else:
             hint = failure_hint(rank.stderr_tail)
-            reason = None if hint is None else (
+            hinted = None if hint is None else (
                 f"{'exited with code ' + str(code) if code is not None else 'died'}; {hint}")
             self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
-                                                   reason=reason))
+                                                   reason=hinted))
 
     def _check_start_deadlines(self, now: float) -> None:
         late = [r for r in self._ranks if r.state is RankState.STARTING and not r.exited
