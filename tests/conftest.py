@@ -1,8 +1,9 @@
 """Test tiers by cost.
 
-``fast``: pure logic and in-process tests (no child process, no Ray, no training run): every
-test under ``tests/unit`` and ``tests/engine`` (engines as threads of one process), and the tests
-of any module that declares ``pytestmark = pytest.mark.fast``. ``bash scripts/test.sh --fast``
+``fast``: pure logic and in-process tests (no child process, no Ray, no training run; a server
+in a thread of the test process is fine): every test under ``tests/unit`` and ``tests/engine``
+(engines as threads of one process), and the tests of any module that declares
+``pytestmark = pytest.mark.fast``. ``bash scripts/test.sh --fast``
 runs this tier (under two minutes on a 2-core machine); the full suite runs everything.
 """
 

@@ -16,6 +16,8 @@ from tests.clock import FakeClock
 
 from .conftest import FakeExecutor
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 
 def state(store: SQLiteStore, job_id: str) -> str:
     return store.get_job(job_id).state.value

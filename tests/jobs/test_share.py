@@ -14,6 +14,8 @@ from ringtrain.jobs.share import Share
 
 from .conftest import flipping
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 
 def make_job(share: Share, tmp_path: Path, **spec) -> JobInfo:
     spec = parse_job_spec({"node_count": 1, "command": "true", **spec})

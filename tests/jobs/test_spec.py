@@ -11,6 +11,8 @@ import pytest
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobSpec, Priority, load_job_spec, parse_job_spec
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 GOOD = {"node_count": 2, "command": "python train.py"}
 
 

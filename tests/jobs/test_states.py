@@ -10,6 +10,8 @@ from ringtrain.jobs.errors import InvalidTransitionError
 from ringtrain.jobs.models import JobState, NodeState, check_job_transition, check_node_transition
 from ringtrain.jobs.models.states import JOB_TRANSITIONS
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 ALLOWED = {
     ("staging", "queued"), ("staging", "terminated"), ("staging", "failed"),
     ("queued", "preparing"), ("queued", "terminated"), ("queued", "failed"),

@@ -12,6 +12,8 @@ from ringtrain.jobs.errors import ConflictError, InvalidTransitionError, NotFoun
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, NodeState, parse_job_spec
 from ringtrain.jobs.store import SQLiteStore
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 
 def test_wal_mode_and_schema(store: SQLiteStore) -> None:
     assert store.journal_mode() == "wal"

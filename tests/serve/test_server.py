@@ -21,6 +21,8 @@ from ringtrain.serve.predictor import Predictor
 from ringtrain.serve.server import model_threads, serve
 from tests.serve.conftest import CLASSES, SlowPredictor, running
 
+pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
+
 
 def _tensor(n: int, value: float = 0.5, shape: tuple[int, ...] = (1, 12, 12),
             datatype: str = "FP32") -> dict[str, object]:
