@@ -23,3 +23,9 @@ class EngineConfig:
     stall_warning_s: float = 60.0
     stall_shutdown_s: float = 0.0  # 0 = never fail a stalled job, as in Horovod
     log_level: str | None = None
+    #: Collectives between ranks of one host through shared memory: None = wherever two ranks
+    #: share a host, False = never (Gloo over loopback), True = the same as None, but asked for.
+    shared_memory: bool | None = None
+    #: Allreduce of sets spanning hosts: within each host, then across one leader per host
+    #: (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). None = whenever shared memory is used.
+    hierarchical_allreduce: bool | None = None

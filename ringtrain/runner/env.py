@@ -32,6 +32,9 @@ ELASTIC = "HOROVOD_ELASTIC"
 ELASTIC_TIMEOUT = "HOROVOD_ELASTIC_TIMEOUT"
 ELASTIC_WORKER = "RINGTRAIN_ELASTIC_WORKER"
 ELASTIC_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
+# Collectives within a host through shared memory (unset: wherever ranks share a host).
+SHM = "RINGTRAIN_SHM"
+HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 
 
 def store_prefix(run_id: str, generation: int) -> str:
@@ -54,6 +57,10 @@ def engine_environ(config: EngineConfig) -> dict[str, str]:
         env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1" if config.timeline_mark_cycles else "0"
     if config.log_level:
         env["HOROVOD_LOG_LEVEL"] = config.log_level
+    if config.shared_memory is not None:
+        env[SHM] = "1" if config.shared_memory else "0"
+    if config.hierarchical_allreduce is not None:
+        env[HIERARCHICAL_ALLREDUCE] = "1" if config.hierarchical_allreduce else "0"
     return env
 
 
@@ -61,10 +68,15 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
     """Read the engine's settings from Horovod's variables, defaulting what is unset.
 
     Raises:
-        ConfigError: a variable is set to something that is not a number or a boolean.
+        ConfigError: a variable is set to something that is not a number or a boolean, or
+            hierarchical allreduce is asked for with shared memory turned off.
     """
     r = _Reader(environ)
     default = EngineConfig()
+    shm, hierarchical = r.opt_bool(SHM), r.opt_bool(HIERARCHICAL_ALLREDUCE)
+    if shm is False and hierarchical:
+        raise ConfigError(f"{HIERARCHICAL_ALLREDUCE}=1 reduces within each host through shared "
+                          f"memory, which {SHM}=0 turns off; unset one of them")
     return EngineConfig(
         fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", default.fusion_threshold_bytes),
         cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", default.cycle_time_ms),
@@ -75,6 +87,8 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
         stall_warning_s=r.float("HOROVOD_STALL_CHECK_TIME_SECONDS", default.stall_warning_s),
         stall_shutdown_s=r.float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", default.stall_shutdown_s),
         log_level=environ.get("HOROVOD_LOG_LEVEL") or None,
+        shared_memory=shm,
+        hierarchical_allreduce=hierarchical,
     )
 
 
@@ -328,15 +342,19 @@ class _Reader:
         return self._parse(name, default, float, "a number")
 
     def bool(self, name: str, default: bool) -> bool:
-        def convert(raw: str) -> bool:
-            low = raw.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
+        return self._parse(name, default, _to_bool, "a boolean (1/0, true/false)")
 
-        return self._parse(name, default, convert, "a boolean (1/0, true/false)")
+    def opt_bool(self, name: str) -> bool | None:
+        return self._parse(name, None, _to_bool, "a boolean (1/0, true/false)")
+
+
+def _to_bool(raw: str) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 _REQUIRED = object()

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.backends.base import CollectiveBackend
+from ringtrain.backends.hierarchical import HierarchicalBackend, RankPlace
 from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
@@ -86,8 +87,11 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             backend = TorchDistributedBackend(use_nccl=_nccl_usable())
             doorbell = _store_doorbell(env, prefix)
             processes = backend.control_allgather(PeerProcess.this(env.hostname))
+            backend = _cpu_backend(backend, env, processes)
         topology = _topology(env, rank, [p.host for p in processes])
-        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO", peers=processes)
+        shm = isinstance(backend, HierarchicalBackend) and backend.shares_memory
+        engine = Engine(backend, env.knobs, doorbell, backend_name="SHM" if shm else "GLOO",
+                        peers=processes)
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,
                                          engine=engine, owns_default_group=owns,
                                          world_generation=_elastic_generation))
@@ -188,6 +192,23 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
     dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=size, timeout=_COLLECTIVE_TIMEOUT)
     return True, prefix
+
+
+def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
+                 processes: Sequence[PeerProcess]) -> CollectiveBackend:
+    """Shared memory between the ranks of each host (hierarchical across hosts), unless turned
+    off (``RINGTRAIN_SHM=0``) or no two ranks share a host."""
+    # Ranks share memory only on one running kernel in one pid namespace, under one host name
+    # (the nodes of a local job cluster are several hosts of one machine: kept apart, as they
+    # would be on real machines). Without /proc nothing can be told, and nothing is shared.
+    places = [RankPlace(host=f"{p.host}/{p.machine}" if p.machine else f"rank{r}", pid=p.pid,
+                        start_ticks=p.start_ticks) for r, p in enumerate(processes)]
+    if env.knobs.shared_memory is False or len({p.host for p in places}) == len(places):
+        return gloo
+    return HierarchicalBackend(gloo, places, env.run_id,
+                               hierarchical=env.knobs.hierarchical_allreduce is not False,
+                               timeout_s=_COLLECTIVE_TIMEOUT.total_seconds(),
+                               setup_timeout_s=env.start_timeout_s)
 
 
 def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:

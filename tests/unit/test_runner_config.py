@@ -130,8 +130,8 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
     assert config.knobs == EngineConfig(
         fusion_threshold_bytes=8 * MIB, cycle_time_ms=2.0, cache_capacity=10,
         timeline_filename="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
-        stall_warning_s=5.0, log_level="WARNING")
-    assert "hierarchical_allreduce: ignored" in caplog.text
+        stall_warning_s=5.0, log_level="WARNING", hierarchical_allreduce=False)
+    assert "ignored" not in caplog.text
 
 
 _AUTOTUNE_FLAGS = [
