@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ringtrain.errors import ConfigError, HorovodInternalError
+from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.proc_stat import is_alive
 
 _MAGIC = 0x52494E47_53484D31  # "RINGSHM1"
@@ -60,8 +60,9 @@ class Member:
     start_ticks: int  # -1: unknown (only the pid is checked)
 
 
-class SharedMemoryError(HorovodInternalError):
-    """A shared-memory collective could not complete: a member died or gave up."""
+class SharedMemoryError(RingtrainError, RuntimeError):
+    """A shared-memory collective could not complete: a member died or gave up (the engine
+    reports it as the ``HorovodInternalError`` of a failed collective)."""
 
 
 class SharedMemorySpaceError(ConfigError):
@@ -138,14 +139,15 @@ class Segment:
                     raise _space_error(path.parent, size) from None
                 raise
             buf = mmap.mmap(fd, size)
+            header = np.ndarray((3,), np.int64, buffer=buf, offset=0)
+            header[:] = (_MAGIC, len(members), slot_bytes)
+            del header  # (a live view would keep the mapping from closing)
             os.rename(tmp, path)
         except BaseException:
             os.unlink(tmp)
             raise
         finally:
             os.close(fd)
-        header = np.ndarray((3,), np.int64, buffer=buf, offset=0)
-        header[:] = (_MAGIC, len(members), slot_bytes)
         segment = cls(path, buf, members, 0, slot_bytes, timeout_s)
         segment.attached = True
         return segment
