@@ -14,6 +14,7 @@ every member has mapped them (see :mod:`ringtrain.shm_names`).
 
 from __future__ import annotations
 
+import pickle
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from ringtrain.op_types import ReduceOp
 from ringtrain.shm_names import SHM_DIR, segment_path
 
 #: Bytes per member per buffer: big enough that per-step synchronisation is noise next to the
-#: copies (a 4 MiB step moves 4 MiB per member), small enough to stay in the last-level cache of
-#: a typical server with a few ranks.
+#: copies, small enough to stay in the last-level cache of a typical server with a few ranks.
 DEFAULT_SLOT_BYTES = 1 << 20
+#: The control segment's slots: negotiation's counts and pickled metas are small.
+CONTROL_SLOT_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class HierarchicalBackend:
         places: every rank's place, by rank.
         run_id: the launch's id (segments are named after it, for the launcher's sweep).
         hierarchical: allreduce sets that span hosts hierarchically (otherwise flat on Gloo).
-        slot_bytes: bytes per member per buffer of each segment (a multiple of 64).
+        slot_bytes: bytes per member per buffer of each segment (a multiple of 64; default
+            :data:`DEFAULT_SLOT_BYTES`).
         timeout_s: how long a collective waits for a live peer before failing.
         setup_timeout_s: how long a rank waits for its host's first rank to create a segment.
         directory: where segments are created.
@@ -81,9 +84,10 @@ class HierarchicalBackend:
     """
 
     def __init__(self, gloo: TorchDistributedBackend, places: Sequence[RankPlace], run_id: str,
-                 hierarchical: bool = True, slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 hierarchical: bool = True, slot_bytes: int | None = None,
                  timeout_s: float = 7200.0, setup_timeout_s: float = 30.0,
                  directory: Path = SHM_DIR):
+        slot_bytes = DEFAULT_SLOT_BYTES if slot_bytes is None else slot_bytes
         if slot_bytes <= 0 or slot_bytes % 64:
             raise ValueError(f"slot_bytes={slot_bytes} must be a positive multiple of 64")
         self.rank = gloo.rank
@@ -104,7 +108,13 @@ class HierarchicalBackend:
         self._token = gloo.control_allgather(secrets.token_hex(4))[0]
         self._added = 0
         self._sets: dict[tuple[int, ...], _SetComm] = {}
-        self._add_shm(tuple(range(self.size)))
+        world = tuple(range(self.size))
+        # With every rank on this host, negotiation goes through a segment of its own too (only
+        # the engine thread calls the control channel, in the same order on every rank).
+        self._control: ShmGroup | None = None
+        if len({p.host for p in self._places}) == 1:
+            self._control = ShmGroup(self._map_segment(world, "control", CONTROL_SLOT_BYTES))
+        self._add_shm(world)
 
     @property
     def shares_memory(self) -> bool:
@@ -137,14 +147,16 @@ class HierarchicalBackend:
                                      cross=cross if self.rank in leaders else None,
                                      leader=self.rank in leaders)
 
-    def _map_segment(self, local: tuple[int, ...], key: str) -> Segment:
+    def _map_segment(self, local: tuple[int, ...], key: str,
+                     slot_bytes: int | None = None) -> Segment:
         members = [Member(r, self._places[r].pid, self._places[r].start_ticks) for r in local]
         path = segment_path(self._run_id, self._token, key, self._directory)
         me = local.index(self.rank)
+        slot_bytes = slot_bytes or self._slot_bytes
         if me == 0:
-            segment = Segment.create(path, members, self._slot_bytes, self._timeout_s)
+            segment = Segment.create(path, members, slot_bytes, self._timeout_s)
         else:
-            segment = Segment.attach(path, members, me, self._slot_bytes, self._timeout_s,
+            segment = Segment.attach(path, members, me, slot_bytes, self._timeout_s,
                                      self._setup_timeout_s)
         segment.mark_attached()
         if me == 0:
@@ -164,6 +176,9 @@ class HierarchicalBackend:
         self._gloo.remove_set(ranks)
 
     def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
         for ranks in list(self._sets):
             comm = self._sets.pop(ranks)
             if comm.shm is not None:
@@ -175,10 +190,24 @@ class HierarchicalBackend:
     # -- the control channel ---------------------------------------------------------------------
 
     def control_allreduce(self, counts: torch.Tensor) -> None:
-        self._gloo.control_allreduce(counts)
+        if self._control is None:
+            return self._gloo.control_allreduce(counts)
+        _guarded(self._control, self._control.allreduce_, counts, ReduceOp.SUM)
 
     def control_allgather(self, obj: Any) -> list[Any]:
-        return self._gloo.control_allgather(obj)
+        control = self._control
+        if control is None:
+            return self._gloo.control_allgather(obj)
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = torch.empty(self.size, dtype=torch.int64)
+        _guarded(control, control.allgather, sizes, torch.tensor([data.numel()]))
+        longest = int(sizes.max())
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:data.numel()] = data
+        gathered = torch.empty(self.size * longest, dtype=torch.uint8)
+        _guarded(control, control.allgather, gathered, padded)
+        return [pickle.loads(gathered[r * longest:r * longest + int(sizes[r])].numpy().tobytes())
+                for r in range(self.size)]
 
     # -- collectives -----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import platform
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 # Collectives may legitimately wait long (a slow rank writing a checkpoint); a dead peer is
 # detected by its closed connection, not by this timeout.
 _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+
+#: CPUs whose stores become visible to other cores in program order (x86's total store order).
+_STORES_IN_ORDER = ("x86_64", "amd64", "i386", "i686")
 
 _lock = threading.RLock()
 _generation = 0
@@ -204,6 +208,10 @@ def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
     places = [RankPlace(host=f"{p.host}/{p.machine}" if p.machine else f"rank{r}", pid=p.pid,
                         start_ticks=p.start_ticks) for r, p in enumerate(processes)]
     if env.knobs.shared_memory is False or len({p.host for p in places}) == len(places):
+        return gloo
+    if env.knobs.shared_memory is None and platform.machine().lower() not in _STORES_IN_ORDER:
+        # The segment's flags rely on stores becoming visible in program order (x86); elsewhere
+        # only when asked for (RINGTRAIN_SHM=1).
         return gloo
     return HierarchicalBackend(gloo, places, env.run_id,
                                hierarchical=env.knobs.hierarchical_allreduce is not False,
