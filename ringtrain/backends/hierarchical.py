@@ -250,9 +250,13 @@ class HierarchicalBackend:
 
     def broadcast_(self, tensor: torch.Tensor, root: int, ranks: tuple[int, ...]) -> None:
         comm = self._local(tensor, ranks)
-        if comm is None or not comm.whole or not tensor.is_contiguous():
+        if comm is None or not comm.whole:
             return self._gloo.broadcast_(tensor, root, ranks)
-        _guarded(comm.shm, comm.shm.broadcast_, tensor, comm.local.index(root))
+        # (the path may not depend on this rank's layout: every member must take the same one)
+        wire = tensor if tensor.is_contiguous() else tensor.contiguous()
+        _guarded(comm.shm, comm.shm.broadcast_, wire, comm.local.index(root))
+        if wire is not tensor:
+            tensor.copy_(wire)
 
     def alltoall(self, output: torch.Tensor, tensor: torch.Tensor, output_splits: Sequence[int],
                  input_splits: Sequence[int], ranks: tuple[int, ...]) -> None:

@@ -11,6 +11,10 @@ An allreduce step is a reduce-scatter then an all-gather through the segment:
 
 So every byte is copied in once and out once, each member reduces 1/n of the data, and the copies
 and reductions are torch's own kernels (multithreaded where the calling thread allows it).
+
+No member leaves a collective before every member has entered it (an empty tensor still takes a
+step, a broadcast's root waits for the others to arrive): the engine counts on a collective of
+all ranks meaning that all have read the round's bell (see ``Engine._forget_rounds``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class ShmGroup:
         seg, n, me = self.segment, self.n, self.me
         flat = tensor.view(-1)
         cap = seg.slot_elements(flat.dtype)
-        for start in range(0, flat.numel(), cap):
+        for start in _starts(flat.numel(), cap):
             chunk = flat[start:start + cap]
             m = chunk.numel()
             bounds = [k * m // n for k in range(n + 1)]
@@ -79,7 +83,7 @@ class ShmGroup:
         length = out.numel()
         assert flat.numel() == n * length, "reducescatter input must be n equal pieces"
         cap = max(seg.slot_elements(flat.dtype) // n, 1)
-        for start in range(0, length, cap):
+        for start in _starts(length, cap):
             m = min(cap, length - start)
             step, buf = seg.begin("reducescatter")
             slots = seg.slots(flat.dtype, buf)
@@ -103,7 +107,7 @@ class ShmGroup:
         assert out.numel() == n * length, "allgather output must hold n inputs"
         out[me * length:(me + 1) * length].copy_(flat)
         cap = seg.slot_elements(flat.dtype)
-        for start in range(0, length, cap):
+        for start in _starts(length, cap):
             m = min(cap, length - start)
             step, buf = seg.begin("allgather")
             slots = seg.slots(flat.dtype, buf)
@@ -120,13 +124,16 @@ class ShmGroup:
         seg, me = self.segment, self.me
         flat = tensor.view(-1)
         cap = seg.slot_elements(flat.dtype)
-        for start in range(0, flat.numel(), cap):
+        for start in _starts(flat.numel(), cap):
             m = min(cap, flat.numel() - start)
             step, buf = seg.begin("broadcast")
             source = seg.slots(flat.dtype, buf)[root]
             if me == root:
                 source[:m].copy_(flat[start:start + m])
+                seg.publish(step, 1)
+                seg.wait_all(3 * step + 1, "broadcast")  # every member has arrived
             else:
+                seg.publish(step, 1)
                 seg.wait_one(root, 3 * step + 1, "broadcast")
                 flat[start:start + m].copy_(source[:m])
             seg.publish(step, 3)
@@ -172,6 +179,11 @@ class ShmGroup:
                     out[dst[j] + a - src[j]:dst[j] + b - src[j]].copy_(
                         slots[j][a - start:b - start])
             seg.publish(step, 3)
+
+
+def _starts(length: int, cap: int) -> range:
+    """Where each step starts: at least one step, even for nothing to move."""
+    return range(0, max(length, 1), cap)
 
 
 def _reduce_into(out: torch.Tensor, own: torch.Tensor, others: list[torch.Tensor],

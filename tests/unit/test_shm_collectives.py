@@ -198,3 +198,24 @@ def test_attach_fails_when_the_creator_never_creates(tmp_path):
     members = [Member(0, os.getpid(), -1), Member(1, os.getpid(), -1)]
     with pytest.raises(SharedMemoryError, match="did not create the shared-memory segment"):
         Segment.attach(tmp_path / "never", members, 1, _SLOT, 10, setup_timeout_s=0.2)
+
+
+def test_no_member_leaves_before_every_member_arrived(tmp_path):
+    # The engine forgets a round's bell once a collective of every rank is done: a broadcast's
+    # root, or an empty tensor, must still wait for the others.
+    seg0, seg1 = _segments(tmp_path, 2)
+    g0, g1 = ShmGroup(seg0), ShmGroup(seg1)
+    done = threading.Event()
+
+    def root() -> None:
+        g0.broadcast_(torch.ones(3), 0)
+        g0.allreduce_(torch.empty(0), ReduceOp.SUM)
+        done.set()
+
+    thread = threading.Thread(target=root)
+    thread.start()
+    assert not done.wait(0.5)  # member 1 has not arrived
+    g1.broadcast_(torch.zeros(3), 0)
+    g1.allreduce_(torch.empty(0), ReduceOp.SUM)
+    thread.join(10)
+    assert done.is_set() and seg0.step == seg1.step
