@@ -1,6 +1,6 @@
 """Allreduce throughput: ringtrain against raw torch.distributed in the same run.
 
-    python benchmarks/allreduce.py [--np 2] [--small-only]
+    python benchmarks/allreduce.py [--np 2] [--small-only] [--no-shm] [--no-mpi]
 
 launches itself with `ringtrain run -np N` and prints one JSON line. First small messages (4 B,
 1 KiB, 4 KiB, 64 KiB, float32 Sum), where latency is everything: per size the median time of a
@@ -16,6 +16,13 @@ ringtrain), and against raw Gloo running the same fusion plan as ringtrain's eng
 collectives and buffer copies, no engine): what this machine can do with separate tensors at
 all. The ratios to the raw flat allreduce are medians of per-iteration ratios, with bootstrap 95%
 intervals.
+
+Ranks that share a host use ringtrain's shared-memory backend (``--no-shm``: Gloo, as
+``RINGTRAIN_SHM=0``); each size then also times that backend's allreduce alone, without the
+engine (``backend_s``). When mpi4py and an ``mpirun`` are installed (``pip install
+ringtrain[bench]``), the same sizes are then timed through Open MPI's ``Allreduce`` on as many
+ranks (its shared-memory transport on one host), right after, in the same run (``openmpi``;
+``--no-mpi`` skips it). ``goals`` compares the results with the shared-memory goals.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
-from launch import run_under_launcher
+from launch import launch_json
 from stats import bootstrap_median_ci
 
 SMALL_SIZES = [4, 1 << 10, 4 << 10, 64 << 10]
@@ -128,12 +137,17 @@ def worker(small_only: bool) -> None:
             }), flush=True)
         hvd.shutdown()
         return
+    from ringtrain.op_types import ReduceOp
+    from ringtrain.torch import runtime
+
+    backend = runtime.current().backend
+    world = tuple(range(n))
     results = []
     for nbytes in SIZES:
         numel = nbytes // 4
-        a, b = torch.ones(numel), torch.ones(numel)
-        raw_t, ours_t = [], []
-        dist.all_reduce(a, group=raw_group)  # warm-up both paths
+        a, b, c = torch.ones(numel), torch.ones(numel), torch.ones(numel)
+        raw_t, ours_t, backend_t = [], [], []
+        dist.all_reduce(a, group=raw_group)  # warm-up every path
         hvd.allreduce_(b, op=hvd.Sum, name=f"size.{nbytes}")
         for _ in range(_iterations(nbytes)):
             # _timed calls each lambda at once, in this iteration (B023 does not apply).
@@ -141,10 +155,13 @@ def worker(small_only: bool) -> None:
             raw_t.append(_timed(lambda: dist.all_reduce(a, group=raw_group)))  # noqa: B023
             dist.barrier(group=raw_group)
             ours_t.append(_timed(lambda: hvd.allreduce_(b, op=hvd.Sum, name=f"size.{nbytes}")))  # noqa: B023
+            # The engine is idle between synchronous calls: its backend is free to call here.
+            dist.barrier(group=raw_group)
+            backend_t.append(_timed(lambda: backend.start_allreduce(c, ReduceOp.SUM, world)()))  # noqa: B023
         raw, ours = statistics.median(raw_t), statistics.median(ours_t)
         results.append({
             "bytes": nbytes,
-            "raw_s": raw, "ringtrain_s": ours,
+            "raw_s": raw, "ringtrain_s": ours, "backend_s": statistics.median(backend_t),
             "raw_algbw_GBps": nbytes / raw / 1e9, "ringtrain_algbw_GBps": nbytes / ours / 1e9,
             "raw_busbw_GBps": nbytes / raw / 1e9 * 2 * (n - 1) / n,
             "ringtrain_busbw_GBps": nbytes / ours / 1e9 * 2 * (n - 1) / n,
@@ -182,6 +199,7 @@ def worker(small_only: bool) -> None:
     if hvd.rank() == 0:
         print(json.dumps({
             "benchmark": "allreduce", "world_size": n, "dtype": "float32", "op": "Sum",
+            "backend": type(backend).__name__,
             "small": small,
             "small_time_ratio_max": max(s["time_ratio"] for s in small),
             "sizes": results,
@@ -201,17 +219,111 @@ def worker(small_only: bool) -> None:
     hvd.shutdown()
 
 
+MPI_SIZES = [4 << 10, 64 << 10, 1 << 20, 64 << 20]
+
+
+def mpi_worker() -> None:
+    """Open MPI's Allreduce (float32 Sum, out of place) on the sizes of MPI_SIZES."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    out = {}
+    for nbytes in MPI_SIZES:
+        a = np.ones(nbytes // 4, dtype=np.float32)
+        b = np.empty_like(a)
+        comm.Allreduce(a, b, op=MPI.SUM)
+        times = []
+        for _ in range(_iterations(nbytes) if nbytes > 1 << 20 else SMALL_ITERATIONS):
+            comm.Barrier()
+            start = time.perf_counter()
+            comm.Allreduce(a, b, op=MPI.SUM)
+            times.append(time.perf_counter() - start)
+        out[str(nbytes)] = statistics.median(times)
+    if comm.rank == 0:
+        print(json.dumps(out), flush=True)
+
+
+def _openmpi(np_: int) -> dict | None:
+    """Open MPI's times by size, or None where mpi4py or mpirun is missing."""
+    mpirun = shutil.which("mpirun") or os.path.join(os.path.dirname(sys.executable), "mpirun")
+    try:
+        import mpi4py  # noqa: F401 - only whether it is installed
+    except ImportError:
+        return None
+    if not os.path.exists(mpirun):
+        return None
+    cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    done = subprocess.run([*cmd, sys.executable, os.path.abspath(__file__), "--mpi-worker"],
+                          capture_output=True, text=True, timeout=1800, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        sys.stderr.write(f"Open MPI peer failed ({done.returncode}):\n{done.stderr}\n")
+        return None
+    return {int(k): v for k, v in json.loads(lines[-1]).items()}
+
+
+def _goals(result: dict, mpi: dict | None) -> dict:
+    """Issue 24's goals, met or not."""
+    by_size = {r["bytes"]: r for r in result.get("sizes", [])}
+    small = {s["bytes"]: s for s in result["small"]}
+    goals: dict = {}
+    if 64 << 20 in by_size:
+        goals["64MiB_vs_gloo"] = {"ratio": by_size[64 << 20]["throughput_ratio"], "goal": 2.5}
+        if mpi and 64 << 20 in mpi:
+            goals["64MiB_vs_openmpi"] = {
+                "ratio": mpi[64 << 20] / by_size[64 << 20]["ringtrain_s"], "goal": 1.3}
+        goals["4KiB_to_1MiB_vs_gloo_min"] = {
+            "ratio": min(r["throughput_ratio"] for b, r in by_size.items() if b <= 1 << 20),
+            "goal": 2.0}
+        goals["resnet50_161_vs_one_flat"] = {
+            "ratio": result["resnet50_161_tensors"]["ratio_vs_ringtrain_flat"], "goal": 1.1,
+            "lower_is_better": True}
+    if 4 << 10 in small:
+        goals["lone_4KiB_vs_gloo_time"] = {"ratio": small[4 << 10]["time_ratio"], "goal": 1.0,
+                                           "lower_is_better": True}
+    for goal in goals.values():
+        low = goal.get("lower_is_better", False)
+        goal["met"] = goal["ratio"] <= goal["goal"] if low else goal["ratio"] >= goal["goal"]
+    return goals
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--small-only", action="store_true",
                         help="measure the small messages only (seconds instead of minutes)")
+    parser.add_argument("--no-shm", action="store_true",
+                        help="ringtrain on Gloo, not shared memory (RINGTRAIN_SHM=0)")
+    parser.add_argument("--no-mpi", action="store_true", help="skip the Open MPI peer")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.small_only)
         return 0
-    return run_under_launcher(__file__, args.np, ["--small-only"] if args.small_only else [])
+    if args.mpi_worker:
+        mpi_worker()
+        return 0
+    if args.no_shm:
+        os.environ["RINGTRAIN_SHM"] = "0"
+    try:
+        result = launch_json(__file__, args.np, ["--small-only"] if args.small_only else [])
+    except RuntimeError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    mpi = None if args.no_mpi or args.small_only else _openmpi(args.np)
+    if mpi is not None:
+        result["openmpi"] = {"sizes_s": {str(k): v for k, v in mpi.items()}}
+        for r in result.get("sizes", []):
+            if r["bytes"] in mpi:
+                r["openmpi_s"] = mpi[r["bytes"]]
+                r["ratio_vs_openmpi"] = mpi[r["bytes"]] / r["ringtrain_s"]
+    result["goals"] = _goals(result, mpi)
+    print(json.dumps(result))
+    return 0
 
 
 if __name__ == "__main__":

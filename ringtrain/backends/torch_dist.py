@@ -75,18 +75,7 @@ class TorchDistributedBackend:
 
     def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
                         ranks: tuple[int, ...]) -> Callable[[], None]:
-        wire = _widen(tensor)
-        if tensor.dtype is torch.bool:
-            op = _BOOL_OPS[op]
-        work = dist.all_reduce(wire, op=_DIST_OPS[op], group=self._group(tensor, ranks),
-                               async_op=True)
-
-        def wait() -> None:
-            work.wait()
-            if wire is not tensor:
-                tensor.copy_(wire)
-
-        return wait
+        return start_allreduce_on(self._group(tensor, ranks), tensor, op)
 
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
@@ -124,6 +113,27 @@ class TorchDistributedBackend:
         for ranks in list(self._groups):
             self.remove_set(ranks)
         dist.destroy_process_group(self._control)
+
+
+def start_allreduce_on(group: Any, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
+    """Start reducing ``tensor`` in place over a torch.distributed group; returns the wait.
+
+    Args:
+        group: the process group (every member calls this in the same order).
+        tensor: a contiguous tensor of any dtype the engine supports.
+        op: a plain reduction.
+    """
+    wire = _widen(tensor)
+    if tensor.dtype is torch.bool:
+        op = _BOOL_OPS[op]
+    work = dist.all_reduce(wire, op=_DIST_OPS[op], group=group, async_op=True)
+
+    def wait() -> None:
+        work.wait()
+        if wire is not tensor:
+            tensor.copy_(wire)
+
+    return wait
 
 
 def _widen(tensor: torch.Tensor) -> torch.Tensor:

@@ -47,3 +47,9 @@ class EngineConfig:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     threads_per_rank: int | None = None
     autotune: AutotuneConfig | None = None
+    #: Collectives between ranks of one host through shared memory: None = wherever two ranks
+    #: share a host, False = never (Gloo over loopback), True = the same as None, but asked for.
+    shared_memory: bool | None = None
+    #: Allreduce of sets spanning hosts: within each host, then across one leader per host
+    #: (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). None = whenever shared memory is used.
+    hierarchical_allreduce: bool | None = None

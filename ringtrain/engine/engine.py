@@ -622,7 +622,14 @@ class Engine:
             for request in local.values():
                 self.timeline.span(request.name, f"NEGOTIATE_{request.meta.op.value.upper()}",
                                    request.submitted_at, decided_at)
-        self._executor.run(decision.responses, local)
+        try:
+            self._executor.run(decision.responses, local)
+        except BaseException:
+            # The collective failed (a peer died): its requests are no longer pending, and must
+            # fail with the rest rather than leave their callers waiting.
+            with self._lock:
+                self._pending.update((n, r) for n, r in local.items() if not r.handle.done())
+            raise
         if decision.join_done is not None:
             self._complete_join(decision.join_done)
 

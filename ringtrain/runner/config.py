@@ -227,7 +227,17 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
     autotune = _autotune(values)
     if autotune is not None:
         changes["autotune"] = autotune
-    return replace(knobs, **changes)
+    if values["shm"] and values["no_shm"]:
+        raise ConfigError("--shm and --no-shm contradict each other; give one of them")
+    if values["shm"] or values["no_shm"]:
+        changes["shared_memory"] = bool(values["shm"])
+    if values["hierarchical_allreduce"] is not None:  # a config file may say false
+        changes["hierarchical_allreduce"] = values["hierarchical_allreduce"]
+    knobs = replace(knobs, **changes)
+    if knobs.shared_memory is False and knobs.hierarchical_allreduce:
+        raise ConfigError("--hierarchical-allreduce reduces within each host through shared "
+                          "memory, which --no-shm (RINGTRAIN_SHM=0) turns off; give one of them")
+    return knobs
 
 
 def _check_knobs(knobs: EngineConfig) -> None:

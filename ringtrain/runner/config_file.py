@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 # Horovod's sections: section -> {key in the section -> option dest}.
 _SECTIONS: dict[str, dict[str, str]] = {
     "params": {k: k for k in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
-                              "bucket_mb", "threads_per_rank")},
+                              "bucket_mb", "threads_per_rank", "hierarchical_allreduce")},
     "autotune": {"enabled": "autotune"} | {
         k: f"autotune_{k}" for k in ("log_file", "warmup_samples", "steps_per_sample",
                                      "bayes_opt_max_samples", "gaussian_process_noise")},
@@ -31,7 +31,7 @@ _SECTIONS: dict[str, dict[str, str]] = {
     "logging": {"level": "log_level"},
 }
 # Horovod settings that have no meaning here (MPI and hierarchical-collective options).
-_IGNORED = {"params": {"hierarchical_allreduce", "hierarchical_allgather"},
+_IGNORED = {"params": {"hierarchical_allgather"},
             "logging": {"hide_timestamp"}, "library_options": None}
 
 

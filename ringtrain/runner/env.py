@@ -38,6 +38,9 @@ ELASTIC_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
 # intra-op threads each rank sets at init().
 BUCKET_BYTES = "RINGTRAIN_BUCKET_BYTES"
 THREADS_PER_RANK = "RINGTRAIN_THREADS_PER_RANK"
+# Collectives within a host through shared memory (unset: wherever ranks share a host).
+SHM = "RINGTRAIN_SHM"
+HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 
 
 def store_prefix(run_id: str, generation: int) -> str:
@@ -74,6 +77,10 @@ def engine_environ(config: EngineConfig) -> dict[str, str]:
                         _fmt_float(tune.gaussian_process_noise)})
         if tune.log_file:
             env["HOROVOD_AUTOTUNE_LOG"] = tune.log_file
+    if config.shared_memory is not None:
+        env[SHM] = "1" if config.shared_memory else "0"
+    if config.hierarchical_allreduce is not None:
+        env[HIERARCHICAL_ALLREDUCE] = "1" if config.hierarchical_allreduce else "0"
     return env
 
 
@@ -94,10 +101,15 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
     """Read the engine's settings from Horovod's variables, defaulting what is unset.
 
     Raises:
-        ConfigError: a variable is set to something that is not a number or a boolean.
+        ConfigError: a variable is set to something that is not a number or a boolean, or
+            hierarchical allreduce is asked for with shared memory turned off.
     """
     r = _Reader(environ)
     default = EngineConfig()
+    shm, hierarchical = r.opt_bool(SHM), r.opt_bool(HIERARCHICAL_ALLREDUCE)
+    if shm is False and hierarchical:
+        raise ConfigError(f"{HIERARCHICAL_ALLREDUCE}=1 reduces within each host through shared "
+                          f"memory, which {SHM}=0 turns off; unset one of them")
     return EngineConfig(
         fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", default.fusion_threshold_bytes),
         cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", default.cycle_time_ms),
@@ -111,6 +123,8 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
         bucket_bytes=r.int(BUCKET_BYTES, default.bucket_bytes),
         threads_per_rank=r.opt_int(THREADS_PER_RANK),
         autotune=_read_autotune(r, environ),
+        shared_memory=shm,
+        hierarchical_allreduce=hierarchical,
     )
 
 
@@ -367,15 +381,19 @@ class _Reader:
         return self._parse(name, default, builtins.float, "a number")
 
     def bool(self, name: str, default: builtins.bool) -> builtins.bool:
-        def convert(raw: str) -> builtins.bool:
-            low = raw.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
+        return self._parse(name, default, _to_bool, "a boolean (1/0, true/false)")
 
-        return self._parse(name, default, convert, "a boolean (1/0, true/false)")
+    def opt_bool(self, name: str) -> builtins.bool | None:
+        return self._parse(name, None, _to_bool, "a boolean (1/0, true/false)")
+
+
+def _to_bool(raw: str) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 _REQUIRED = object()

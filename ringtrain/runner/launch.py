@@ -29,6 +29,7 @@ from ringtrain.runner.rendezvous import StoreServer, plan_network
 from ringtrain.runner.result import RunResult
 from ringtrain.runner.spawn import SpawnOptions
 from ringtrain.runner.task import DEFAULT_GRACE_S
+from ringtrain.shm_names import sweep
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,15 @@ def _launch(config: LaunchConfig, environ: dict[str, str], cwd: str, hostnames: 
             agent = ElasticAgent(RankPlanner(config, net, store.port, run_id, environ),
                                  config.elastic, config.num_proc, poller, store.store, run_id,
                                  options, sink, config.start_timeout_s, environ)
-        with _stop_signals_to(agent):
-            return agent.run()
+        try:
+            with _stop_signals_to(agent):
+                return agent.run()
+        finally:
+            # The ranks on this host have exited: whatever shared memory they set up and could
+            # not unlink (killed while setting it up) goes now. Remote hosts' ranks unlink theirs.
+            if net.local_hosts:
+                for path in sweep(run_id):
+                    log.info("run %s: removed the shared-memory segment %s", run_id, path)
 
 
 def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:

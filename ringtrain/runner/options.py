@@ -81,6 +81,15 @@ OPTIONS: tuple[Option, ...] = (
          help="response cache entries (default: 1024)"),
     _opt("--disable-cache", dest="disable_cache", group=_TUNE,
          help="turn the response cache off (--cache-capacity 0)"),
+    _opt("--shm", dest="shm", group=_TUNE,
+         help="collectives between ranks of one host through shared memory (the default "
+              "wherever two ranks share a host)"),
+    _opt("--no-shm", dest="no_shm", group=_TUNE,
+         help="collectives between ranks of one host through Gloo over loopback (as "
+              "RINGTRAIN_SHM=0)"),
+    _opt("--hierarchical-allreduce", dest="hierarchical_allreduce", group=_TUNE,
+         help="allreduce within each host first, then across one leader per host (the default "
+              "with shared memory)"),
     _opt("--timeline-filename", dest="timeline_filename", type=str, metavar="FILE",
          group=_TIMELINE, help="write a Chrome-trace timeline of the collectives to FILE"),
     _opt("--timeline-mark-cycles", dest="timeline_mark_cycles", group=_TIMELINE,

@@ -12,6 +12,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.backends.base import CollectiveBackend
+from ringtrain.backends.hierarchical import HierarchicalBackend, RankPlace
 from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 #: init() waits for its peers in slices this long, so that signal handlers run meanwhile.
 _ARRIVAL_SLICE_S = 0.25
+
+#: CPUs whose stores become visible to other cores in program order (x86's total store order).
+_STORES_IN_ORDER = ("x86_64", "amd64", "i386", "i686")
 
 _lock = threading.RLock()
 _generation = 0
@@ -90,8 +95,11 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             backend = TorchDistributedBackend(use_nccl=_nccl_usable())
             doorbell = _store_doorbell(env, prefix)
             processes = backend.control_allgather(PeerProcess.this(env.hostname))
+            backend = _cpu_backend(backend, env, processes)
         topology = _topology(env, rank, [p.host for p in processes])
-        engine = Engine(backend, env.knobs, doorbell, backend_name="GLOO", peers=processes)
+        shm = isinstance(backend, HierarchicalBackend) and backend.shares_memory
+        engine = Engine(backend, env.knobs, doorbell, backend_name="SHM" if shm else "GLOO",
+                        peers=processes)
         if env.knobs.threads_per_rank is not None:  # --threads-per-rank (or its autotuned best)
             torch.set_num_threads(env.knobs.threads_per_rank)
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,
@@ -227,6 +235,27 @@ def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> N
                 f"rank(s) {missing} did not call hvd.init() within {timeout_s:g} s of rank "
                 f"{rank} (the start timeout, --start-timeout or HOROVOD_START_TIMEOUT): they "
                 "failed or are still starting") from None
+
+
+def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
+                 processes: Sequence[PeerProcess]) -> CollectiveBackend:
+    """Shared memory between the ranks of each host (hierarchical across hosts), unless turned
+    off (``RINGTRAIN_SHM=0``) or no two ranks share a host."""
+    # Ranks share memory only on one running kernel in one pid namespace, under one host name
+    # (the nodes of a local job cluster are several hosts of one machine: kept apart, as they
+    # would be on real machines). Without /proc nothing can be told, and nothing is shared.
+    places = [RankPlace(host=f"{p.host}/{p.machine}" if p.machine else f"rank{r}", pid=p.pid,
+                        start_ticks=p.start_ticks) for r, p in enumerate(processes)]
+    if env.knobs.shared_memory is False or len({p.host for p in places}) == len(places):
+        return gloo
+    if env.knobs.shared_memory is None and platform.machine().lower() not in _STORES_IN_ORDER:
+        # The segment's flags rely on stores becoming visible in program order (x86); elsewhere
+        # only when asked for (RINGTRAIN_SHM=1).
+        return gloo
+    return HierarchicalBackend(gloo, places, env.run_id,
+                               hierarchical=env.knobs.hierarchical_allreduce is not False,
+                               timeout_s=_COLLECTIVE_TIMEOUT.total_seconds(),
+                               setup_timeout_s=env.start_timeout_s)
 
 
 def _store_doorbell(env: WorkerEnv, prefix: str) -> StoreDoorbell:

@@ -52,9 +52,14 @@ def _worker(rank: int, size: int, port: int, env: dict[str, str], conn) -> None:
 
 
 class World:
-    """``size`` worker processes with ringtrain initialised; ``run`` calls a function on all."""
+    """``size`` worker processes with ringtrain initialised; ``run`` calls a function on all.
 
-    def __init__(self, size: int, env: dict[str, str] | None = None, timeout: float = 120):
+    Every rank gets ``env``, then its own ``rank_env[rank]``, over this process's environment:
+    ``RINGTRAIN_SHM=0`` here runs every world on Gloo alone.
+    """
+
+    def __init__(self, size: int, env: dict[str, str] | None = None, timeout: float = 120,
+                 rank_env: list[dict[str, str]] | None = None):
         self.size = size
         ctx = mp.get_context("spawn")
         port = free_port()
@@ -62,7 +67,8 @@ class World:
         self._procs = []
         for rank in range(size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, size, port, env or {}, child),
+            mine = {**(env or {}), **(rank_env[rank] if rank_env else {})}
+            proc = ctx.Process(target=_worker, args=(rank, size, port, mine, child),
                                daemon=True)
             proc.start()
             self._conns.append(parent)

@@ -30,7 +30,7 @@ ROOT = Path(ringtrain.__file__).parent
 #: prefix covers the module of that name and everything below it).
 UNITS: dict[str, tuple[str, ...]] = {
     "leaf": ("ringtrain.__init__", "ringtrain.errors", "ringtrain.op_types",
-             "ringtrain.log_level", "ringtrain.proc_stat",
+             "ringtrain.log_level", "ringtrain.proc_stat", "ringtrain.shm_names",
              # threads per rank: the task wrapper's and a Ray node's rule alike
              "ringtrain.runner.threads"),
     "backends": ("ringtrain.backends",),

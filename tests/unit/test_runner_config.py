@@ -9,6 +9,7 @@ import pytest
 from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.runner.config import ElasticSpec, LaunchConfig, load_config
+from ringtrain.runner.env import engine_environ, read_engine_config
 from ringtrain.runner.hosts import HostInfo
 
 MIB = 1024 * 1024
@@ -130,8 +131,8 @@ def test_horovod_sectioned_yaml(tmp_path, caplog):
     assert config.knobs == EngineConfig(
         fusion_threshold_bytes=8 * MIB, cycle_time_ms=2.0, cache_capacity=10,
         timeline_filename="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
-        stall_warning_s=5.0, log_level="WARNING")
-    assert "hierarchical_allreduce: ignored" in caplog.text
+        stall_warning_s=5.0, log_level="WARNING", hierarchical_allreduce=False)
+    assert "ignored" not in caplog.text
 
 
 def test_autotune_flags_build_the_autotune_config():
@@ -254,3 +255,30 @@ def test_autotune_from_a_horovod_config_file(tmp_path):
     cfg.write_text("autotune:\n  enabled: true\n  log_file: t.csv\n  warmup_samples: 1\n")
     tune = load("-np", "1", "--config-file", str(cfg), "x").knobs.autotune
     assert tune == AutotuneConfig(log_file="t.csv", warmup_samples=1)
+
+
+def test_shared_memory_switches_reach_the_workers_environment():
+    assert load("-np", "2", "x").knobs.shared_memory is None  # wherever ranks share a host
+    off = load("-np", "2", "--no-shm", "x").knobs
+    assert off.shared_memory is False
+    assert engine_environ(off)["RINGTRAIN_SHM"] == "0"
+    assert load("-np", "2", "--shm", "x").knobs.shared_memory is True
+    assert load("-np", "2", "x", environ={"RINGTRAIN_SHM": "0"}).knobs.shared_memory is False
+    assert load("-np", "2", "--shm", "x", environ={"RINGTRAIN_SHM": "0"}).knobs.shared_memory
+    hier = load("-np", "2", "--hierarchical-allreduce", "x").knobs
+    assert engine_environ(hier)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert read_engine_config(engine_environ(hier)) == hier
+    assert "RINGTRAIN_SHM" not in engine_environ(EngineConfig())
+
+
+def test_contradictory_shared_memory_switches_are_refused():
+    with pytest.raises(ConfigError, match="--shm and --no-shm contradict each other"):
+        load("-np", "2", "--shm", "--no-shm", "x")
+    with pytest.raises(ConfigError, match="--hierarchical-allreduce reduces within each host "
+                                          "through shared memory, which --no-shm"):
+        load("-np", "2", "--no-shm", "--hierarchical-allreduce", "x")
+    with pytest.raises(ConfigError, match="HOROVOD_HIERARCHICAL_ALLREDUCE=1 reduces within each "
+                                          "host through shared memory, which RINGTRAIN_SHM=0"):
+        read_engine_config({"RINGTRAIN_SHM": "0", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    with pytest.raises(ConfigError, match=r"RINGTRAIN_SHM='maybe' is not a boolean"):
+        read_engine_config({"RINGTRAIN_SHM": "maybe"})

@@ -1,0 +1,295 @@
+"""Shared memory within a host, Gloo across hosts: the CPU backend when ranks share a machine.
+
+For each process set, the members on one host (the same host name on the same running kernel)
+share a segment (see :mod:`ringtrain.backends.shm`). A set that lies on one host runs every
+collective through it. A set spread over hosts allreduces hierarchically, as Horovod's
+``HOROVOD_HIERARCHICAL_ALLREDUCE``: within each host through shared memory, across hosts between
+one leader per host (the lowest rank there) on Gloo, then from each leader to its host; its other
+collectives, and every CUDA tensor, go through the wrapped :class:`TorchDistributedBackend` as
+before.
+
+Segments are named after the launch and a token drawn at construction, and unlinked as soon as
+every member has mapped them (see :mod:`ringtrain.shm_names`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.backends.shm import ShmGroup
+from ringtrain.backends.shm_segment import Member, Segment, check_space, segment_bytes
+from ringtrain.backends.torch_dist import TorchDistributedBackend, start_allreduce_on
+from ringtrain.op_types import ReduceOp
+from ringtrain.shm_names import SHM_DIR, segment_path
+
+#: Bytes per member per buffer: big enough that per-step synchronisation is noise next to the
+#: copies, small enough to stay in the last-level cache of a typical server with a few ranks.
+DEFAULT_SLOT_BYTES = 1 << 20
+#: The control segment's slots: negotiation's counts and pickled metas are small.
+CONTROL_SLOT_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank runs, as this backend groups ranks.
+
+    Attributes:
+        host: ranks with equal ``host`` share memory (a host name with the machine's boot id,
+            say); each rank that must not share any gets a unique one.
+        pid: its process id (its peers check that it lives while they wait for it).
+        start_ticks: its start time in clock ticks since boot (-1: unknown).
+    """
+
+    host: str
+    pid: int
+    start_ticks: int
+
+
+@dataclass
+class _SetComm:
+    local: tuple[int, ...]  # the set's members on this rank's host, in rank order
+    shm: ShmGroup | None  # None: this rank alone on its host in the set
+    whole: bool  # every member of the set is on this host
+    cross: Any  # the Gloo group of the hosts' leaders (hierarchical allreduce), or None
+    leader: bool
+
+
+class HierarchicalBackend:
+    """The :class:`~ringtrain.backends.base.CollectiveBackend` of CPU ranks that share hosts.
+
+    Construct it on every rank right after the wrapped backend, before anything else runs
+    collectives (it agrees on a token over the control channel).
+
+    Args:
+        gloo: the torch.distributed backend (control channel, cross-host traffic, CUDA).
+        places: every rank's place, by rank.
+        run_id: the launch's id (segments are named after it, for the launcher's sweep).
+        hierarchical: allreduce sets that span hosts hierarchically (otherwise flat on Gloo).
+        slot_bytes: bytes per member per buffer of each segment (a multiple of 64; default
+            :data:`DEFAULT_SLOT_BYTES`).
+        timeout_s: how long a collective waits for a live peer before failing.
+        setup_timeout_s: how long a rank waits for its host's first rank to create a segment.
+        directory: where segments are created.
+
+    Raises:
+        SharedMemorySpaceError: ``directory`` cannot hold this rank's world segment.
+    """
+
+    def __init__(self, gloo: TorchDistributedBackend, places: Sequence[RankPlace], run_id: str,
+                 hierarchical: bool = True, slot_bytes: int | None = None,
+                 timeout_s: float = 7200.0, setup_timeout_s: float = 30.0,
+                 directory: Path = SHM_DIR):
+        slot_bytes = DEFAULT_SLOT_BYTES if slot_bytes is None else slot_bytes
+        if slot_bytes <= 0 or slot_bytes % 64:
+            raise ValueError(f"slot_bytes={slot_bytes} must be a positive multiple of 64")
+        self.rank = gloo.rank
+        self.size = gloo.size
+        self._gloo = gloo
+        self._places = tuple(places)
+        self._run_id = run_id
+        self._hierarchical = hierarchical
+        self._slot_bytes = slot_bytes
+        self._timeout_s = timeout_s
+        self._setup_timeout_s = setup_timeout_s
+        self._directory = directory
+        # Every rank checks the space (all of a host see the same /dev/shm), so a host's ranks
+        # all fail init() with the same message instead of waiting for a segment never made.
+        mates = sum(p.host == self._places[self.rank].host for p in self._places)
+        if mates > 1:
+            check_space(directory, segment_bytes(mates, slot_bytes))
+        self._token = gloo.control_allgather(secrets.token_hex(4))[0]
+        self._added = 0
+        self._sets: dict[tuple[int, ...], _SetComm] = {}
+        world = tuple(range(self.size))
+        # With every rank on this host, negotiation goes through a segment of its own too (only
+        # the engine thread calls the control channel, in the same order on every rank).
+        self._control: ShmGroup | None = None
+        if len({p.host for p in self._places}) == 1:
+            self._control = ShmGroup(self._map_segment(world, "control", CONTROL_SLOT_BYTES))
+        self._add_shm(world)
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether any of this rank's sets moves data through shared memory."""
+        return any(s.shm is not None for s in self._sets.values())
+
+    # -- sets ------------------------------------------------------------------------------------
+
+    def add_set(self, ranks: tuple[int, ...]) -> None:
+        self._gloo.add_set(ranks)
+        self._add_shm(ranks)
+
+    def _add_shm(self, ranks: tuple[int, ...]) -> None:
+        """Map this rank's segment of the set (collective over the whole world)."""
+        self._added += 1
+        hosts: dict[str, list[int]] = {}
+        for r in ranks:
+            hosts.setdefault(self._places[r].host, []).append(r)
+        leaders = [members[0] for members in hosts.values()]
+        cross = None
+        if len(hosts) > 1 and self._hierarchical:
+            cross = dist.new_group(leaders, backend="gloo")  # every rank of the world calls it
+        if self.rank not in ranks:
+            return
+        local = tuple(hosts[self._places[self.rank].host])
+        shm = None
+        if len(local) > 1:
+            shm = ShmGroup(self._map_segment(local, f"s{self._added}-r{local[0]}"))
+        self._sets[ranks] = _SetComm(local=local, shm=shm, whole=len(hosts) == 1,
+                                     cross=cross if self.rank in leaders else None,
+                                     leader=self.rank in leaders)
+
+    def _map_segment(self, local: tuple[int, ...], key: str,
+                     slot_bytes: int | None = None) -> Segment:
+        members = [Member(r, self._places[r].pid, self._places[r].start_ticks) for r in local]
+        path = segment_path(self._run_id, self._token, key, self._directory)
+        me = local.index(self.rank)
+        slot_bytes = slot_bytes or self._slot_bytes
+        if me == 0:
+            segment = Segment.create(path, members, slot_bytes, self._timeout_s)
+        else:
+            segment = Segment.attach(path, members, me, slot_bytes, self._timeout_s,
+                                     self._setup_timeout_s)
+        segment.mark_attached()
+        if me == 0:
+            try:
+                segment.wait_attached()
+            finally:
+                segment.unlink()  # mapped everywhere (or never will be): no file to leak
+        return segment
+
+    def remove_set(self, ranks: tuple[int, ...]) -> None:
+        comm = self._sets.pop(ranks, None)
+        if comm is not None:
+            if comm.shm is not None:
+                comm.shm.close()
+            if comm.cross is not None:
+                dist.destroy_process_group(comm.cross)
+        self._gloo.remove_set(ranks)
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        for ranks in list(self._sets):
+            comm = self._sets.pop(ranks)
+            if comm.shm is not None:
+                comm.shm.close()
+            if comm.cross is not None:
+                dist.destroy_process_group(comm.cross)
+        self._gloo.close()
+
+    # -- the control channel ---------------------------------------------------------------------
+
+    def control_allreduce(self, counts: torch.Tensor) -> None:
+        if self._control is None:
+            return self._gloo.control_allreduce(counts)
+        _guarded(self._control, self._control.allreduce_, counts, ReduceOp.SUM)
+
+    def control_allgather(self, obj: Any) -> list[Any]:
+        control = self._control
+        if control is None:
+            return self._gloo.control_allgather(obj)
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = torch.empty(self.size, dtype=torch.int64)
+        _guarded(control, control.allgather, sizes, torch.tensor([data.numel()]))
+        longest = int(sizes.max())
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:data.numel()] = data
+        gathered = torch.empty(self.size * longest, dtype=torch.uint8)
+        _guarded(control, control.allgather, gathered, padded)
+        return [pickle.loads(gathered[r * longest:r * longest + int(sizes[r])].numpy().tobytes())
+                for r in range(self.size)]
+
+    # -- collectives -----------------------------------------------------------------------------
+
+    def _local(self, tensor: torch.Tensor, ranks: tuple[int, ...]
+               ) -> tuple[_SetComm, ShmGroup] | None:
+        """The set's communicators and segment if this collective can use shared memory on
+        the whole set."""
+        comm = self._sets.get(ranks)
+        if comm is None or comm.shm is None or tensor.is_cuda or not comm.whole:
+            return None
+        return comm, comm.shm
+
+    def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
+                        ranks: tuple[int, ...]) -> Callable[[], None]:
+        comm = self._sets.get(ranks)
+        if comm is None or tensor.is_cuda or (comm.whole and comm.shm is None):
+            return self._gloo.start_allreduce(tensor, op, ranks)
+        shm = comm.shm
+        if comm.whole:
+            assert shm is not None  # a whole set without a segment went to Gloo above
+            _guarded(shm, shm.allreduce_, tensor, op)
+            return _done
+        if not self._hierarchical:  # flat on Gloo across hosts
+            return self._gloo.start_allreduce(tensor, op, ranks)
+        # Across hosts: each host's sum on shared memory, the leaders' on Gloo, handed out.
+        if shm is not None:
+            _guarded(shm, shm.allreduce_, tensor, op)
+        cross_wait = start_allreduce_on(comm.cross, tensor, op) if comm.leader else _done
+
+        def wait() -> None:
+            cross_wait()
+            if shm is not None:
+                _guarded(shm, shm.broadcast_, tensor, 0)
+
+        return wait
+
+    def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
+                  ranks: tuple[int, ...]) -> None:
+        local = self._local(tensor, ranks)
+        if local is None:
+            return self._gloo.allgather(output, tensor, ranks)
+        shm = local[1]
+        _guarded(shm, shm.allgather, output, tensor)
+
+    def broadcast_(self, tensor: torch.Tensor, root: int, ranks: tuple[int, ...]) -> None:
+        local = self._local(tensor, ranks)
+        if local is None:
+            return self._gloo.broadcast_(tensor, root, ranks)
+        comm, shm = local
+        # (the path may not depend on this rank's layout: every member must take the same one)
+        wire = tensor if tensor.is_contiguous() else tensor.contiguous()
+        _guarded(shm, shm.broadcast_, wire, comm.local.index(root))
+        if wire is not tensor:
+            tensor.copy_(wire)
+
+    def alltoall(self, output: torch.Tensor, tensor: torch.Tensor, output_splits: Sequence[int],
+                 input_splits: Sequence[int], ranks: tuple[int, ...]) -> None:
+        local = self._local(tensor, ranks)
+        if local is None:
+            return self._gloo.alltoall(output, tensor, output_splits, input_splits, ranks)
+        shm = local[1]
+        _guarded(shm, shm.alltoall, output, tensor.contiguous(), output_splits, input_splits)
+
+    def reducescatter(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp,
+                      ranks: tuple[int, ...]) -> None:
+        local = self._local(tensor, ranks)
+        if local is None:
+            return self._gloo.reducescatter(output, tensor, op, ranks)
+        shm = local[1]
+        _guarded(shm, shm.reducescatter, output, tensor, op)
+
+
+def _guarded(shm: ShmGroup | None, call: Callable[..., None], *args: Any) -> None:
+    """Run a shared-memory collective; if it fails here, tell the peers so they fail too
+    instead of waiting for this rank."""
+    assert shm is not None
+    try:
+        call(*args)
+    except BaseException:
+        shm.segment.abort()
+        raise
+
+
+def _done() -> None:
+    pass

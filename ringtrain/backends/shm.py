@@ -1,0 +1,221 @@
+"""Collectives among the ranks of one host through a shared-memory segment.
+
+Every operation goes in steps of at most one slot per member (see
+:mod:`ringtrain.backends.shm_segment`), so a segment of a few MiB carries tensors of any size.
+An allreduce step is a reduce-scatter then an all-gather through the segment:
+
+1. each member copies its chunk into its slot, all but the piece it reduces itself;
+2. each member reduces its own piece: its own data with the others' slots (fp16 and bf16 in
+   fp32), in place, and leaves the result in its slot;
+3. each member copies the other members' reduced pieces out of their slots.
+
+So every byte is copied in once and out once, each member reduces 1/n of the data, and the copies
+and reductions are torch's own kernels (multithreaded where the calling thread allows it).
+
+No member leaves a collective before every member has entered it (an empty tensor still takes a
+step, a broadcast's root waits for the others to arrive): the engine counts on a collective of
+all ranks meaning that all have read the round's bell (see ``Engine._forget_rounds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ringtrain.backends.shm_segment import Segment
+from ringtrain.op_types import ReduceOp
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class ShmGroup:
+    """The collectives of one segment's members, called in the same order by each.
+
+    Args:
+        segment: the mapped segment, as this member sees it.
+    """
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        self.n = segment.n
+        self.me = segment.me
+
+    def close(self, aborted: bool = False) -> None:
+        self.segment.close(aborted)
+
+    # -- allreduce and reducescatter -------------------------------------------------------------
+
+    def allreduce_(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """Reduce a contiguous tensor over the members, in place."""
+        seg, n, me = self.segment, self.n, self.me
+        flat = tensor.view(-1)
+        cap = seg.slot_elements(flat.dtype)
+        for start in _starts(flat.numel(), cap):
+            chunk = flat[start:start + cap]
+            m = chunk.numel()
+            bounds = [k * m // n for k in range(n + 1)]
+            lo, hi = bounds[me], bounds[me + 1]
+            step, buf = seg.begin("allreduce")
+            slots = seg.slots(flat.dtype, buf)
+            mine = slots[me]
+            if lo:
+                mine[:lo].copy_(chunk[:lo])
+            if hi < m:
+                mine[hi:m].copy_(chunk[hi:])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "allreduce")
+            _reduce_into(chunk[lo:hi], chunk[lo:hi],
+                         [slots[j][lo:hi] for j in range(n) if j != me], op)
+            mine[lo:hi].copy_(chunk[lo:hi])
+            seg.publish(step, 2)
+            seg.wait_all(3 * step + 2, "allreduce")
+            for j in range(n):
+                if j != me and bounds[j + 1] > bounds[j]:
+                    chunk[bounds[j]:bounds[j + 1]].copy_(slots[j][bounds[j]:bounds[j + 1]])
+            seg.publish(step, 3)
+
+    def reducescatter(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
+        """Reduce ``tensor`` (n equal pieces) over the members; member i gets piece i."""
+        seg, n, me = self.segment, self.n, self.me
+        flat = tensor.reshape(-1)
+        out = output.view(-1)
+        length = out.numel()
+        assert flat.numel() == n * length, "reducescatter input must be n equal pieces"
+        cap = max(seg.slot_elements(flat.dtype) // n, 1)
+        for start in _starts(length, cap):
+            m = min(cap, length - start)
+            step, buf = seg.begin("reducescatter")
+            slots = seg.slots(flat.dtype, buf)
+            for k in range(n):
+                if k != me:
+                    slots[me][k * m:(k + 1) * m].copy_(flat[k * length + start:][:m])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "reducescatter")
+            _reduce_into(out[start:start + m], flat[me * length + start:][:m],
+                         [slots[j][me * m:(me + 1) * m] for j in range(n) if j != me], op)
+            seg.publish(step, 3)
+
+    # -- data movement ---------------------------------------------------------------------------
+
+    def allgather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Gather equal-sized tensors: member j's lands at ``output[j]`` (flattened)."""
+        seg, n, me = self.segment, self.n, self.me
+        flat = tensor.reshape(-1)
+        out = output.view(-1)
+        length = flat.numel()
+        assert out.numel() == n * length, "allgather output must hold n inputs"
+        out[me * length:(me + 1) * length].copy_(flat)
+        cap = seg.slot_elements(flat.dtype)
+        for start in _starts(length, cap):
+            m = min(cap, length - start)
+            step, buf = seg.begin("allgather")
+            slots = seg.slots(flat.dtype, buf)
+            slots[me][:m].copy_(flat[start:start + m])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "allgather")
+            for j in range(n):
+                if j != me:
+                    out[j * length + start:][:m].copy_(slots[j][:m])
+            seg.publish(step, 3)
+
+    def broadcast_(self, tensor: torch.Tensor, root: int) -> None:
+        """Copy member ``root``'s contiguous tensor to every member, in place."""
+        seg, me = self.segment, self.me
+        flat = tensor.view(-1)
+        cap = seg.slot_elements(flat.dtype)
+        for start in _starts(flat.numel(), cap):
+            m = min(cap, flat.numel() - start)
+            step, buf = seg.begin("broadcast")
+            source = seg.slots(flat.dtype, buf)[root]
+            if me == root:
+                source[:m].copy_(flat[start:start + m])
+                seg.publish(step, 1)
+                seg.wait_all(3 * step + 1, "broadcast")  # every member has arrived
+            else:
+                seg.publish(step, 1)
+                seg.wait_one(root, 3 * step + 1, "broadcast")
+                flat[start:start + m].copy_(source[:m])
+            seg.publish(step, 3)
+
+    def alltoall(self, output: torch.Tensor, tensor: torch.Tensor, output_splits: Sequence[int],
+                 input_splits: Sequence[int]) -> None:
+        """Send rows ``input_splits[k]`` of ``tensor`` to member k; receive
+        ``output_splits[j]`` rows from member j into ``output``, in member order."""
+        seg, n, me = self.segment, self.n, self.me
+        flat = tensor.reshape(-1)
+        out = output.view(-1)
+        row = 1
+        for d in tensor.shape[1:]:
+            row *= d
+        # Everyone's row counts, so that each member knows where its rows lie in the others'
+        # slots.
+        step, buf = seg.begin("alltoall")
+        seg.splits[buf, me, :] = list(input_splits)
+        seg.publish(step, 1)
+        seg.wait_all(3 * step + 1, "alltoall")
+        sends = seg.splits[buf].tolist()
+        seg.publish(step, 3)
+        # Member j's rows for me start at its offset, and go at my output offset for j.
+        src = [sum(sends[j][:me]) * row for j in range(n)]
+        dst = [sum(output_splits[:j]) * row for j in range(n)]
+        count = [sends[j][me] * row for j in range(n)]
+        mine = flat[src[me]:src[me] + count[me]]
+        out[dst[me]:dst[me] + count[me]].copy_(mine)
+        cap = seg.slot_elements(flat.dtype)
+        total = max(sum(s) * row for s in sends)
+        for start in range(0, total, cap):
+            end = start + cap
+            step, buf = seg.begin("alltoall")
+            slots = seg.slots(flat.dtype, buf)
+            m = max(min(end, flat.numel()) - start, 0)
+            if m:
+                slots[me][:m].copy_(flat[start:start + m])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "alltoall")
+            for j in range(n):
+                a, b = max(src[j], start), min(src[j] + count[j], end)
+                if j != me and a < b:
+                    out[dst[j] + a - src[j]:dst[j] + b - src[j]].copy_(
+                        slots[j][a - start:b - start])
+            seg.publish(step, 3)
+
+
+def _starts(length: int, cap: int) -> range:
+    """Where each step starts: at least one step, even for nothing to move."""
+    return range(0, max(length, 1), cap)
+
+
+def _reduce_into(out: torch.Tensor, own: torch.Tensor, others: list[torch.Tensor],
+                 op: ReduceOp) -> None:
+    """``out = own op others[0] op ...``; ``out`` may be ``own``. fp16/bf16 add up in fp32."""
+    if out.numel() == 0:
+        return
+    if own.dtype in _HALF and others:
+        acc = own.float()
+        for other in others:
+            _combine_(acc, other.float(), op)
+        out.copy_(acc)
+        return
+    if out.data_ptr() != own.data_ptr():
+        out.copy_(own)
+    for other in others:
+        _combine_(out, other, op)
+
+
+def _combine_(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp) -> None:
+    if acc.dtype is torch.bool:
+        if op in (ReduceOp.SUM, ReduceOp.MAX):
+            acc.logical_or_(other)
+        else:
+            acc.logical_and_(other)
+    elif op is ReduceOp.SUM:
+        acc.add_(other)
+    elif op is ReduceOp.PRODUCT:
+        acc.mul_(other)
+    elif op is ReduceOp.MIN:
+        torch.minimum(acc, other, out=acc)
+    elif op is ReduceOp.MAX:
+        torch.maximum(acc, other, out=acc)
+    else:
+        raise ValueError(f"shared-memory collectives cannot reduce with {op}")

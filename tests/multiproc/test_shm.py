@@ -1,0 +1,196 @@
+"""Shared memory between the ranks of a host: which backend a world gets, hierarchical allreduce
+across (simulated) hosts, and no hang and no leak when ranks are killed with SIGKILL.
+
+Each rank of a `World` is its own process, so the segments, the kills and the sweep are real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+from ringtrain.backends.shm_segment import Segment
+from ringtrain.shm_names import SHM_DIR
+from ringtrain.torch import runtime
+from tests.multiproc.world import World
+
+_REPO = Path(__file__).resolve().parents[2]
+_KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
+          "reducescatter")
+
+
+def _backend_name() -> str:
+    return type(runtime.current().backend).__name__
+
+
+def test_the_backend_follows_the_switch(world2):
+    # The suite runs with shared memory unless RINGTRAIN_SHM=0 is exported: see that it does.
+    expected = ("TorchDistributedBackend" if os.environ.get("RINGTRAIN_SHM") == "0"
+                else "HierarchicalBackend")
+    assert world2.run(_backend_name) == [expected] * 2
+
+
+def test_no_shm_switch_gives_gloo_and_the_same_results():
+    world = World(2, env={"RINGTRAIN_SHM": "0"})
+    try:
+        assert world.run(_backend_name) == ["TorchDistributedBackend"] * 2
+        assert world.run(_reductions) == [_expected_reductions(2)] * 2
+    finally:
+        world.close()
+
+
+def _reductions() -> dict:
+    r, out = hvd.rank(), {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16,
+                  torch.bool):
+        for name, op in (("sum", hvd.Sum), ("min", hvd.Min), ("max", hvd.Max),
+                         ("product", hvd.Product)):
+            x = (torch.arange(6) % 3 == r) if dtype is torch.bool else (
+                torch.arange(6) + r + 1).to(dtype)
+            out[f"{dtype}.{name}"] = hvd.allreduce(x, op=op, name=f"red.{dtype}.{name}").tolist()
+    out["avg"] = hvd.allreduce(torch.full((3,), float(r)), name="red.avg").tolist()
+    out["gather"] = hvd.allgather(torch.full((r + 1, 2), r), name="red.gather").tolist()
+    out["bcast"] = hvd.broadcast(torch.full((4,), float(r)), root_rank=hvd.size() - 1,
+                                 name="red.bcast").tolist()
+    return out
+
+
+def _expected_reductions(n: int) -> dict:
+    out = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16,
+                  torch.bool):
+        xs = [(torch.arange(6) % 3 == r) if dtype is torch.bool else (
+            torch.arange(6) + r + 1).to(dtype) for r in range(n)]
+        for name, fn in (("sum", torch.add), ("min", torch.minimum), ("max", torch.maximum),
+                         ("product", torch.mul)):
+            acc = xs[0]
+            for x in xs[1:]:
+                if dtype is torch.bool:
+                    acc = acc | x if name in ("sum", "max") else acc & x
+                else:
+                    acc = fn(acc, x)
+            out[f"{dtype}.{name}"] = acc.tolist()
+    out["avg"] = [sum(range(n)) / n] * 3
+    out["gather"] = [[r, r] for r in range(n) for _ in range(r + 1)]
+    out["bcast"] = [float(n - 1)] * 4
+    return out
+
+
+@pytest.mark.parametrize("hierarchical", ["1", "0"])
+def test_ranks_on_two_hosts_allreduce_within_each_then_across(hierarchical):
+    if hierarchical == "1" and os.environ.get("RINGTRAIN_SHM") == "0":
+        pytest.skip("hierarchical allreduce needs shared memory")
+    # hosts a, a, b: ranks 0 and 1 share memory; rank 2 is alone on its host, a leader
+    world = World(3, env={"HOROVOD_HIERARCHICAL_ALLREDUCE": hierarchical},
+                  rank_env=[{"HOROVOD_HOSTNAME": h} for h in ("hosta", "hosta", "hostb")])
+    try:
+        if os.environ.get("RINGTRAIN_SHM") != "0":
+            assert world.run(_backend_name) == ["HierarchicalBackend"] * 3
+        assert world.run(_reductions) == [_expected_reductions(3)] * 3
+    finally:
+        world.close()
+
+
+def _die_in_the_middle(kind: str) -> str:
+    """Rank 1 SIGKILLs itself inside the shared-memory collective, just before it would tell
+    the others it has copied its data in; rank 0 reports what its operation raised."""
+    n = hvd.size()
+    if hvd.rank() == 1:
+        def publish(self, step, phase):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        Segment.publish = publish
+    start = {
+        "allreduce": lambda: hvd.allreduce_async(torch.ones(1000), name=kind),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce_async(
+            [torch.ones(10), torch.ones(3)], name=kind),
+        "allgather": lambda: hvd.allgather_async(torch.ones(4, 2), name=kind),
+        # the root writes; the others only read: the root must be the one that dies
+        "broadcast": lambda: hvd.broadcast_async(torch.ones(8), root_rank=1, name=kind),
+        "alltoall": lambda: hvd.alltoall_async(torch.ones(2 * n), name=kind),
+        "reducescatter": lambda: hvd.reducescatter_async(torch.ones(4 * n), name=kind),
+    }[kind]
+    started = time.monotonic()
+    try:
+        hvd.synchronize(start())
+        outcome = "no error"
+    except RuntimeError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+def _token() -> str:
+    return runtime.current().backend._token
+
+
+def _files(token: str) -> list[str]:
+    return [name for name in os.listdir(SHM_DIR) if f"-{token}-" in name]
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_rank_killed_inside_a_shared_memory_collective_fails_its_peer(kind):
+    world = World(2)
+    try:
+        token = world.run(_token)[0]
+        assert _files(token) == []  # unlinked once every rank mapped it
+        world.send(_die_in_the_middle, kind)
+        status, survivor = world.receive(0, timeout=60)
+        assert world.receive(1, timeout=10) == ("err", "the process exited")
+    finally:
+        world.close()
+    assert _files(token) == []
+    assert status == "ok", survivor
+    seconds, outcome = survivor.split(" s: ", 1)
+    assert float(seconds) < 5.0, survivor
+    assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
+                              "rank 1 (host "), outcome
+    assert " died (its process is gone: it exited or was killed): " in outcome, outcome
+
+
+_KILL_ALL = textwrap.dedent("""
+    import os, signal, sys
+    from ringtrain.backends import shm_segment
+    import ringtrain.torch as hvd
+
+    # Both ranks die with SIGKILL while the segment exists: the first rank of the host right
+    # after creating it, the other before mapping it. Nobody unlinks it.
+    create, attach = shm_segment.Segment.create, shm_segment.Segment.attach
+
+    def created(*args, **kwargs):
+        segment = create(*args, **kwargs)
+        print("SEGMENT", segment.path, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def attached(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    shm_segment.Segment.create = classmethod(lambda cls, *a, **k: created(*a, **k))
+    shm_segment.Segment.attach = classmethod(lambda cls, *a, **k: attached(*a, **k))
+    hvd.init()
+""")
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_the_launcher_sweeps_the_segments_of_ranks_all_killed(tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text(_KILL_ALL)
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "ringtrain.cli", "run", "-np", "2", sys.executable,
+                           str(script)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode != 0
+    paths = [line.split("SEGMENT ", 1)[1].strip() for line in done.stdout.splitlines()
+             if "SEGMENT " in line]
+    assert len(paths) == 1, done.stdout + done.stderr
+    assert paths[0].startswith(str(SHM_DIR / "ringtrain-"))
+    assert not Path(paths[0]).exists()
