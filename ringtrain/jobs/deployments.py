@@ -68,7 +68,7 @@ class Deployments:
             raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
         source = self.service.get_job(job_id)
         try:
-            outputs = self.service.list_files(job_id, "outputs")
+            outputs = list(self.service.iter_files(job_id, "outputs"))
         except NotFoundError:  # a job without outputs
             outputs = []
         folder = servable_model(source, outputs)

@@ -6,14 +6,15 @@ job's completion; the store still checks each transition on its own.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from ringtrain.jobs.archive import tar_stream
 from ringtrain.jobs.errors import (
     ConflictError,
     InvalidRequestError,
@@ -24,8 +25,23 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.executors.base import Executor
-from ringtrain.jobs.models import AllocationState, ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.models import (
+    AllocationState,
+    ClusterInfo,
+    ClusterSpec,
+    FileInfo,
+    JobInfo,
+    JobSpec,
+    JobState,
+)
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.paging import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    FilePage,
+    check_range,
+    take_page,
+)
 from ringtrain.jobs.ray.agent import ensure_agents
 from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_head
 from ringtrain.jobs.scheduler import Scheduler
@@ -39,6 +55,8 @@ LOG_STREAMS = ("stdout", "stderr")
 #: The most bytes one argument or environment entry of exec(2) may hold on Linux
 #: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
 MAX_ARG_BYTES = 131_071
+#: The largest rank a log is asked for (more processes than any job can have).
+MAX_RANK = 2**31 - 1
 
 
 class JobService:
@@ -285,10 +303,39 @@ class JobService:
             self.store.remove_job(job_id)
         self.share.remove_job_dir(job_id)
 
-    def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
-        """Files under ``path`` of a job's folder. Raises InvalidRequestError for escaping paths."""
+    def list_files(self, job_id: str, path: str = "", limit: int = DEFAULT_PAGE,
+                   cursor: str | None = None) -> FilePage:
+        """One page of the files under ``path`` of a job's folder (see :mod:`ringtrain.jobs.paging`).
+
+        Raises:
+            NotFoundError: no such job, or nothing at the path.
+            InvalidRequestError: the path or cursor is malformed or leads outside the job's
+                folder, or ``limit`` is outside 1..MAX_PAGE.
+        """
+        check_range("limit", limit, 1, MAX_PAGE, "ask for the next page with cursor=")
         self.store.get_job(job_id)
-        return self.share.list_files(job_id, path)
+        return take_page(self.share.iter_files(job_id, path, cursor, limit + 1), limit)
+
+    def iter_files(self, job_id: str, path: str = "") -> Iterator[FileInfo]:
+        """Every file under ``path`` of a job's folder, walked lazily (see :meth:`Share.iter_files`)."""
+        self.store.get_job(job_id)
+        return self.share.iter_files(job_id, path)
+
+    def archive(self, job_id: str, path: str, after: str | None = None) -> Iterator[bytes]:
+        """The files under ``path`` as a tar stream, after the file ``after`` (see
+        :mod:`ringtrain.jobs.archive`).
+
+        The path is checked before this returns: errors are raised here, not by the stream.
+
+        Raises:
+            NotFoundError: no such job, or nothing at the path.
+            InvalidRequestError: the path or ``after`` is malformed or leads outside the job's
+                folder, or goes through a symbolic link.
+        """
+        self.store.get_job(job_id)
+        files = self.share.iter_opened(job_id, path, after)
+        first = next(files, None)  # raises for a bad path
+        return tar_stream(itertools.chain([first] if first else [], files))
 
     def open_file(self, job_id: str, path: str) -> BinaryIO:
         """Open one file of a job for download (see :meth:`Share.open_file`).
@@ -301,8 +348,9 @@ class JobService:
         self.store.get_job(job_id)
         return self.share.open_file(job_id, path)
 
-    def log_path(self, job_id: str, rank: int, stream: str) -> Path:
-        """Where one rank's stdout or stderr is (it may not exist yet).
+    def log_path(self, job_id: str, rank: int, stream: str) -> str:
+        """Where one rank's stdout or stderr is, relative to the job's folder (it may not exist
+        yet).
 
         Raises:
             NotFoundError: no such job.
@@ -311,12 +359,13 @@ class JobService:
         job = self.store.get_job(job_id)
         total = job.spec.total_processes
         # An elastic job's workers that join later count on past its first world's ranks.
-        if rank < 0 or (rank >= total and not job.spec.elastic):
-            raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
-                                      f"ranks (0..{total - 1})")
+        if rank < 0 or rank > MAX_RANK or (rank >= total and not job.spec.elastic):
+            shown = rank if abs(rank) <= MAX_RANK else f"{str(rank)[:12]}..."
+            raise InvalidRequestError(f"rank {shown} is out of range: job {job_id} has "
+                                      f"{total} ranks (0..{total - 1})")
         if stream not in LOG_STREAMS:
             raise InvalidRequestError(f"stream must be stdout or stderr (got {stream!r})")
-        return self.share.log_path(job_id, rank, stream)
+        return f"stdouterr/rank.{rank}/{stream}"
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ringtrain import __version__
 from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.limits import BodyLimit
-from ringtrain.jobs.api.logs import CHUNK, follow_file
+from ringtrain.jobs.api.logs import CHUNK, check_log, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     IDEMPOTENCY_KEY_PATTERN,
@@ -36,10 +36,11 @@ from ringtrain.jobs.api.schemas import (
 )
 from ringtrain.jobs.deployments import Deployments
 from ringtrain.jobs.errors import JobsError, NotFoundError
-from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
+from ringtrain.jobs.paging import DEFAULT_PAGE, MAX_PAGE, FilePage
 from ringtrain.jobs.service import JobService
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
@@ -49,6 +50,10 @@ JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.
 NameFilter = Annotated[str | None, Query(pattern=NAME_PATTERN)]
 FilePath = Annotated[str, Query(max_length=MAX_PATH_BYTES,
                                 description="Relative to the job's folder, e.g. outputs/model.")]
+CursorQuery = Annotated[str | None, Query(
+    max_length=MAX_PATH_BYTES,
+    description="Go on after this path (relative to the job's folder): a listing's next_cursor, "
+                "or the last file of an archive received whole.")]
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
@@ -140,8 +145,18 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         service.delete_job(job_id)
 
     @r.get("/jobs/{job_id}/files")
-    def list_files(job_id: JobIdPath, path: FilePath = "") -> list[FileInfo]:
-        return service.list_files(job_id, path)
+    def list_files(job_id: JobIdPath, path: FilePath = "",
+                   limit: int = Query(DEFAULT_PAGE, description=f"Files per page, 1..{MAX_PAGE}."),
+                   cursor: CursorQuery = None) -> FilePage:
+        return service.list_files(job_id, path, limit, cursor)
+
+    @r.get("/jobs/{job_id}/archive", response_class=StreamingResponse,
+           responses={200: {"content": {"application/x-tar": {}}}})
+    def archive(job_id: JobIdPath, path: FilePath = "", after: CursorQuery = None
+                ) -> StreamingResponse:
+        # Produced while sent; the path is checked (400/404) before the 200 is sent.
+        return StreamingResponse(service.archive(job_id, path, after),
+                                 media_type="application/x-tar")
 
     @r.get("/jobs/{job_id}/download", response_class=StreamingResponse,
            responses={200: {"content": {"application/octet-stream": {}}}})
@@ -155,9 +170,12 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
            responses={200: {"content": {"text/plain": {}}}})
     def logs(job_id: JobIdPath, rank: int = 0, stream: str = "stdout",
              follow: bool = Query(False, description="Stream until the job ends."),
-             offset: int = Query(0, ge=0, description="Start at this byte (to resume).")
+             offset: int = Query(0, description="Start at this byte (to resume); at most the "
+                                                "log's size.")
              ) -> StreamingResponse:
-        path = service.log_path(job_id, rank, stream)
+        relpath = service.log_path(job_id, rank, stream)
+        folder = service.share.job_dir(job_id)
+        check_log(folder, relpath, offset)  # a link, pipe or bad offset: 400 before streaming
 
         def done() -> bool:
             try:
@@ -165,7 +183,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             except NotFoundError:  # deleted while followed
                 return True
 
-        body: AsyncIterator[bytes] = follow_file(path, done, offset)
+        body: AsyncIterator[bytes] = follow_file(folder, relpath, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
 
     deployments = Deployments(service)

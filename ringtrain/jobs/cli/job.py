@@ -160,18 +160,27 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _files(args: argparse.Namespace) -> int:
-    files = _client(args).list_files(args.id, args.path)
-    output.emit(args.output, files, lambda: output.files_table(files) if files else "no files")
+    # Pages are fetched as they are printed: a million files never sit in memory at once.
+    files = _client(args).iter_files(args.id, args.path)
+    if args.output == "json":
+        output.emit_json_array(files)
+        return 0
+    empty = True
+    for page in output.batches(files, 1000):
+        print(output.files_table(page, header=empty))
+        empty = False
+    if empty:
+        print("no files")
     return 0
 
 
 def _download(args: argparse.Namespace) -> int:
-    written = _client(args).download(args.id, args.path, args.dest)
+    written = _client(args).iter_download(args.id, args.path, args.dest)
     if args.output == "json":
-        output.emit_json([str(p) for p in written])
-    else:
-        for p in written:
-            print(p)
+        output.emit_json_array(str(p) for p in written)
+        return 0
+    for p in written:
+        print(p)
     return 0
 
 
