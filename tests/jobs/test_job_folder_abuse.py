@@ -198,7 +198,7 @@ def test_a_folder_downloads_as_one_archive_that_resumes_after_a_file(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(httpx.Client, "send", counting)
-        rc, out, err = served_cli("job", "download", job, "outputs/o", "--to", str(tmp_path))
+        rc, _, err = served_cli("job", "download", job, "outputs/o", "--to", str(tmp_path))
     assert rc == 0, err
     assert [p for p in requests if p != "/v1/health"] == [f"/v1/jobs/{job}/archive"]
     got = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
@@ -237,7 +237,7 @@ def test_a_download_cut_off_midway_resumes_where_it_stopped(
             return response
 
     client = JobsClient(url, home_token(home), reconnect_s=10)
-    client._http._transport = Cutting()  # noqa: SLF001 - the test's fault injection
+    client._http._transport = Cutting()  # the fault injection
     written = client.download(job, "outputs", tmp_path)
     assert cut["done"]
     assert sorted(str(p.relative_to(tmp_path)) for p in written) == sorted(paths)
