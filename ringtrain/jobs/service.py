@@ -35,6 +35,7 @@ from ringtrain.jobs.models import (
     JobState,
 )
 from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.output_quota import DEFAULT_LIMITS, OutputLimits, OutputWatcher
 from ringtrain.jobs.paging import (
     DEFAULT_PAGE,
     MAX_PAGE,
@@ -69,10 +70,13 @@ class JobService:
         clock: seconds since the epoch (injectable for tests).
         ray: the service's Ray connection, for clusters of the ``ray`` backend (``None``: such
             clusters are refused).
+        output_limits: the default caps on a job's outputs (see :mod:`ringtrain.jobs.output_quota`).
+        output_check_s: how often the outputs of running jobs are measured, at least.
     """
 
     def __init__(self, store: Store, share: Share, executor: Executor,
-                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None):
+                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None,
+                 output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0):
         self.store = store
         self.ray = ray
         self.share = share
@@ -81,6 +85,9 @@ class JobService:
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set after a change the scheduler should act on at once
         self.stager = Stager(self._stage)
+        self.output_watcher = OutputWatcher(
+            lambda: self.store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING]),
+            self._fail_over_cap, output_limits, output_check_s)
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -374,15 +381,27 @@ class JobService:
         with self.lock:
             self.scheduler.tick()
 
+    def _fail_over_cap(self, job_id: str, message: str) -> None:
+        with self.lock:
+            try:
+                self.scheduler.stop_failing(job_id, message)
+            except (NotFoundError, InvalidTransitionError):  # ended or deleted meanwhile
+                return
+        self.wake.set()
+
     def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
                  min_gap_s: float = 0.05) -> None:
-        """Resume staging, then tick until ``stop`` is set.
+        """Resume staging, then tick until ``stop`` is set; the outputs of running jobs are
+        measured meanwhile in a thread of their own.
 
         A change (submit, terminate) wakes the loop early, but ticks stay ``min_gap_s`` apart:
         a tick reads every queued job, and a burst of submits must not keep it reading
         without pause while requests wait for the interpreter.
         """
         self.resume_staging()
+        watcher = threading.Thread(target=self.output_watcher.run, args=(stop,),
+                                   name="output-caps", daemon=True)
+        watcher.start()
         while not stop.is_set():
             try:
                 self.tick()

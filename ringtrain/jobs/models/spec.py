@@ -113,6 +113,14 @@ class JobSpec(BaseModel):
     max_wall_clock_time: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description="Seconds from start; past it the job is stopped and failed.")
+    max_output_files: int | None = Field(
+        None, ge=1, le=10**9, strict=True,
+        description="Files the job may leave under its outputs; past it the job is stopped and "
+                    "failed (default: the service's, see docs/jobs.md).")
+    max_output_bytes: int | None = Field(
+        None, ge=1, le=2**62, strict=True,
+        description="Bytes the job may leave under its outputs; past it the job is stopped and "
+                    "failed (default: the service's).")
     max_retries: int = Field(0, ge=0, le=100, strict=True,
                              description="Times a failed job is re-queued.")
     priority: Priority = Field(Priority.NORMAL, description="low | normal | high.")
@@ -267,13 +275,15 @@ def field_errors(errors: Sequence[ErrorDetails], allowed: Sequence[str] = ()
         allowed: the fields of the validated model, named in unknown-field errors.
     """
     out = []
+    named = False
     for e in errors[:MAX_ERRORS]:
         field = ".".join(str(p) for p in e["loc"]) or "(spec)"
         kind = e["type"]
         if kind == "extra_forbidden":
             message = "unknown field"
-            if allowed:
+            if allowed and not named:  # listed once, not once per unknown field
                 message += f"; allowed fields: {', '.join(allowed)}"
+                named = True
         elif kind == "string_pattern_mismatch":
             message = _PATTERN_RULES.get(str(e["loc"][0]), NAME_RULE)
         else:
