@@ -160,9 +160,23 @@ class JobsClient:
         """
         body = {"cluster": check_name(cluster),
                 "spec": spec.model_dump(mode="json", exclude_unset=True)}
-        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        return JobInfo.model_validate(self._retrying(
-            lambda: self._call("POST", "/jobs", json=body, headers=headers)))
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {"Idempotency-Key": key}
+        try:
+            return JobInfo.model_validate(self._retrying(
+                lambda: self._call("POST", "/jobs", json=body, headers=headers)))
+        except ServiceUnavailableError as e:
+            # A request may have reached the service, its answer lost: the job may exist.
+            raise ServiceUnavailableError(
+                f"{e}\nThe service may have created the job before the connection was lost. "
+                f"Its idempotency key is {key}: once the service answers, "
+                f"`ringtrain job list --idempotency-key {key}` shows it, and submitting again "
+                f"with `--idempotency-key {key}` never creates a second one.") from None
+
+    def find_job(self, idempotency_key: str) -> JobInfo | None:
+        """The job submitted with ``idempotency_key``, if the service created one."""
+        jobs = self._call("GET", "/jobs", params={"idempotency_key": idempotency_key})
+        return JobInfo.model_validate(jobs[0]) if jobs else None
 
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:

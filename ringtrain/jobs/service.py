@@ -34,7 +34,7 @@ from ringtrain.jobs.models import (
     JobSpec,
     JobState,
 )
-from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.models.spec import MAX_ARG_BYTES, expand_path
 from ringtrain.jobs.output_quota import DEFAULT_LIMITS, OutputLimits, OutputWatcher
 from ringtrain.jobs.paging import (
     DEFAULT_PAGE,
@@ -53,9 +53,6 @@ from ringtrain.jobs.store import Store
 log = logging.getLogger(__name__)
 
 LOG_STREAMS = ("stdout", "stderr")
-#: The most bytes one argument or environment entry of exec(2) may hold on Linux
-#: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
-MAX_ARG_BYTES = 131_071
 #: The largest rank a log is asked for (more processes than any job can have).
 MAX_RANK = 2**31 - 1
 

@@ -13,6 +13,7 @@ by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stall
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, BinaryIO
@@ -28,6 +29,7 @@ from ringtrain.jobs.api.logs import CHUNK, check_log, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     IDEMPOTENCY_KEY_PATTERN,
+    IDEMPOTENCY_KEY_RULE,
     DeployRequest,
     ErrorResponse,
     Health,
@@ -35,7 +37,7 @@ from ringtrain.jobs.api.schemas import (
     SubmitRequest,
 )
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import JobsError, NotFoundError
+from ringtrain.jobs.errors import JobsError, NotFoundError, SpecError, brief
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
@@ -122,14 +124,22 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @r.post("/jobs", status_code=201)
     def submit(body: SubmitRequest, idempotency_key: str | None = Header(
-            None, pattern=IDEMPOTENCY_KEY_PATTERN,
+            None, max_length=1024,
             description="The client's name for this submission: a retry with the same key "
-                        "returns the same job (409 if its spec differs).")) -> JobInfo:
-        return service.submit(body.cluster, body.spec, idempotency_key)
+                        f"returns the same job (409 if its spec differs); "
+                        f"{IDEMPOTENCY_KEY_RULE}.")) -> JobInfo:
+        return service.submit(body.cluster, body.spec, _checked_key(idempotency_key))
 
     @r.get("/jobs")
     def list_jobs(experiment: NameFilter = None, cluster: NameFilter = None,
-                  state: JobState | None = None) -> list[JobInfo]:
+                  state: JobState | None = None,
+                  idempotency_key: str | None = Query(
+                      None, max_length=1024,
+                      description="Only the job submitted with this Idempotency-Key.")
+                  ) -> list[JobInfo]:
+        if idempotency_key is not None:
+            job = service.store.find_job(_checked_key(idempotency_key))
+            return [] if job is None else [job]
         return service.list_jobs(experiment, cluster, state)
 
     @r.get("/jobs/{job_id}")
@@ -206,6 +216,19 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     app.include_router(r)
     return app
+
+
+def _checked_key(key: str | None) -> str | None:
+    """An Idempotency-Key as sent, if it follows the rule.
+
+    Raises:
+        SpecError: it does not (422, naming the rule).
+    """
+    if key is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+        raise SpecError([{"field": "Idempotency-Key",
+                          "message": f"must be {IDEMPOTENCY_KEY_RULE} (got {brief(key)})"}],
+                        "request")
+    return key
 
 
 def _read(f: BinaryIO, size: int) -> Iterator[bytes]:

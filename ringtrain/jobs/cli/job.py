@@ -23,11 +23,14 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--cluster", required=True, type=cluster_name)
     p.add_argument("--follow", action="store_true",
                    help="stream rank 0's stdout until the job ends; exit 1 unless it succeeds")
+    p.add_argument("--idempotency-key", help="name this submission (default: a new random "
+                   "key); submitting again with the same key never creates a second job")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
     p.add_argument("--experiment", type=experiment_name)
     p.add_argument("--cluster", type=cluster_name)
     p.add_argument("--state", choices=[s.value for s in JobState])
+    p.add_argument("--idempotency-key", help="only the job submitted with this key")
     p.set_defaults(func=_list)
     p = sub.add_parser("show", parents=[common], help="a job's state and details")
     p.add_argument("id", type=job_id)
@@ -106,7 +109,7 @@ def _show_job(args: argparse.Namespace, job: JobInfo) -> int:
 def _submit(args: argparse.Namespace) -> int:
     spec = _resolve_paths(load_job_spec(args.spec))
     client = _client(args)
-    job = client.submit(args.cluster, spec)
+    job = client.submit(args.cluster, spec, args.idempotency_key)
     if not args.follow:
         if args.output == "json":
             output.emit_json(job)
@@ -134,8 +137,12 @@ def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int
 
 
 def _list(args: argparse.Namespace) -> int:
-    jobs = _client(args).list_jobs(args.experiment, args.cluster,
-                                   JobState(args.state) if args.state else None)
+    if args.idempotency_key is not None:
+        found = _client(args).find_job(args.idempotency_key)
+        jobs = [] if found is None else [found]
+    else:
+        jobs = _client(args).list_jobs(args.experiment, args.cluster,
+                                       JobState(args.state) if args.state else None)
     output.emit(args.output, jobs, lambda: output.jobs_table(jobs) if jobs else "no jobs")
     return 0
 
