@@ -275,3 +275,36 @@ def test_health_answers_while_a_large_folder_is_listed(http: httpx.Client,
             slowest = max(slowest, time.monotonic() - t0)
     t.join()
     assert slowest < 2.0  # very wide: the goal (< 100 ms) is measured by the benchmark
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "socket"])
+def test_status_files_a_job_replaced_are_refused_not_waited_on(tmp_path: Path, kind: str) -> None:
+    """The scheduler reads each attempt's status file from the job's folder, under the service
+    lock: a named pipe there would have stopped every job's supervision."""
+    from ringtrain.jobs.errors import RecordError
+    from ringtrain.jobs.record_file import read_record_file
+
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET")
+    status = tmp_path / "status.json"
+    sock = special(status, kind, secret)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_record_file(status, "the status file")
+        except RecordError as e:
+            outcome.append(e)
+
+    try:
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(20)
+        if t.is_alive():
+            with open(status, "w"):  # a writer lets the blocked open return
+                pass
+            pytest.fail("reading the status file blocked")
+        assert outcome and "cannot read the status file" in str(outcome[0])
+    finally:
+        if sock is not None:
+            sock.close()
