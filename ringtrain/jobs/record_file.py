@@ -38,12 +38,12 @@ def read_record_file(path: Path, source: str) -> bytes | None:
         return None
     except OSError as e:
         raise RecordError(f"cannot read {source}: {e.strerror or e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        why = os.strerror(errno.EISDIR) if stat.S_ISDIR(mode) else "it is not a regular file"
+        raise RecordError(f"cannot read {source}: {why}")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise RecordError(f"cannot read {source}: {os.strerror(errno.EISDIR)}")
-        if not stat.S_ISREG(mode):
-            raise RecordError(f"cannot read {source}: it is not a regular file")
         try:
             data = f.read(MAX_RECORD_BYTES + 1)
         except OSError as e:
