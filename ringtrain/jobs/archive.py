@@ -53,8 +53,35 @@ def tar_stream(files: Iterable[tuple[FileInfo, int]]) -> Iterator[bytes]:
 
 
 def _header(info: FileInfo) -> bytes:
-    member = tarfile.TarInfo(info.path)
-    member.size = info.size
-    member.mtime = int(info.modified_at)
-    member.mode = 0o644
-    return member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    """The member's header: plain ustar when the name and size fit (a million small files spend
+    most of their time here, and ``tarfile`` takes ten times as long), else pax."""
+    name = info.path.encode("utf-8", "surrogateescape")
+    mtime = int(info.modified_at)
+    if len(name) > 100 or info.size >= 8**11 or not 0 <= mtime < 8**11:
+        member = tarfile.TarInfo(info.path)
+        member.size, member.mtime, member.mode = info.size, mtime, 0o644
+        return member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    size_field, mtime_field = b"%011o\0" % info.size, b"%011o\0" % mtime
+    header = bytearray(_USTAR)
+    header[0:len(name)] = name
+    header[124:136] = size_field
+    header[136:148] = mtime_field
+    # The checksum is the sum of the header's bytes, its own field counted as spaces.
+    checksum = _USTAR_SUM + sum(name) + sum(size_field) + sum(mtime_field)
+    header[148:156] = b"%06o\0 " % checksum
+    return bytes(header)
+
+
+def _template() -> bytes:
+    """A ustar header of a regular file, mode 0644, without name, size, mtime or checksum."""
+    header = bytearray(_BLOCK)
+    header[100:108] = b"0000644\0"
+    header[108:116] = header[116:124] = b"0000000\0"
+    header[148:156] = b" " * 8
+    header[156:157] = tarfile.REGTYPE
+    header[257:265] = tarfile.POSIX_MAGIC
+    return bytes(header)
+
+
+_USTAR = _template()
+_USTAR_SUM = sum(_USTAR)

@@ -8,6 +8,7 @@ that folder, absolute, or of another type (link, device) stops the download with
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -53,21 +54,19 @@ class Extractor:
             block = stream.take(_BLOCK)
             if block == bytes(_BLOCK):
                 return  # the end marker: everything came
-            try:
-                member = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as e:
-                raise InvalidRequestError(f"the server sent a malformed archive: {e}") from None
-            size = int(pax.get("size", member.size))
-            if member.type == tarfile.XHDTYPE:
+            name, size, kind = _parse_header(block)
+            size = int(pax.get("size", size))
+            if kind == tarfile.XHDTYPE:
                 pax = _pax_records(stream.take(_padded(size)), size)
                 continue
-            if member.type not in _REGULAR:
-                raise InvalidRequestError(f"the server sent {brief(member.name)}, which is not a "
+            if kind not in _REGULAR:
+                raise InvalidRequestError(f"the server sent {brief(name)}, which is not a "
                                           "regular file")
-            name = pax.get("path", member.name)
+            name = pax.get("path", name)
             pax = {}
             target = self._target(name)
-            with open(target, "wb") as out:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            with open(fd, "wb", closefd=True) as out:
                 stream.copy(out, size)
             stream.take(_padded(size) - size)
             self.last = name
@@ -82,6 +81,26 @@ class Extractor:
             target.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(target.parent)
         return target
+
+
+def _parse_header(block: bytes) -> tuple[str, int, bytes]:
+    """A ustar header's name, size and type (what the archives of :mod:`ringtrain.jobs.archive`
+    use; ``tarfile`` parses them ten times slower, which a million files feel).
+
+    Raises:
+        InvalidRequestError: the checksum or a number is wrong.
+    """
+    try:
+        checksum = int(block[148:156].strip(b"\0 ") or b"0", 8)
+        size = int(block[124:136].strip(b"\0 ") or b"0", 8)
+    except ValueError:
+        raise InvalidRequestError("the server sent a malformed archive (header numbers)") from None
+    if checksum != sum(block[:148]) + 256 + sum(block[156:]):
+        raise InvalidRequestError("the server sent a malformed archive (header checksum)")
+    name = block[:100].split(b"\0", 1)[0]
+    if block[257:262] == b"ustar" and block[345] != 0:
+        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name.decode("utf-8", "surrogateescape"), size, block[156:157]
 
 
 def _padded(size: int) -> int:

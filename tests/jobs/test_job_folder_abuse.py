@@ -308,3 +308,25 @@ def test_status_files_a_job_replaced_are_refused_not_waited_on(tmp_path: Path, k
     finally:
         if sock is not None:
             sock.close()
+
+
+def test_long_and_non_ascii_names_and_large_sizes_round_trip(tmp_path: Path) -> None:
+    """ustar headers for the common case, pax past them; both read back by the client, and by
+    tarfile (the archive is a standard one)."""
+    from ringtrain.jobs.archive import tar_stream
+    from ringtrain.jobs.extract import Extractor
+    from ringtrain.jobs.share import Share
+
+    share = Share(tmp_path / "share")
+    out = tmp_path / "share" / "jobs" / "j1" / "outputs"
+    names = ["short.txt", "é/ünïcode.bin", "/".join(["d" * 60] * 3) + "/long.txt", "x" * 200]
+    for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(name.encode() * 3)
+    chunks = list(tar_stream(share.iter_opened("j1", "outputs")))
+    written = list(Extractor(tmp_path / "dl", "outputs").members(chunks))
+    assert sorted(str(p.relative_to(tmp_path / "dl" / "outputs")) for p in written) == sorted(names)
+    for name in names:
+        assert (tmp_path / "dl" / "outputs" / name).read_bytes() == name.encode() * 3
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        assert sorted(tar.getnames()) == sorted(f"outputs/{n}" for n in names)
