@@ -174,7 +174,7 @@ class Share:
                 goes through a symbolic link, or ``after`` is not below the path.
             NotFoundError: nothing exists at the path.
         """
-        for info, fd in self._walk(job_id, relpath, after, first_batch, opened=False):
+        for info, _fd in self._walk(job_id, relpath, after, first_batch, opened=False):
             yield info
 
     def iter_opened(self, job_id: str, relpath: str = "", after: str | None = None
@@ -226,10 +226,6 @@ class Share:
             raise NotFoundError(f"no folder for job {brief(job_id)}")
         with open_path(self.job_dir(job_id), relpath) as fd:
             yield fd
-
-    def log_path(self, job_id: str, rank: int, stream: str) -> Path:
-        """Where ``ringtrain run`` writes one rank's stdout or stderr."""
-        return self.job_dir(job_id) / "stdouterr" / f"rank.{rank}" / stream
 
     def archive_attempt(self, job_id: str, attempt: int) -> None:
         """Move an earlier attempt's logs to ``attempts/<attempt>/`` before a retry starts."""

@@ -330,3 +330,15 @@ def test_long_and_non_ascii_names_and_large_sizes_round_trip(tmp_path: Path) -> 
         assert (tmp_path / "dl" / "outputs" / name).read_bytes() == name.encode() * 3
     with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
         assert sorted(tar.getnames()) == sorted(f"outputs/{n}" for n in names)
+
+
+def test_a_followed_log_shorter_than_the_offset_is_read_from_its_start(
+        http: httpx.Client, served: tuple[Home, str]) -> None:
+    """A client resuming a followed log after a retry replaced it: the new log, whole."""
+    job, folder = new_job(http, served)
+    (folder / "stdouterr" / "rank.0" / "stdout").write_text("attempt 2\n")
+    assert http.post(f"/v1/jobs/{job}/terminate").status_code == 200  # over: the stream ends
+    r = http.get(f"/v1/jobs/{job}/logs", params={"follow": True, "offset": 5000})
+    assert r.status_code == 200 and r.text == "attempt 2\n"
+    r = http.get(f"/v1/jobs/{job}/logs", params={"offset": 5000})
+    assert r.status_code == 400

@@ -185,7 +185,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
              ) -> StreamingResponse:
         relpath = service.log_path(job_id, rank, stream)
         folder = service.share.job_dir(job_id)
-        check_log(folder, relpath, offset)  # a link, pipe or bad offset: 400 before streaming
+        # A link, pipe or bad offset: 400 before streaming.
+        offset = check_log(folder, relpath, offset, follow)
 
         def done() -> bool:
             try:

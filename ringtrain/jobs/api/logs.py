@@ -21,10 +21,15 @@ log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
 
 
-def check_log(folder: Path, relpath: str, offset: int) -> None:
+def check_log(folder: Path, relpath: str, offset: int, follow: bool = False) -> int:
     """Refuse, before streaming, a log that is no regular file or an offset past its end.
 
     A log that does not exist yet (a queued job) takes any offset within the platform's range.
+    A followed log shorter than the offset was replaced since the client read it (a retry
+    started): it is read from its start, as a log replaced while followed is.
+
+    Returns:
+        The offset to start at.
 
     Raises:
         InvalidRequestError: the offset is negative or past ``MAX_OFFSET`` or the log's size, or
@@ -34,13 +39,16 @@ def check_log(folder: Path, relpath: str, offset: int) -> None:
     try:
         fd = open_regular(folder, relpath)
     except NotFoundError:
-        return
+        return offset
     try:
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    if offset > size:
-        raise InvalidRequestError(f"offset {offset} is past the end of {brief(relpath)}, which "
+    if offset <= size:
+        return offset
+    if follow:
+        return 0
+    raise InvalidRequestError(f"offset {offset} is past the end of {brief(relpath)}, which "
                                   f"holds {size} bytes; resume from at most {size}")
 
 
