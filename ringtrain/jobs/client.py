@@ -14,7 +14,6 @@ byte received. Between tries the client backs off (0.1 s doubling to 2 s) and, g
 
 from __future__ import annotations
 
-import posixpath
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,9 +34,18 @@ from ringtrain.jobs.errors import (
     SpecError,
     brief,
 )
-from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobSpec, JobState
+from ringtrain.jobs.extract import Extractor, TruncatedArchive
+from ringtrain.jobs.models import (
+    ClusterInfo,
+    ClusterSpec,
+    FileInfo,
+    JobInfo,
+    JobSpec,
+    JobState,
+)
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import check_job_id, check_name
+from ringtrain.jobs.paging import FilePage
 
 _BY_STATUS: dict[int, type[JobsError]] = {
     400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
@@ -157,9 +165,23 @@ class JobsClient:
         """
         body = {"cluster": check_name(cluster),
                 "spec": spec.model_dump(mode="json", exclude_unset=True)}
-        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        return JobInfo.model_validate(self._retrying(
-            lambda: self._call("POST", "/jobs", json=body, headers=headers)))
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {"Idempotency-Key": key}
+        try:
+            return JobInfo.model_validate(self._retrying(
+                lambda: self._call("POST", "/jobs", json=body, headers=headers)))
+        except ServiceUnavailableError as e:
+            # A request may have reached the service, its answer lost: the job may exist.
+            raise ServiceUnavailableError(
+                f"{e}\nThe service may have created the job before the connection was lost. "
+                f"Its idempotency key is {key}: once the service answers, "
+                f"`ringtrain job list --idempotency-key {key}` shows it, and submitting again "
+                f"with `--idempotency-key {key}` never creates a second one.") from None
+
+    def find_job(self, idempotency_key: str) -> JobInfo | None:
+        """The job submitted with ``idempotency_key``, if the service created one."""
+        jobs = self._call("GET", "/jobs", params={"idempotency_key": idempotency_key})
+        return JobInfo.model_validate(jobs[0]) if jobs else None
 
     def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
                   state: JobState | None = None) -> list[JobInfo]:
@@ -185,41 +207,66 @@ class JobsClient:
         self._call("DELETE", _job_path(job_id))
 
     def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
-        """Files under a path of the job's folder."""
-        return [FileInfo.model_validate(f) for f in
-                self._call("GET", _job_path(job_id, "files"), params={"path": path})]
+        """Every file under a path of the job's folder (all pages; see :meth:`iter_files`)."""
+        return list(self.iter_files(job_id, path))
+
+    def iter_files(self, job_id: str, path: str = "", page_size: int | None = None
+                   ) -> Iterator[FileInfo]:
+        """The files under a path of the job's folder, sorted by path, a page fetched at a time
+        as the caller goes on.
+
+        Args:
+            job_id: the job.
+            path: a file or folder relative to the job's folder.
+            page_size: files per request (default: the server's).
+        """
+        params: dict[str, Any] = {"path": path}
+        if page_size is not None:
+            params["limit"] = page_size
+        while True:
+            page = FilePage.model_validate(
+                self._call("GET", _job_path(job_id, "files"), params=params))
+            yield from page.files
+            if page.next_cursor is None:
+                return
+            params["cursor"] = page.next_cursor
 
     def download(self, job_id: str, path: str, dest: str | Path) -> list[Path]:
         """Copy a file or folder of a job into the folder ``dest``, like ``cp -r PATH DEST/``.
+
+        The files come in one streamed archive (see :mod:`ringtrain.jobs.archive`); after a lost
+        connection the download goes on after the last file received whole.
 
         Returns:
             The local paths written (``outputs/model`` lands in ``DEST/model/``).
 
         Raises:
             InvalidRequestError: ``path`` ends in ``..`` (which folder it names, and so where it
-                would land, is not what it says), or the server listed a path outside ``path``.
+                would land, is not what it says), or the server sent a path outside ``path``.
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
         """
+        return list(self.iter_download(job_id, path, dest))
+
+    def iter_download(self, job_id: str, path: str, dest: str | Path) -> Iterator[Path]:
+        """:meth:`download`, yielding each local path once its file is written whole."""
         if path.rstrip("/").split("/")[-1] == "..":
             raise InvalidRequestError(f"path {brief(path)} ends in '..': name the folder itself "
                                       "(e.g. outputs, or . for the whole job folder)")
-        dest = Path(dest)
-        files = self.list_files(job_id, path)
-        # Like `cp -r PATH DEST/`: the last component of PATH is kept.
-        base = posixpath.dirname(posixpath.normpath(path)) or "."
-        written = []
-        for f in files:
-            rel = posixpath.relpath(posixpath.normpath(f.path), base)
-            if rel == ".." or rel.startswith("../") or posixpath.isabs(f.path):
-                raise InvalidRequestError(f"the server listed {brief(f.path)}, outside "
-                                          f"{brief(path)}")
-            target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with self._stream("GET", _job_path(job_id, "download"), {"path": f.path}) as r, \
-                    open(target, "wb") as out:
-                for chunk in r.iter_bytes():
-                    out.write(chunk)
-            written.append(target)
-        return written
+        extract = Extractor(Path(dest), path)
+        params: dict[str, Any] = {"path": path}
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            if extract.last is not None:
+                params["after"] = extract.last
+            try:
+                with self._stream("GET", _job_path(job_id, "archive"), params) as r:
+                    for written in extract.members(r.iter_raw()):
+                        backoff.reset()
+                        yield written
+                return
+            except (ServiceUnavailableError, httpx.TransportError, TruncatedArchive) as e:
+                backoff.wait(e)
+            self.reconnect()
 
     def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
              follow: bool = False) -> Iterator[bytes]:
@@ -313,7 +360,7 @@ class _Stream:
             _raise_for(response)
         return response
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._ctx.__exit__(*exc)
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 from pathlib import Path
 
 from ringtrain.jobs import envvars
-from ringtrain.jobs.errors import InvalidRequestError, NotFoundError
+from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError
 from ringtrain.jobs.models import JobInfo, JobSpec
 from ringtrain.jobs.models.deployment import (
     ENDPOINT_FILE,
@@ -23,11 +24,14 @@ from ringtrain.jobs.models.deployment import (
     deployment_state,
     servable_model,
 )
+from ringtrain.jobs.safe_open import open_regular
 from ringtrain.jobs.service import JobService
 
 #: Seconds a stopped replica lets requests in flight finish: within the scheduler's stop grace,
 #: so that a stop is a drain and not a kill.
 DRAIN_S = 3
+#: A replica's endpoint file holds a URL; anything longer is not one.
+_MAX_ENDPOINT_BYTES = 64 << 10
 # `python` is the service's interpreter (the executor puts it first on PATH); each replica takes a
 # free loopback port and announces it in its endpoint file, named by its rank. `--token ''`: a
 # token in the service's own environment is the job service's, not one for model clients.
@@ -69,7 +73,7 @@ class Deployments:
             raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
         source = self.service.get_job(job_id)
         try:
-            outputs = self.service.list_files(job_id, "outputs")
+            outputs = list(self.service.iter_files(job_id, "outputs"))
         except NotFoundError:  # a job without outputs
             outputs = []
         folder = servable_model(source, outputs)
@@ -119,12 +123,15 @@ class Deployments:
     def _urls(self, job: JobInfo) -> builtins.list[str]:
         """The URLs the replicas announced so far, by replica (a file half-written or damaged
         counts as not announced)."""
-        folder = Path(job.job_dir) / "outputs" / ENDPOINTS_OUTPUT
         urls = []
         for rank in range(job.spec.node_count):
+            relpath = f"outputs/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
             try:
-                url = json.loads((folder / ENDPOINT_FILE.format(rank=rank)).read_text())["url"]
-            except (OSError, ValueError, KeyError, TypeError):
+                # The job writes this file: opened as every file of a job's folder is.
+                fd = open_regular(Path(job.job_dir), relpath)
+                with os.fdopen(fd, "rb") as f:
+                    url = json.loads(f.read(_MAX_ENDPOINT_BYTES))["url"]
+            except (JobsError, OSError, ValueError, KeyError, TypeError):
                 continue
             if isinstance(url, str) and url.startswith("http"):
                 urls.append(url)

@@ -95,6 +95,20 @@ class Scheduler:
         self.executor.stop(job, launch, force=False)
         return job
 
+    def stop_failing(self, job_id: str, message: str) -> None:
+        """Stop a preparing or running job that broke a rule of the service: it ends failed,
+        with ``message``. A job in any other state is left as it is."""
+        job = self.store.get_job(job_id)
+        if job.state not in (JobState.PREPARING, JobState.RUNNING):
+            return
+        job = self.store.update_job(job_id, JobState.TERMINATING, self.clock(),
+                                    ends_as=JobState.FAILED, message=message)
+        try:
+            launch = self._launch(job_id)
+        except RecordError:
+            launch = None  # stopped by its job id alone
+        self.executor.stop(job, launch, force=False)
+
     def _launch(self, job_id: str) -> LaunchHandle | None:
         """The handle of the job's attempt; ``None`` if the service stopped before storing it.
 

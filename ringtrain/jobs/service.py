@@ -6,14 +6,16 @@ job's completion; the store still checks each transition on its own.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+from ringtrain.jobs.archive import tar_stream
 from ringtrain.jobs.errors import (
     ConflictError,
     InvalidRequestError,
@@ -34,8 +36,16 @@ from ringtrain.jobs.models import (
     JobState,
 )
 from ringtrain.jobs.models.info import RayNodeInfo
-from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.models.spec import MAX_ARG_BYTES, expand_path
 from ringtrain.jobs.monitor.scalars import ScalarCache
+from ringtrain.jobs.output_quota import DEFAULT_LIMITS, OutputLimits, OutputWatcher
+from ringtrain.jobs.paging import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    FilePage,
+    check_range,
+    take_page,
+)
 from ringtrain.jobs.ray.agent import ensure_agents
 from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.scheduler import Scheduler
@@ -49,9 +59,8 @@ log = logging.getLogger(__name__)
 #: where it does not exist, a Ray cluster's job, it falls back to ``stdout``). ``prep.*`` are a
 #: node's preparation step, with the rank parameter naming the node.
 LOG_STREAMS = ("stdout", "stderr", "output", "prep.stdout", "prep.stderr")
-#: The most bytes one argument or environment entry of exec(2) may hold on Linux
-#: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
-MAX_ARG_BYTES = 131_071
+#: The largest rank a log is asked for (more processes than any job can have).
+MAX_RANK = 2**31 - 1
 
 
 class JobService:
@@ -64,10 +73,13 @@ class JobService:
         clock: seconds since the epoch (injectable for tests).
         ray: the service's Ray connection, for clusters of the ``ray`` backend (``None``: such
             clusters are refused).
+        output_limits: the default caps on a job's outputs (see :mod:`ringtrain.jobs.output_quota`).
+        output_check_s: how often the outputs of running jobs are measured, at least.
     """
 
     def __init__(self, store: Store, share: Share, executor: Executor,
-                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None):
+                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None,
+                 output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0):
         self.store = store
         self.ray = ray
         self.share = share
@@ -79,6 +91,9 @@ class JobService:
         self.tick_observers: list[Callable[[float], None]] = []
         self.stager = Stager(self._stage)
         self.scalars = ScalarCache()
+        self.output_watcher = OutputWatcher(
+            lambda: self.store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING]),
+            self._fail_over_cap, output_limits, output_check_s)
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -356,10 +371,39 @@ class JobService:
         self.scalars.forget(job_id)
         self.share.remove_job_dir(job_id)
 
-    def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
-        """Files under ``path`` of a job's folder. Raises InvalidRequestError for escaping paths."""
+    def list_files(self, job_id: str, path: str = "", limit: int = DEFAULT_PAGE,
+                   cursor: str | None = None) -> FilePage:
+        """One page of the files under ``path`` of a job's folder (see :mod:`ringtrain.jobs.paging`).
+
+        Raises:
+            NotFoundError: no such job, or nothing at the path.
+            InvalidRequestError: the path or cursor is malformed or leads outside the job's
+                folder, or ``limit`` is outside 1..MAX_PAGE.
+        """
+        check_range("limit", limit, 1, MAX_PAGE, "ask for the next page with cursor=")
         self.store.get_job(job_id)
-        return self.share.list_files(job_id, path)
+        return take_page(self.share.iter_files(job_id, path, cursor, limit + 1), limit)
+
+    def iter_files(self, job_id: str, path: str = "") -> Iterator[FileInfo]:
+        """Every file under ``path`` of a job's folder, walked lazily (see :meth:`Share.iter_files`)."""
+        self.store.get_job(job_id)
+        return self.share.iter_files(job_id, path)
+
+    def archive(self, job_id: str, path: str, after: str | None = None) -> Iterator[bytes]:
+        """The files under ``path`` as a tar stream, after the file ``after`` (see
+        :mod:`ringtrain.jobs.archive`).
+
+        The path is checked before this returns: errors are raised here, not by the stream.
+
+        Raises:
+            NotFoundError: no such job, or nothing at the path.
+            InvalidRequestError: the path or ``after`` is malformed or leads outside the job's
+                folder, or goes through a symbolic link.
+        """
+        self.store.get_job(job_id)
+        files = self.share.iter_opened(job_id, path, after)
+        first = next(files, None)  # raises for a bad path
+        return tar_stream(itertools.chain([first] if first else [], files))
 
     def open_file(self, job_id: str, path: str) -> BinaryIO:
         """Open one file of a job for download (see :meth:`Share.open_file`).
@@ -378,9 +422,10 @@ class JobService:
         self.store.get_job(job_id)
         return self.scalars.get(job_id, self.share.job_dir(job_id)).since(cursor)
 
-    def log_path(self, job_id: str, rank: int, stream: str) -> Path:
+    def log_path(self, job_id: str, rank: int, stream: str) -> str:
         """Where one rank's stdout, stderr or both (``output``) are, or (``prep.stdout``,
-        ``prep.stderr``) node ``rank``'s preparation output; the file may not exist yet.
+        ``prep.stderr``) node ``rank``'s preparation output, relative to the job's folder; the
+        file may not exist yet.
 
         Raises:
             NotFoundError: no such job.
@@ -395,22 +440,27 @@ class JobService:
             if not 0 <= rank < nodes:
                 raise InvalidRequestError(f"node {rank} is out of range: job {job_id} has "
                                           f"{nodes} nodes (0..{nodes - 1})")
-            return self.share.job_dir(job_id) / "prep" / f"node.{rank}.{stream[5:]}"
+            return f"prep/node.{rank}.{stream[5:]}"
         total = job.spec.total_processes
         # An elastic job's workers that join later count on past its first world's ranks.
-        if rank < 0 or (rank >= total and not job.spec.elastic):
-            raise InvalidRequestError(f"rank {rank} is out of range: job {job_id} has {total} "
-                                      f"ranks (0..{total - 1})")
-        path = self.share.log_path(job_id, rank, stream)
-        if stream == "output" and not path.exists() and self._on_ray(job):
-            return self.share.log_path(job_id, rank, "stdout")  # a Ray node writes them apart
-        return path
+        if rank < 0 or rank > MAX_RANK or (rank >= total and not job.spec.elastic):
+            shown = rank if abs(rank) <= MAX_RANK else f"{str(rank)[:12]}..."
+            raise InvalidRequestError(f"rank {shown} is out of range: job {job_id} has "
+                                      f"{total} ranks (0..{total - 1})")
+        if stream == "output" and not self._exists(job_id, _rank_log(rank, stream)) \
+                and self._on_ray(job):
+            return _rank_log(rank, "stdout")  # a Ray node writes them apart
+        return _rank_log(rank, stream)
+
+    def _exists(self, job_id: str, relpath: str) -> bool:
+        # lexists: a name the job made a link or a pipe exists too (the open refuses it later)
+        return os.path.lexists(self.share.job_dir(job_id) / relpath)
 
     def _on_ray(self, job: JobInfo) -> bool:
         try:
             return self.store.get_cluster(job.cluster).backend == "ray"
         except NotFoundError:  # the cluster is gone: the job's folder tells
-            return self.share.log_path(job.id, 0, "stdout").exists()
+            return self._exists(job.id, _rank_log(0, "stdout"))
 
     def log_ended(self, job_id: str, stream: str) -> bool:
         """Whether nothing will be written to the job's log ``stream`` any more: the job is
@@ -421,7 +471,7 @@ class JobService:
         """
         if self.store.get_job(job_id).state.is_terminal():
             return True
-        return stream.startswith("prep.") and self.share.log_path(job_id, 0, "stdout").exists()
+        return stream.startswith("prep.") and self._exists(job_id, _rank_log(0, "stdout"))
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -433,15 +483,27 @@ class JobService:
         for observe in self.tick_observers:
             observe(time.perf_counter() - start)
 
+    def _fail_over_cap(self, job_id: str, message: str) -> None:
+        with self.lock:
+            try:
+                self.scheduler.stop_failing(job_id, message)
+            except (NotFoundError, InvalidTransitionError):  # ended or deleted meanwhile
+                return
+        self.wake.set()
+
     def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
                  min_gap_s: float = 0.05) -> None:
-        """Resume staging, then tick until ``stop`` is set.
+        """Resume staging, then tick until ``stop`` is set; the outputs of running jobs are
+        measured meanwhile in a thread of their own.
 
         A change (submit, terminate) wakes the loop early, but ticks stay ``min_gap_s`` apart:
         a tick reads every queued job, and a burst of submits must not keep it reading
         without pause while requests wait for the interpreter.
         """
         self.resume_staging()
+        watcher = threading.Thread(target=self.output_watcher.run, args=(stop,),
+                                   name="output-caps", daemon=True)
+        watcher.start()
         while not stop.is_set():
             try:
                 self.tick()
@@ -486,3 +548,8 @@ def _local_problem(value: str, folder: bool) -> str | None:
     except OSError as e:
         return f"cannot use {brief(value)}: {e.strerror}"
     return None
+
+
+def _rank_log(rank: int, stream: str) -> str:
+    """A rank's log file, relative to its job's folder (where ``ringtrain run`` writes it)."""
+    return f"stdouterr/rank.{rank}/{stream}"

@@ -22,7 +22,6 @@ legitimate outputs (hard-linked checkpoints) and protect nothing.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import stat
@@ -33,9 +32,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ringtrain.jobs import envvars
-from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, brief
+from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError, brief
+from ringtrain.jobs.folder_walk import MAX_BATCH, walk
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
-from ringtrain.jobs.models.spec import MAX_NAME_BYTES, MAX_PATH_BYTES, expand_path
+from ringtrain.jobs.models.spec import expand_path
+from ringtrain.jobs.safe_open import open_below, open_path, split_path
 from ringtrain.jobs.workdir import CopyFilter
 
 
@@ -131,7 +132,7 @@ class Share:
         return env
 
     def open_file(self, job_id: str, relpath: str) -> BinaryIO:
-        """Open a regular file of a job's folder for reading, following no symbolic link.
+        """Open a regular file of a job's folder for reading (see :mod:`ringtrain.jobs.safe_open`).
 
         Raises:
             InvalidRequestError: the path is malformed, leads outside the folder, goes through a
@@ -146,60 +147,84 @@ class Share:
         return f
 
     def list_files(self, job_id: str, relpath: str = "") -> list[FileInfo]:
-        """Regular files under a path of a job's folder (recursively), sorted by path.
+        """Every regular file under a path of a job's folder (recursively), sorted by path.
+
+        Meant for small folders; :meth:`iter_files` walks a large one in bounded memory.
+        """
+        return list(self.iter_files(job_id, relpath))
+
+    def iter_files(self, job_id: str, relpath: str = "", after: str | None = None,
+                   first_batch: int = 1024) -> Iterator[FileInfo]:
+        """The regular files under a path of a job's folder, sorted by path, after ``after``.
 
         Symbolic links are neither followed nor listed, and neither are named pipes, sockets or
-        devices: only what :meth:`open_file` would serve.
+        devices: only what :meth:`open_file` would serve. The walk holds a few MiB whatever the
+        folder holds (see :mod:`ringtrain.jobs.folder_walk`).
+
+        Args:
+            job_id: the job.
+            relpath: the file or folder to list, relative to the job's folder.
+            after: a path relative to the job's folder (the last one of a previous page); only
+                files after it are listed.
+            first_batch: names kept per pass over a long folder at first (about the page size).
 
         Raises:
-            InvalidRequestError: the path is malformed, leads outside the folder or goes through
-                a symbolic link.
+            InvalidRequestError: the path or ``after`` is malformed, leads outside the folder or
+                goes through a symbolic link, or ``after`` is not below the path.
             NotFoundError: nothing exists at the path.
         """
-        parts = _parts(relpath)
+        for info, _fd in self._walk(job_id, relpath, after, first_batch, opened=False):
+            yield info
+
+    def iter_opened(self, job_id: str, relpath: str = "", after: str | None = None
+                    ) -> Iterator[tuple[FileInfo, int]]:
+        """Like :meth:`iter_files`, with each file opened (see :mod:`ringtrain.jobs.safe_open`).
+
+        The descriptor is the caller's to read until it asks for the next file; it is closed
+        then. The size is the file's when opened.
+        """
+        yield from self._walk(job_id, relpath, after, MAX_BATCH, opened=True)
+
+    def _walk(self, job_id: str, relpath: str, after: str | None, first_batch: int,
+              opened: bool) -> Iterator[tuple[FileInfo, int]]:
+        parts = split_path(relpath)
         prefix = "/".join(parts)
+        resume = _resume_parts(parts, after)
         with self._opened(job_id, relpath) as fd:
             st = os.fstat(fd)
             if not stat.S_ISDIR(st.st_mode):
-                return [FileInfo(path=prefix, size=st.st_size, modified_at=st.st_mtime)]
-            out = []
-            # fwalk works from descriptors and never enters a symlinked folder, even one swapped
-            # in while it walks.
-            for folder, _dirs, names, dir_fd in os.fwalk(".", dir_fd=fd):
-                for name in names:
-                    try:
-                        entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    except FileNotFoundError:  # removed while listed
-                        continue
-                    if stat.S_ISREG(entry.st_mode):
-                        path = os.path.normpath(os.path.join(prefix, folder, name))
-                        out.append(FileInfo(path=path, size=entry.st_size,
-                                            modified_at=entry.st_mtime))
-        return sorted(out, key=lambda f: f.path.split("/"))
+                if resume is None:
+                    yield FileInfo(path=prefix, size=st.st_size, modified_at=st.st_mtime), fd
+                return
+            for entry in walk(fd, prefix, resume, first_batch):
+                file_fd = -1
+                try:
+                    if opened:
+                        file_fd = open_below(entry.dir_fd, entry.name, entry.path)
+                        found = os.fstat(file_fd)
+                    else:
+                        found = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
+                except (FileNotFoundError, JobsError):  # removed, or not a regular file
+                    continue
+                try:
+                    if stat.S_ISREG(found.st_mode):
+                        yield FileInfo(path=entry.path, size=found.st_size,
+                                       modified_at=found.st_mtime), file_fd
+                finally:
+                    if file_fd >= 0:
+                        os.close(file_fd)
 
     @contextmanager
     def _opened(self, job_id: str, relpath: str) -> Iterator[int]:
-        """A descriptor of a folder or regular file of a job's folder, reached one component at a
-        time without following links; closed on exit."""
-        parts = _parts(relpath)
+        """A descriptor of a folder or regular file of a job's folder (see
+        :func:`~ringtrain.jobs.safe_open.open_path`); closed on exit."""
         if "/" in job_id or job_id in ("", ".", ".."):
             raise NotFoundError(f"no job with id {brief(job_id)}")
-        try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFoundError(f"no folder for job {brief(job_id)}") from None
-        try:
-            for name in ["jobs", job_id, *parts]:
-                child = _open_below(fd, name, relpath)
-                os.close(fd)
-                fd = child
+        split_path(relpath)  # a malformed path is reported before a missing job folder
+        if not self.job_dir(job_id).is_dir():
+            raise NotFoundError(f"no folder for job {brief(job_id)}")
+        with open_path(self.job_dir(job_id), relpath) as fd:
             yield fd
-        finally:
-            os.close(fd)
-
-    def log_path(self, job_id: str, rank: int, stream: str) -> Path:
-        """Where ``ringtrain run`` writes one rank's stdout or stderr."""
-        return self.job_dir(job_id) / "stdouterr" / f"rank.{rank}" / stream
 
     def archive_attempt(self, job_id: str, attempt: int) -> None:
         """Move an earlier attempt's logs to ``attempts/<attempt>/`` before a retry starts."""
@@ -229,67 +254,16 @@ _SPECIAL = {stat.S_IFIFO: "named pipe", stat.S_IFSOCK: "socket", stat.S_IFCHR: "
             stat.S_IFBLK: "device"}
 
 
-def _parts(relpath: str) -> list[str]:
-    """The components of a path relative to a job's folder, ``.`` and ``..`` applied.
+def _resume_parts(parts: list[str], after: str | None) -> list[str] | None:
+    """The components of ``after`` below the folder ``parts`` names (``None`` without ``after``).
 
     Raises:
-        InvalidRequestError: the path has a NUL byte, is not UTF-8, is too long, is absolute or
-            leads outside.
+        InvalidRequestError: ``after`` is malformed or not below that folder.
     """
-    if "\0" in relpath:
-        raise InvalidRequestError(f"path {brief(relpath)} contains a NUL byte; paths are relative "
-                                  "to the job's folder (e.g. outputs/model)")
-    try:
-        size = len(os.fsencode(relpath))
-    except UnicodeEncodeError:
-        raise InvalidRequestError(f"path {brief(relpath)} is not valid UTF-8") from None
-    if size > MAX_PATH_BYTES:
-        raise InvalidRequestError(f"path {brief(relpath)} is longer than {MAX_PATH_BYTES} bytes")
-    if relpath.startswith("/"):
-        raise InvalidRequestError(f"path {brief(relpath)} must be relative to the job's folder")
-    parts: list[str] = []
-    for name in relpath.split("/"):
-        if name in ("", "."):
-            continue
-        if name == "..":
-            if not parts:
-                raise InvalidRequestError(f"path {brief(relpath)} leads outside the job's folder; "
-                                          "paths are relative to it (e.g. outputs/model)")
-            parts.pop()
-        elif len(os.fsencode(name)) > MAX_NAME_BYTES:
-            raise InvalidRequestError(f"path {brief(relpath)} has a component longer than "
-                                      f"{MAX_NAME_BYTES} bytes; no file has such a name")
-        else:
-            parts.append(name)
-    return parts
-
-
-def _open_below(dir_fd: int, name: str, relpath: str) -> int:
-    """Open ``name`` in the folder ``dir_fd`` without following a link.
-
-    Only folders and regular files are opened: the entry is checked first, so that a named pipe
-    or a device is never opened, and checked again through the descriptor, so that an entry
-    swapped in between is refused.
-    """
-    try:
-        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except (FileNotFoundError, NotADirectoryError):
-        raise NotFoundError(f"no file or folder {brief(relpath)} in the job's folder") from None
-    if stat.S_ISLNK(before.st_mode):
-        raise InvalidRequestError(f"path {brief(relpath)} goes through the symbolic link "
-                                  f"{brief(name)}; links in a job's folder are not followed")
-    if not (stat.S_ISDIR(before.st_mode) or stat.S_ISREG(before.st_mode)):
-        raise InvalidRequestError(f"path {brief(relpath)} is not a regular file or folder")
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ELOOP):  # removed, or made a link, since the stat
-            raise InvalidRequestError(f"{brief(relpath)} changed while it was opened; "
-                                      "try again") from None
-        raise InvalidRequestError(f"cannot open {brief(relpath)}: {e.strerror}") from None
-    after = os.fstat(fd)
-    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
-        os.close(fd)
-        raise InvalidRequestError(f"{brief(relpath)} changed while it was opened; try again")
-    return fd
+    if after is None:
+        return None
+    resume = split_path(after)
+    if resume[:len(parts)] != parts or len(resume) == len(parts):
+        raise InvalidRequestError(f"cursor {brief(after)} is not a path below {brief('/'.join(parts) or '.')}; "
+                                  "pass the next_cursor of the previous page unchanged")
+    return resume[len(parts):]

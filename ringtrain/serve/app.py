@@ -8,8 +8,9 @@ or PNG body: classes or boxes), ``/metrics`` (Prometheus), ``/docs``. Every inpu
 :class:`~ringtrain.serve.batching.DynamicBatcher`, whose worker thread runs the model: the event
 loop only parses and answers. Errors are JSON ``{"error", "detail"}``: 400 bad input (naming the
 problem), 401 no token, 404 unknown model, 413 body too large, 415 not an image type, 503 with
-``Retry-After`` when the queue is full or the server drains, 504 past the request timeout, 500 if
-the model itself fails (the server stays up).
+``Retry-After`` when the queue is full, the memory budget is in use or the server drains (decided
+before a body is decoded, see :mod:`ringtrain.serve.admission`), 504 past the request timeout, 500
+if the model itself fails (the server stays up).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -27,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ringtrain import __version__
+from ringtrain.serve.admission import Admission
 from ringtrain.serve.batching import ClosedError, DynamicBatcher, QueueFullError
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.infer_route import InferRoute, add_infer_operation, run_inputs
@@ -67,6 +70,7 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
     batcher = DynamicBatcher(predictor.predict, config.max_batch_size,
                              config.max_wait_ms / 1000, config.queue_size,
                              on_batch=metrics.observe_batch)
+    admission = Admission(config.queue_size, config.max_memory_bytes)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -76,15 +80,17 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         finally:
             # uvicorn has already let the requests in flight finish; what is still queued runs.
             await run_in_threadpool(batcher.close, config.drain_s)
+            admission.close()
 
     app = FastAPI(title="ringtrain model server", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
                   description="The Open Inference Protocol (KServe v2) for one trained model, "
                               "an image route, Prometheus metrics.")
-    app.state.batcher, app.state.metrics = batcher, metrics
+    app.state.batcher, app.state.metrics, app.state.admission = batcher, metrics, admission
     add_offline_docs(app, "ringtrain model server")
     # Outermost last: metrics see every answer, the body limit holds for the lean route too.
-    app.add_middleware(InferRoute, predictor=predictor, batcher=batcher, config=config)
+    app.add_middleware(InferRoute, predictor=predictor, batcher=batcher, config=config,
+                       admission=admission)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes,
                        hint="send one image or a smaller batch per request")
     app.add_middleware(RequestMetrics, metrics=metrics)
@@ -164,12 +170,17 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         if not kind.startswith(_IMAGE_TYPES):
             raise HTTPProblem(415, f"Content-Type {kind or '(none)'} is not an image: send the "
                                   "file's bytes with Content-Type image/jpeg or image/png")
-        with batcher.incoming():  # a batch forming now waits for this image
-            data = await request.body()
-            if not data:
-                raise InputError("the body is empty: send the image file's bytes")
-            item = await run_in_threadpool(predictor.decode_image, data)
-        (result,) = await run_inputs(batcher, config, [item], started)
+        # A place, then the decoding memory, then a decoder: 503 before any pixel is decoded.
+        with admission.place() as ticket:
+            with batcher.incoming():  # a batch forming now waits for this image
+                data = await request.body()
+                if not data:
+                    raise InputError("the body is empty: send the image file's bytes")
+                ticket.reserve(predictor.decode_cost(data))
+                item = await admission.decode(partial(predictor.decode_image, data))
+                del data
+                ticket.shrink_to(item.element_size() * item.nelement())
+            (result,) = await run_inputs(batcher, config, [item], started)
         answer = predictor.describe(result, top_k, min_score)
         if predictor.detection:  # boxes are in these pixels
             answer = {"width": int(item.shape[-1]), "height": int(item.shape[-2]), **answer}

@@ -51,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help=f"seconds before a request gets 504 (default {d.timeout_s:g})")
     p.add_argument("--max-body-mib", type=float, default=d.max_body_bytes / (1 << 20),
                    help="largest request body in MiB (default 16)")
+    p.add_argument("--max-memory-mib", type=float, default=d.max_memory_bytes / (1 << 20),
+                   help="memory the requests admitted may hold decoded; beyond it requests get "
+                        f"503 before they are decoded (default {d.max_memory_bytes >> 20})")
     p.add_argument("--drain", type=float, default=d.drain_s,
                    help=f"seconds requests in flight get on stop (default {d.drain_s:g})")
     p.add_argument("--threads", type=int, default=d.threads,
@@ -100,7 +103,8 @@ def main(argv: list[str]) -> int:
             host=args.host, port=args.port, token=args.token or None, model_name=args.name,
             device=args.device, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
             queue_size=args.queue_size, timeout_s=args.timeout,
-            max_body_bytes=int(args.max_body_mib * (1 << 20)), drain_s=args.drain,
+            max_body_bytes=int(args.max_body_mib * (1 << 20)),
+            max_memory_bytes=int(args.max_memory_mib * (1 << 20)), drain_s=args.drain,
             threads=args.threads)
         with ExitStack() as stack:
             model = _model_path(args, stack)

@@ -22,6 +22,8 @@ class ServeConfig:
         queue_size: Inputs waiting at most; beyond it requests are refused with 503.
         timeout_s: A request not answered by then gets 504 (its input is dropped if not begun).
         max_body_bytes: Larger request bodies get 413 unread.
+        max_memory_bytes: What the requests admitted may hold decoded (images, tensors); a
+            request that would exceed it gets 503 before it is decoded.
         drain_s: On stop, how long requests already accepted may take to finish.
         threads: Torch's intra-op threads for the model; ``None``: one less than the cores this
             process may use (at least one), so that the event loop keeps a core while a batch
@@ -38,6 +40,7 @@ class ServeConfig:
     queue_size: int = 256
     timeout_s: float = 10.0
     max_body_bytes: int = 16 << 20
+    max_memory_bytes: int = 1 << 30
     drain_s: float = 10.0
     threads: int | None = None
 
@@ -55,6 +58,8 @@ class ServeConfig:
             bad.append("the request timeout must be positive and the drain time not negative")
         if self.threads is not None and self.threads < 1:
             bad.append(f"threads {self.threads} must be at least 1")
+        if self.max_memory_bytes < 1 << 20:
+            bad.append(f"max memory {self.max_memory_bytes} bytes is below 1 MiB")
         if self.max_body_bytes < 1024:
             bad.append(f"max body {self.max_body_bytes} bytes is below 1 KiB")
         if not self.model_name or "/" in self.model_name:

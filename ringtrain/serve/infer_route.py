@@ -18,12 +18,14 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ringtrain.serve.admission import Admission
 from ringtrain.serve.batching import DynamicBatcher
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import InputError, Predictor
@@ -53,6 +55,8 @@ INFER_PATH = "/v2/models/{name}/infer"
 INLINE_BYTES = 64 << 10
 _PREFIX, _SUFFIX = "/v2/models/", "/infer"
 _HEADER_LENGTH = HEADER_LENGTH.encode()
+#: The model's one input, as its metadata names it.
+INPUT_NAME = "input"
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,16 @@ class InferRoute:
         predictor: The loaded model.
         batcher: Where inputs are queued.
         config: The server's settings (token, model name, timeout, queue size).
+        admission: The gates a request passes before its body is decoded.
     """
 
     def __init__(self, app: ASGIApp, predictor: Predictor, batcher: DynamicBatcher,
-                 config: ServeConfig) -> None:
+                 config: ServeConfig, admission: Admission) -> None:
         self.app = app
         self.predictor = predictor
         self.batcher = batcher
         self.config = config
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -141,20 +147,25 @@ class InferRoute:
         if name != self.config.model_name:
             raise HTTPProblem(404, f"no model {name!r}; this server serves "
                                    f"{self.config.model_name!r}")
-        with self.batcher.incoming():  # a batch forming now waits for these inputs
-            data = await _read_body(receive)
-            length = head.get(_HEADER_LENGTH)
-            large = len(data) > INLINE_BYTES
+        # A place before the body is read, its decoding memory before it is decoded.
+        with self.admission.place() as ticket:
+            with self.batcher.incoming():  # a batch forming now waits for these inputs
+                data = await _read_body(receive)
+                length = head.get(_HEADER_LENGTH)
+                large = len(data) > INLINE_BYTES
+                ticket.reserve(_decode_cost(data, length))
+                if large:
+                    request, items = await self.admission.decode(partial(self._inputs, data, length))
+                else:
+                    request, items = self._inputs(data, length)
+                del data
+                ticket.shrink_to(sum(i.element_size() * i.nelement() for i in items))
+            # No await until run_inputs has queued them.
+            results = await run_inputs(self.batcher, self.config, items, started)
+            binary = wants_binary_output(request)
             if large:
-                request, items = await asyncio.to_thread(self._inputs, data, length)
-            else:
-                request, items = self._inputs(data, length)
-        # No await until run_inputs has queued them.
-        results = await run_inputs(self.batcher, self.config, items, started)
-        binary = wants_binary_output(request)
-        if large:
-            return await asyncio.to_thread(self._encode, request, name, results, binary)
-        return self._encode(request, name, results, binary)
+                return await asyncio.to_thread(self._encode, request, name, results, binary)
+            return self._encode(request, name, results, binary)
 
     def _inputs(self, data: bytes, length: bytes | None) -> tuple[InferRequest, list[torch.Tensor]]:
         """The request and its inputs, checked.
@@ -170,6 +181,14 @@ class InferRoute:
             raise HTTPProblem(400, validation_message(e.errors())) from None
         if len(request.inputs) != 1:
             raise InputError(f"the model takes one input tensor, got {len(request.inputs)}")
+        if request.inputs[0].name != INPUT_NAME:
+            raise InputError(f"no input named {request.inputs[0].name[:64]!r}: the model's input "
+                             f"is {INPUT_NAME!r} (see GET /v2/models/{self.config.model_name})")
+        known = [o["name"] for o in self.predictor.output_specs()]
+        for wanted in request.outputs or []:
+            if wanted.get("name") not in known:
+                raise InputError(f"no output named {str(wanted.get('name'))[:64]!r}: the model's "
+                                 f"outputs are {', '.join(known)}")
         (size,) = binary_sizes(request)
         if size is not None and size != len(raw):
             raise InputError(f"binary_data_size {size} does not match the {len(raw)} bytes "
@@ -187,7 +206,11 @@ class InferRoute:
 
     def _encode(self, request: InferRequest, name: str, results: list[Any], binary: bool
                 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        entries, tail = output_parts(self._output_tensors(results), binary)
+        tensors = self._output_tensors(results)
+        if request.outputs:  # only those asked for, in the model's order
+            wanted = {o["name"] for o in request.outputs}
+            tensors = [t for t in tensors if t[0] in wanted]
+        entries, tail = output_parts(tensors, binary)
         answer: dict[str, Any] = {"model_name": name, "model_version": "1"}
         if request.id is not None:
             answer["id"] = request.id
@@ -206,6 +229,16 @@ class InferRoute:
                 ("scores", "FP32", torch.cat([r["scores"] for r in results])),
                 ("labels", "INT64", torch.cat([r["labels"] for r in results])),
                 ("batch_index", "INT64", index)]
+
+
+def _decode_cost(data: bytes, length: bytes | None) -> int:
+    """About the most bytes decoding a body allocates: JSON numbers become Python floats first
+    (about 12 bytes per byte of JSON), raw tensor bytes are copied about twice."""
+    try:
+        json_bytes = len(data) if length is None else min(int(length), len(data))
+    except ValueError:  # reported when the body is split
+        json_bytes = len(data)
+    return 12 * json_bytes + 2 * (len(data) - json_bytes)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -89,6 +89,33 @@ class Predictor:
         if not torch.isfinite(item).all():
             raise InputError("the input holds NaN or infinity")
 
+    def decode_cost(self, data: bytes) -> int:
+        """About the most bytes :meth:`decode_image` allocates for ``data``, read from the image's
+        header alone (nothing is decoded).
+
+        Raises:
+            InputError: The bytes are not an image Pillow can read, or it is too large.
+        """
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                w, h = opened.size
+                source = len(opened.getbands()) * (4 if opened.mode[:1] in ("I", "F") else 1)
+        except UnidentifiedImageError:
+            raise InputError("the body is not an image file: send the bytes of a JPEG or PNG "
+                             "image") from None
+        except (Image.DecompressionBombError, OSError) as e:
+            raise InputError(f"the image cannot be decoded: {e}") from None
+        if w * h > MAX_IMAGE_PIXELS:
+            raise InputError(f"image of {w}x{h} pixels is larger than {MAX_IMAGE_PIXELS:,} pixels")
+        if self.detection:
+            # The decoded RGB, its bytes twice over (tobytes, bytearray), two float32 tensors.
+            return w * h * (source + 3 * (1 + 1 + 1 + 4 + 4))
+        c, height, width = self.info.input_shape
+        # The decoded image and its conversion at full size; the model's input is small.
+        return w * h * (source + c) + height * width * c * 16
+
     def decode_image(self, data: bytes) -> torch.Tensor:
         """An image file (JPEG, PNG, anything Pillow reads) as one model input.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -37,6 +38,9 @@ HOSTILE = st.sampled_from([
     "a" * 256, "outputs/" + "a" * 300, "x/" * 2100, "~nosuchuser_rt/x", "é" * 200, " ",
 ])
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=300)
+#: Integers past every range a parameter can have: the platform's (off_t, int64), and beyond.
+EXTREME_INTS = ["-1", "0", "2147483648", "9223372036854775807", "9223372036854775808",
+                "-9223372036854775809", "99999999999999999999999", "1" + "0" * 4000, "1e400"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
     (home.share_root / "jobs" / job_id / "outputs" / "o" / "f.txt").write_text("f")
     small = tmp_path_factory.mktemp("small_wd")
     (small / "a.txt").write_text("a")
-    yield {"url": url, "job_id": job_id, "small": str(small), "headers": bearer(home),
+    yield {"url": url, "job_id": job_id, "job_dir": home.share_root / "jobs" / job_id, "small": str(small), "headers": bearer(home),
            "schema": schemathesis.openapi.from_url(f"{url}/openapi.json", headers=bearer(home))}
 
 
@@ -67,6 +71,7 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
               ("GET", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/terminate"),
               ("DELETE", "/v1/jobs/{job_id}"), ("GET", "/v1/jobs/{job_id}/files"),
               ("GET", "/v1/jobs/{job_id}/download"), ("GET", "/v1/jobs/{job_id}/logs"),
+              ("GET", "/v1/jobs/{job_id}/archive"),
               # No drawn deploy starts: the only job never succeeds.
               ("POST", "/v1/jobs/{job_id}/deploy"), ("GET", "/v1/deployments"),
               ("GET", "/v1/deployments/{deployment_id}"),
@@ -99,8 +104,8 @@ def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method:
         known = [fuzzed["job_id"]] if method == "GET" else []
         for params in (case.path_parameters, case.query):
             for key in list(params or {}):
-                params[key] = data.draw(st.sampled_from([params[key], *known]) | HOSTILE | TEXT,
-                                        label=key)
+                params[key] = data.draw(st.sampled_from([params[key], *known]) | HOSTILE | TEXT
+                                        | st.sampled_from(EXTREME_INTS), label=key)
         if case.query and fuzzed["job_id"] in (case.path_parameters or {}).values():
             case.query["follow"] = "false"  # the job never ends: following it would not either
         if mode == GenerationMode.POSITIVE and isinstance(case.body, dict) and "spec" in case.body:
@@ -115,6 +120,48 @@ def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method:
 
     fuzz()
     assert answers  # requests were drawn and sent
+
+
+def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str, Any]) -> None:
+    """Not drawn at random: each route's every path and integer query parameter, in turn, set to
+    each extreme value, the others valid (the job that exists, which has files and a log). Routes
+    that change something get extreme path parameters only, which name nothing that exists."""
+    job_id = fuzzed["job_id"]
+    log = fuzzed["job_dir"] / "stdouterr" / "rank.0" / "stdout"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("a log line\n")
+    valid = {"job_id": job_id, "deployment_id": job_id, "name": "fuzz", "path": "outputs",
+             "follow": "false"}
+    schema = httpx.get(f"{fuzzed['url']}/openapi.json", headers=fuzzed["headers"]).json()
+    sent = 0
+    with httpx.Client(base_url=fuzzed["url"], headers=fuzzed["headers"], timeout=10) as http:
+        for route, methods in schema["paths"].items():
+            for method, op in methods.items():
+                params = op.get("parameters", [])
+                for p in params:
+                    is_int = "integer" in str(p.get("schema"))
+                    if p["in"] not in ("path", "query") or not (is_int or p["in"] == "path"):
+                        continue
+                    if method.upper() != "GET" and p["in"] != "path":
+                        continue  # a change must not reach the job that exists
+                    for value in EXTREME_INTS + ([".."] if p["in"] == "path" else []):
+                        query = {q["name"]: valid[q["name"]] for q in params
+                                 if q["in"] == "query" and q["name"] in valid}
+                        path_values = {q["name"]: valid[q["name"]] for q in params
+                                       if q["in"] == "path"}
+                        (path_values if p["in"] == "path" else query)[p["name"]] = value
+                        url = route.format(**{k: quote(str(v), safe="")
+                                              for k, v in path_values.items()})
+                        t0 = time.monotonic()
+                        r = http.request(method.upper(), url, params=query)
+                        took = time.monotonic() - t0
+                        sent += 1
+                        # 0 is in range for offset and rank; every other value is out of every range.
+                        low = 200 if value == "0" else 400
+                        assert low <= r.status_code < 500, (route, p["name"], value[:30],
+                                                            r.status_code, r.text[:300])
+                        assert took < SLOW_S and len(r.text) < 5000, (route, p["name"], took)
+    assert sent >= 100  # offset, rank, limit and every route's path parameters were tried
 
 
 def harmless(case: Any, fuzzed: dict[str, Any]) -> None:

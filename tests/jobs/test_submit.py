@@ -42,7 +42,7 @@ def test_a_repeated_key_returns_the_same_job(home: Home, client: JobsClient) -> 
         for bad in ("", "x" * 200, "spaces are not allowed"):
             r = http.post("/v1/jobs", json=body, headers={"Idempotency-Key": bad})
             assert r.status_code == 422, bad
-            assert r.json()["errors"][0]["field"] == "idempotency-key"
+            assert r.json()["errors"][0]["field"] == "Idempotency-Key"
         # Without a key every submit is a new job.
         ids = {http.post("/v1/jobs", json=body).json()["id"] for _ in range(2)}
     assert len(ids) == 2

@@ -15,6 +15,7 @@ by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stall
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any, BinaryIO
@@ -27,10 +28,11 @@ from ringtrain import __version__
 from ringtrain.jobs.api.dashboard import add_dashboard_routes
 from ringtrain.jobs.api.guard import RequestGuard
 from ringtrain.jobs.api.limits import BodyLimit
-from ringtrain.jobs.api.logs import CHUNK, follow_file
+from ringtrain.jobs.api.logs import CHUNK, check_log, follow_file
 from ringtrain.jobs.api.schemas import (
     API_PREFIX,
     IDEMPOTENCY_KEY_PATTERN,
+    IDEMPOTENCY_KEY_RULE,
     DeployRequest,
     ErrorResponse,
     Health,
@@ -38,12 +40,13 @@ from ringtrain.jobs.api.schemas import (
     SubmitRequest,
 )
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import JobsError, NotFoundError
-from ringtrain.jobs.models import ClusterInfo, ClusterSpec, FileInfo, JobInfo, JobState
+from ringtrain.jobs.errors import JobsError, NotFoundError, SpecError, brief
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
 from ringtrain.jobs.models.spec import MAX_ERRORS, MAX_PATH_BYTES, field_errors
 from ringtrain.jobs.monitor.service_metrics import LatencyMiddleware, ServiceMetrics
+from ringtrain.jobs.paging import DEFAULT_PAGE, MAX_PAGE, FilePage
 from ringtrain.jobs.service import JobService
 from ringtrain.web.offline_docs import add_offline_docs
 
@@ -55,6 +58,10 @@ JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.
 NameFilter = Annotated[str | None, Query(pattern=NAME_PATTERN)]
 FilePath = Annotated[str, Query(max_length=MAX_PATH_BYTES,
                                 description="Relative to the job's folder, e.g. outputs/model.")]
+CursorQuery = Annotated[str | None, Query(
+    max_length=MAX_PATH_BYTES,
+    description="Go on after this path (relative to the job's folder): a listing's next_cursor, "
+                "or the last file of an archive received whole.")]
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
@@ -127,14 +134,22 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @r.post("/jobs", status_code=201)
     def submit(body: SubmitRequest, idempotency_key: str | None = Header(
-            None, pattern=IDEMPOTENCY_KEY_PATTERN,
+            None, max_length=1024,
             description="The client's name for this submission: a retry with the same key "
-                        "returns the same job (409 if its spec differs).")) -> JobInfo:
-        return service.submit(body.cluster, body.spec, idempotency_key)
+                        f"returns the same job (409 if its spec differs); "
+                        f"{IDEMPOTENCY_KEY_RULE}.")) -> JobInfo:
+        return service.submit(body.cluster, body.spec, _checked_key(idempotency_key))
 
     @r.get("/jobs")
     def list_jobs(experiment: NameFilter = None, cluster: NameFilter = None,
-                  state: JobState | None = None) -> list[JobInfo]:
+                  state: JobState | None = None,
+                  idempotency_key: str | None = Query(
+                      None, max_length=1024,
+                      description="Only the job submitted with this Idempotency-Key.")
+                  ) -> list[JobInfo]:
+        if idempotency_key is not None:
+            job = service.store.find_job(_checked_key(idempotency_key))
+            return [] if job is None else [job]
         return service.list_jobs(experiment, cluster, state)
 
     @r.get("/jobs/{job_id}")
@@ -150,8 +165,18 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         service.delete_job(job_id)
 
     @r.get("/jobs/{job_id}/files")
-    def list_files(job_id: JobIdPath, path: FilePath = "") -> list[FileInfo]:
-        return service.list_files(job_id, path)
+    def list_files(job_id: JobIdPath, path: FilePath = "",
+                   limit: int = Query(DEFAULT_PAGE, description=f"Files per page, 1..{MAX_PAGE}."),
+                   cursor: CursorQuery = None) -> FilePage:
+        return service.list_files(job_id, path, limit, cursor)
+
+    @r.get("/jobs/{job_id}/archive", response_class=StreamingResponse,
+           responses={200: {"content": {"application/x-tar": {}}}})
+    def archive(job_id: JobIdPath, path: FilePath = "", after: CursorQuery = None
+                ) -> StreamingResponse:
+        # Produced while sent; the path is checked (400/404) before the 200 is sent.
+        return StreamingResponse(service.archive(job_id, path, after),
+                                 media_type="application/x-tar")
 
     @r.get("/jobs/{job_id}/download", response_class=StreamingResponse,
            responses={200: {"content": {"application/octet-stream": {}}}})
@@ -165,9 +190,13 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
            responses={200: {"content": {"text/plain": {}}}})
     def logs(job_id: JobIdPath, rank: int = 0, stream: str = "stdout",
              follow: bool = Query(False, description="Stream until the job ends."),
-             offset: int = Query(0, ge=0, description="Start at this byte (to resume).")
+             offset: int = Query(0, description="Start at this byte (to resume); at most the "
+                                                "log's size.")
              ) -> StreamingResponse:
-        path = service.log_path(job_id, rank, stream)
+        relpath = service.log_path(job_id, rank, stream)
+        folder = service.share.job_dir(job_id)
+        # A link, pipe or bad offset: 400 before streaming.
+        offset = check_log(folder, relpath, offset, follow)
 
         def done() -> bool:
             try:
@@ -175,7 +204,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             except NotFoundError:  # deleted while followed
                 return True
 
-        body: AsyncIterator[bytes] = follow_file(path, done, offset)
+        body: AsyncIterator[bytes] = follow_file(folder, relpath, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
 
     deployments = Deployments(service)
@@ -199,6 +228,19 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     app.include_router(r)
     add_dashboard_routes(app, service, metrics, deployments)
     return app
+
+
+def _checked_key(key: str | None) -> str | None:
+    """An Idempotency-Key as sent, if it follows the rule.
+
+    Raises:
+        SpecError: it does not (422, naming the rule).
+    """
+    if key is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+        raise SpecError([{"field": "Idempotency-Key",
+                          "message": f"must be {IDEMPOTENCY_KEY_RULE} (got {brief(key)})"}],
+                        "request")
+    return key
 
 
 def _read(f: BinaryIO, size: int) -> Iterator[bytes]:

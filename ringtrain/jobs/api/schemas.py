@@ -11,6 +11,8 @@ from ringtrain.jobs.models.ids import Name
 API_PREFIX = "/v1"
 #: What a client may use as the ``Idempotency-Key`` header of ``POST /v1/jobs``.
 IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+#: The same rule in words, for error messages and docs.
+IDEMPOTENCY_KEY_RULE = "1 to 128 characters among A-Z a-z 0-9 . _ : -"
 
 
 class ResizeRequest(BaseModel):

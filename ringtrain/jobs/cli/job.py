@@ -35,11 +35,14 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--follow", action="store_true",
                    help="stream the preparation step's output, then rank 0's stdout and stderr "
                         "as written, until the job ends; exit 1 unless it succeeds")
+    p.add_argument("--idempotency-key", help="name this submission (default: a new random "
+                   "key); submitting again with the same key never creates a second job")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
     p.add_argument("--experiment", type=experiment_name)
     p.add_argument("--cluster", type=cluster_name)
     p.add_argument("--state", choices=[s.value for s in JobState])
+    p.add_argument("--idempotency-key", help="only the job submitted with this key")
     p.set_defaults(func=_list)
     p = sub.add_parser("show", parents=[common], help="a job's state and details")
     p.add_argument("id", type=job_id)
@@ -136,7 +139,7 @@ def _submit(args: argparse.Namespace) -> int:
     if spec.working_dir:
         _size_working_dir(Path(spec.working_dir), args.max_working_dir_mb)
     client = _client(args)
-    job = client.submit(args.cluster, spec)
+    job = client.submit(args.cluster, spec, args.idempotency_key)
     if not args.follow:
         if args.output == "json":
             output.emit_json(job)
@@ -195,8 +198,12 @@ def _follow(client: JobsClient, args: argparse.Namespace, job_id: str, rank: int
 
 
 def _list(args: argparse.Namespace) -> int:
-    jobs = _client(args).list_jobs(args.experiment, args.cluster,
-                                   JobState(args.state) if args.state else None)
+    if args.idempotency_key is not None:
+        found = _client(args).find_job(args.idempotency_key)
+        jobs = [] if found is None else [found]
+    else:
+        jobs = _client(args).list_jobs(args.experiment, args.cluster,
+                                       JobState(args.state) if args.state else None)
     output.emit(args.output, jobs, lambda: output.jobs_table(jobs) if jobs else "no jobs")
     return 0
 
@@ -257,18 +264,27 @@ def _metrics(args: argparse.Namespace) -> int:
 
 
 def _files(args: argparse.Namespace) -> int:
-    files = _client(args).list_files(args.id, args.path)
-    output.emit(args.output, files, lambda: output.files_table(files) if files else "no files")
+    # Pages are fetched as they are printed: a million files never sit in memory at once.
+    files = _client(args).iter_files(args.id, args.path)
+    if args.output == "json":
+        output.emit_json_array(files)
+        return 0
+    empty = True
+    for page in output.batches(files, 1000):
+        print(output.files_table(page, header=empty))
+        empty = False
+    if empty:
+        print("no files")
     return 0
 
 
 def _download(args: argparse.Namespace) -> int:
-    written = _client(args).download(args.id, args.path, args.dest)
+    written = _client(args).iter_download(args.id, args.path, args.dest)
     if args.output == "json":
-        output.emit_json([str(p) for p in written])
-    else:
-        for p in written:
-            print(p)
+        output.emit_json_array(str(p) for p in written)
+        return 0
+    for p in written:
+        print(p)
     return 0
 
 

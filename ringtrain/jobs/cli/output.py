@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from ringtrain.jobs.models import ClusterInfo, FileInfo, JobInfo
 from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
+
+T = TypeVar("T")
 
 
 def emit_json(value: Any) -> None:
@@ -24,6 +27,24 @@ def emit_json(value: Any) -> None:
         return v
 
     print(json.dumps(plain(value), indent=2))
+
+
+def emit_json_array(items: Iterable[Any]) -> None:
+    """Print one JSON array on stdout, each item as it comes (a long listing is never held)."""
+    sep = "[\n"
+    for item in items:
+        value = item.model_dump(mode="json") if isinstance(item, BaseModel) else item
+        body = json.dumps(value, indent=2).replace("\n", "\n  ")
+        print(f"{sep}  {body}", end="")
+        sep = ",\n"
+    print("[]" if sep == "[\n" else "\n]")
+
+
+def batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of ``size`` (the last may be shorter)."""
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
 
 
 def emit(fmt: str, value: Any, text: Callable[[], str]) -> None:
@@ -131,10 +152,11 @@ def deployment_text(d: DeploymentInfo) -> str:
     return "\n".join(lines)
 
 
-def files_table(files: list[FileInfo]) -> str:
-    """The table of `job files`."""
-    return table(["path", "size", "modified"], [[f.path, f.size, when(f.modified_at)]
+def files_table(files: list[FileInfo], header: bool = True) -> str:
+    """The table of `job files` (one page of it: columns are aligned within the page)."""
+    text = table(["path", "size", "modified"], [[f.path, f.size, when(f.modified_at)]
                                                 for f in files])
+    return text if header else text.partition("\n")[2]
 
 
 def error(message: str, errors: list[dict[str, str]] | None, as_json: bool) -> None:

@@ -42,7 +42,9 @@ RAY_ADDRESS_PATTERN = r"^(local|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0
 # MAX_SPEC_BYTES; the kernel's own limits on paths (PATH_MAX, NAME_MAX) bound the paths.
 MAX_SPEC_BYTES = 1 << 20
 MAX_ENTRIES = 256  # environment variables, inputs, outputs
-MAX_COMMAND_CHARS = 512 * 1024
+#: The most bytes one argument or environment entry of exec(2) may hold on Linux
+#: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
+MAX_ARG_BYTES = 131_071
 MAX_ENV_VALUE_CHARS = 64 * 1024
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
@@ -71,7 +73,17 @@ def _local_path(value: str) -> str:
 
 
 IoName = Annotated[str, StringConstraints(pattern=IO_NAME_PATTERN)]
-Command = Annotated[str, StringConstraints(max_length=MAX_COMMAND_CHARS), AfterValidator(_no_nul)]
+def _fits_exec(value: str) -> str:
+    _no_nul(value)
+    size = len(value.encode())
+    if size > MAX_ARG_BYTES:
+        raise ValueError(f"{size} bytes, but the kernel passes at most {MAX_ARG_BYTES} bytes in "
+                         "one argument: put a long script in a file of working_dir and run that")
+    return value
+
+
+# Characters are checked first (cheap, and no string of more characters has fewer bytes).
+Command = Annotated[str, StringConstraints(max_length=MAX_ARG_BYTES), AfterValidator(_fits_exec)]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS),
                      AfterValidator(_no_nul)]
 LocalPath = Annotated[str, StringConstraints(max_length=MAX_PATH_BYTES),
@@ -113,6 +125,14 @@ class JobSpec(BaseModel):
     max_wall_clock_time: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description="Seconds from start; past it the job is stopped and failed.")
+    max_output_files: int | None = Field(
+        None, ge=1, le=10**9, strict=True,
+        description="Files the job may leave under its outputs; past it the job is stopped and "
+                    "failed (default: the service's, see docs/jobs.md).")
+    max_output_bytes: int | None = Field(
+        None, ge=1, le=2**62, strict=True,
+        description="Bytes the job may leave under its outputs; past it the job is stopped and "
+                    "failed (default: the service's).")
     max_retries: int = Field(0, ge=0, le=100, strict=True,
                              description="Times a failed job is re-queued.")
     priority: Priority = Field(Priority.NORMAL, description="low | normal | high.")
@@ -268,13 +288,15 @@ def field_errors(errors: Sequence[ErrorDetails], allowed: Sequence[str] = ()
         allowed: the fields of the validated model, named in unknown-field errors.
     """
     out = []
+    named = False
     for e in errors[:MAX_ERRORS]:
         field = ".".join(str(p) for p in e["loc"]) or "(spec)"
         kind = e["type"]
         if kind == "extra_forbidden":
             message = "unknown field"
-            if allowed:
+            if allowed and not named:  # listed once, not once per unknown field
                 message += f"; allowed fields: {', '.join(allowed)}"
+                named = True
         elif kind == "string_pattern_mismatch":
             message = _PATTERN_RULES.get(str(e["loc"][0]), NAME_RULE)
         else:

@@ -9,6 +9,8 @@ document; it also refuses a recursive alias and nesting deeper than :data:`MAX_D
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import yaml
@@ -16,7 +18,12 @@ from yaml.composer import ComposerError
 from yaml.nodes import Node
 
 from ringtrain.jobs.errors import SpecError
-from ringtrain.jobs.models.spec import MAX_SPEC_BYTES, JobSpec, parse_job_spec
+from ringtrain.jobs.models.spec import (
+    MAX_ENTRIES,
+    MAX_SPEC_BYTES,
+    JobSpec,
+    parse_job_spec,
+)
 
 MAX_VALUES = 10_000  # a real spec has a few hundred at most
 MAX_DEPTH = 32  # a spec nests three levels
@@ -34,6 +41,7 @@ class BoundedLoader(yaml.SafeLoader):
         self._values = 0  # nodes of the document with every alias expanded
         self._sizes: dict[str, int] = {}  # expanded size of each completed anchor
         self._depth = 0
+        self._aliased = False  # whether any alias was expanded (what the error blames)
 
     def compose_node(self, parent: Node | None, index: object) -> Node:
         event = self.peek_event()
@@ -42,6 +50,7 @@ class BoundedLoader(yaml.SafeLoader):
             if event.anchor not in self._sizes:
                 raise YAMLLimitError(None, None, f"alias *{event.anchor} refers to itself; a spec "
                                     "cannot contain itself", event.start_mark)
+            self._aliased = True
             self._count(self._sizes[event.anchor], event)
             return node
         self._depth += 1
@@ -58,10 +67,14 @@ class BoundedLoader(yaml.SafeLoader):
 
     def _count(self, values: int, event: yaml.Event) -> None:
         self._values += values
-        if self._values > MAX_VALUES:
+        if self._values > MAX_VALUES and self._aliased:
             raise YAMLLimitError(None, None, f"more than {MAX_VALUES} values once aliases are "
                                 "expanded; write the spec without aliases that repeat so much",
                                 event.start_mark)
+        if self._values > MAX_VALUES:
+            raise YAMLLimitError(None, None, f"more than {MAX_VALUES} values; a spec holds a "
+                                "few hundred (outputs, inputs and environment take at most "
+                                f"{MAX_ENTRIES} entries each)", event.start_mark)
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
@@ -79,10 +92,19 @@ def load_job_spec(path: str | Path) -> JobSpec:
         return SpecError([{"field": "(file)", "message": message}], source)
 
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
+        # Non-blocking: opening a named pipe would wait for a writer, forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise refuse(f"cannot read {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "a named pipe, socket or device"
+            raise refuse(f"{path} is {what}, not a file: save the spec in a file and name that")
+        try:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        except OSError as e:
+            raise refuse(f"cannot read {path}: {e.strerror}") from None
     if len(raw) > MAX_SPEC_BYTES:
         raise refuse(f"larger than {MAX_SPEC_BYTES >> 20} MiB; a spec names files, it does not "
                      "hold them")
