@@ -34,7 +34,8 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-c", "import sys; from ringtrain.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-c",
+       "import sys; from ringtrain.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -107,8 +108,10 @@ def tar_peer(src: Path, sub: str, dest: Path) -> float:
 def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     env = {**os.environ, "RINGTRAIN_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO)}
     env.pop("RINGTRAIN_URL", None)
-    run = lambda *a: subprocess.run([*CLI, *a], env=env, check=True, capture_output=True,
-                                    text=True, timeout=3600).stdout
+    def run(*a: str) -> str:
+        return subprocess.run([*CLI, *a], env=env, check=True, capture_output=True,
+                              text=True, timeout=3600).stdout
+
     run("cluster", "create", "idle", "--nodes", "0")
     spec = tmp / "spec.yaml"
     spec.write_text("name: many\nnode_count: 1\ncommand: 'true'\noutputs: [o]\n")
@@ -167,7 +170,8 @@ def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 "tar_peer_files_per_s": round(count / peer_s),
                 "files_per_s_ratio_to_tar": round(peer_s / took, 3)})
     count, size, took, peer_s = results["big"]
-    out.update({"download_big_mb": round(size / 1e6), "download_mb_per_s": round(size / 1e6 / took, 1),
+    out.update({"download_big_mb": round(size / 1e6),
+                "download_mb_per_s": round(size / 1e6 / took, 1),
                 "tar_peer_mb_per_s": round(size / 1e6 / peer_s, 1),
                 "mb_per_s_ratio_to_tar": round(peer_s / took, 3),
                 "server_rss_peak_mb": round(max(sampled.rss), 1),

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -360,8 +361,9 @@ class _Stream:
             _raise_for(response)
         return response
 
-    def __exit__(self, *exc: object) -> None:
-        self._ctx.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._ctx.__exit__(exc_type, exc, tb)
 
 
 def _cluster_path(name: str) -> str:

@@ -43,7 +43,8 @@ def check_range(name: str, value: int, low: int, high: int, hint: str = "") -> i
         InvalidRequestError: it is not; the message names the parameter, the range and ``hint``.
     """
     if not low <= value <= high:
-        shown = str(value) if abs(value) < 10**30 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+        shown = (str(value) if abs(value) < 10**30
+                 else f"{str(value)[:12]}... ({len(str(value))} digits)")
         raise InvalidRequestError(f"{name} must be between {low} and {high} (got {shown})"
                                   + (f"; {hint}" if hint else ""))
     return value

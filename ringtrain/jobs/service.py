@@ -373,7 +373,8 @@ class JobService:
 
     def list_files(self, job_id: str, path: str = "", limit: int = DEFAULT_PAGE,
                    cursor: str | None = None) -> FilePage:
-        """One page of the files under ``path`` of a job's folder (see :mod:`ringtrain.jobs.paging`).
+        """One page of the files under ``path`` of a job's folder (see
+        :mod:`ringtrain.jobs.paging`).
 
         Raises:
             NotFoundError: no such job, or nothing at the path.
@@ -385,7 +386,8 @@ class JobService:
         return take_page(self.share.iter_files(job_id, path, cursor, limit + 1), limit)
 
     def iter_files(self, job_id: str, path: str = "") -> Iterator[FileInfo]:
-        """Every file under ``path`` of a job's folder, walked lazily (see :meth:`Share.iter_files`)."""
+        """Every file under ``path`` of a job's folder, walked lazily (see
+        :meth:`Share.iter_files`)."""
         self.store.get_job(job_id)
         return self.share.iter_files(job_id, path)
 

@@ -264,6 +264,7 @@ def _resume_parts(parts: list[str], after: str | None) -> list[str] | None:
         return None
     resume = split_path(after)
     if resume[:len(parts)] != parts or len(resume) == len(parts):
-        raise InvalidRequestError(f"cursor {brief(after)} is not a path below {brief('/'.join(parts) or '.')}; "
+        below = brief('/'.join(parts) or '.')
+        raise InvalidRequestError(f"cursor {brief(after)} is not a path below {below}; "
                                   "pass the next_cursor of the previous page unchanged")
     return resume[len(parts):]

@@ -155,7 +155,8 @@ class InferRoute:
                 large = len(data) > INLINE_BYTES
                 ticket.reserve(_decode_cost(data, length))
                 if large:
-                    request, items = await self.admission.decode(partial(self._inputs, data, length))
+                    request, items = await self.admission.decode(
+                        partial(self._inputs, data, length))
                 else:
                     request, items = self._inputs(data, length)
                 del data

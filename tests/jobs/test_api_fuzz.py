@@ -57,7 +57,8 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
     (home.share_root / "jobs" / job_id / "outputs" / "o" / "f.txt").write_text("f")
     small = tmp_path_factory.mktemp("small_wd")
     (small / "a.txt").write_text("a")
-    yield {"url": url, "job_id": job_id, "job_dir": home.share_root / "jobs" / job_id, "small": str(small), "headers": bearer(home),
+    yield {"url": url, "job_id": job_id, "job_dir": home.share_root / "jobs" / job_id,
+           "small": str(small), "headers": bearer(home),
            "schema": schemathesis.openapi.from_url(f"{url}/openapi.json", headers=bearer(home))}
 
 
@@ -156,7 +157,8 @@ def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str,
                         r = http.request(method.upper(), url, params=query)
                         took = time.monotonic() - t0
                         sent += 1
-                        # 0 is in range for offset and rank; every other value is out of every range.
+                        # 0 is in range for offset and rank; every other value is out of every
+                        # range.
                         low = 200 if value == "0" else 400
                         assert low <= r.status_code < 500, (route, p["name"], value[:30],
                                                             r.status_code, r.text[:300])

@@ -147,8 +147,9 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
                       None, max_length=1024,
                       description="Only the job submitted with this Idempotency-Key.")
                   ) -> list[JobInfo]:
-        if idempotency_key is not None:
-            job = service.store.find_job(_checked_key(idempotency_key))
+        key = _checked_key(idempotency_key)
+        if key is not None:
+            job = service.store.find_job(key)
             return [] if job is None else [job]
         return service.list_jobs(experiment, cluster, state)
 
