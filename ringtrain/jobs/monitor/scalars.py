@@ -19,10 +19,13 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ringtrain.jobs.monitor.tfevents import EventFileReader, open_regular
+from ringtrain.errors import RingtrainError
+from ringtrain.jobs.monitor.tfevents import EventFileReader
+from ringtrain.jobs.safe_open import open_regular
 
 #: Files looked at per scan, so that a job writing millions of outputs cannot stall a request.
 MAX_SCAN_ENTRIES = 20_000
@@ -38,15 +41,16 @@ _PHASE_KEYS = ("step_ms", "data_ms", "h2d_ms", "forward_backward_ms", "communica
 class _StepsFileReader:
     """Reads one ``steps.rank<N>.jsonl`` incrementally, whole lines only."""
 
-    def __init__(self, path: Path, rank: int):
-        self.path = path
+    def __init__(self, job_dir: Path, relpath: str, rank: int):
+        self.job_dir = job_dir
+        self.relpath = relpath
         self.run = f"rank {rank}"
         self.offset = 0
 
     def read(self) -> list[tuple[str, int, float, float]]:
         try:
-            fd = open_regular(self.path)
-        except OSError:
+            fd = open_regular(self.job_dir, self.relpath)
+        except (OSError, RingtrainError):  # not there yet, or made a link, pipe or device
             return []
         try:
             data = os.pread(fd, 4 * 1024 * 1024, self.offset)
@@ -123,7 +127,9 @@ class JobScalars:
                     return
                 path = Path(top) / name
                 if "tfevents" in name and path not in self._events:
-                    self._events[path] = EventFileReader(path)
+                    self._events[path] = EventFileReader(
+                        path, partial(open_regular, self.job_dir,
+                                      path.relative_to(self.job_dir).as_posix()))
         try:
             names = sorted(os.listdir(self.job_dir / "metrics"))
         except OSError:
@@ -132,7 +138,8 @@ class JobScalars:
             match = _STEPS_FILE.fullmatch(name)
             path = self.job_dir / "metrics" / name
             if match and path not in self._steps:
-                self._steps[path] = _StepsFileReader(path, int(match.group(1)))
+                self._steps[path] = _StepsFileReader(self.job_dir, f"metrics/{name}",
+                                                     int(match.group(1)))
 
     def _add(self, run: str, tag: str, step: int, wall: float, value: float) -> None:
         if len(self.points) >= MAX_POINTS:

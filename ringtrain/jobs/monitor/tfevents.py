@@ -21,8 +21,11 @@ from __future__ import annotations
 import os
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ringtrain.errors import RingtrainError
 
 #: The most bytes one read takes from a file; the rest waits for the next read.
 READ_LIMIT = 8 * 1024 * 1024
@@ -73,8 +76,11 @@ class EventFileReader:
         path: the event file.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, opener: Callable[[], int] | None = None):
         self.path = path
+        # how to open it: by default this file alone is checked; a job's folder passes the
+        # share's opener, which checks every component below the folder
+        self._open = opener or (lambda: open_regular(path))
         self.offset = 0
         self.broken: str | None = None  # why reading stopped for good
 
@@ -87,8 +93,8 @@ class EventFileReader:
         if self.broken is not None:
             return []
         try:
-            fd = open_regular(self.path)
-        except OSError:
+            fd = self._open()
+        except (OSError, RingtrainError):
             return []
         try:
             data = os.pread(fd, READ_LIMIT, self.offset)

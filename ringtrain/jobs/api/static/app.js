@@ -492,8 +492,8 @@ function logsPane(id, getJob) {
       }
       let offset = 0;
       try {
-        const files = await api(`/v1/jobs/${jid}/files?path=${encodeURIComponent(`stdouterr/rank.${rank}`)}`);
-        const f = files.find(x => x.path.endsWith(`/${stream}`));
+        const page = await api(`/v1/jobs/${jid}/files?path=${encodeURIComponent(`stdouterr/rank.${rank}`)}`);
+        const f = page.files.find(x => x.path.endsWith(`/${stream}`));
         if (f && f.size > LOG_TAIL_BYTES) {
           offset = f.size - LOG_TAIL_BYTES;
           append(`… ${bytes(offset)} earlier output not shown (Files tab: download the whole log) …\n`);
@@ -521,10 +521,17 @@ async function filesPane(pane, id, keep) {
   const note = el("span", { class: "count" });
   pane.append(el("div", { class: "toolbar" }, filter, note),
     el("table", { id: "files" }, el("thead", {}, el("tr", {}, ["Path", "Size", "Modified", ""].map(t => el("th", { text: t })))), body));
-  let files = [];
-  try { files = await api(`/v1/jobs/${encodeURIComponent(id)}/files`); }
-  catch (e) { note.textContent = e.message; return; }
+  // One page of the listing (the API pages it): a job with more files is fetched whole as an
+  // archive, not listed into the page.
+  const PAGE = 2000;
+  let files = [], more = false;
+  try {
+    const page = await api(`/v1/jobs/${encodeURIComponent(id)}/files?limit=${PAGE}`);
+    files = page.files; more = page.next_cursor !== null;
+  } catch (e) { note.textContent = e.message; return; }
   keep(files);
+  const archive = el("a", { href: `/v1/jobs/${encodeURIComponent(id)}/archive?path=outputs`, download: `${id}-outputs.tar`, text: "download outputs/ as one archive" });
+  pane.querySelector(".toolbar").appendChild(archive);
   const rank = p => p.startsWith("outputs/") ? 0 : p.startsWith("stdouterr/") ? 1 : p.startsWith("wd/") ? 3 : 2;
   files.sort((a, b) => rank(a.path) - rank(b.path) || (a.path < b.path ? -1 : 1));
   function render() {
@@ -535,7 +542,7 @@ async function filesPane(pane, id, keep) {
         el("td", { text: ago(x.modified_at) }),
         el("td", {}, el("a", { href: `/v1/jobs/${encodeURIComponent(id)}/download?path=${encodeURIComponent(x.path)}`, download: x.path.split("/").pop(), text: "download" }))));
     }
-    note.textContent = `${shown.length} file(s)${shown.length > 1000 ? ", the first 1000 shown: filter to find others" : ""}`;
+    note.textContent = `${shown.length}${more ? "+" : ""} file(s)${shown.length > 1000 ? ", the first 1000 shown: filter to find others" : ""}${more ? `; only the first ${PAGE} are listed here (ringtrain job files lists all)` : ""}`;
   }
   filter.addEventListener("input", render);
   render();
