@@ -50,6 +50,9 @@ def _load_example(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # as when run as a script: the examples' own helpers (training_curves) sit beside them
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec.loader.exec_module(module)
     return module
 

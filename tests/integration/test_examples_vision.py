@@ -63,8 +63,9 @@ def test_cifar_cnn_two_workers_checkpoint_on_rank_0_only(tmp_path: Path) -> None
                     str(EXAMPLES / "cifar_cnn.py"), "--epochs", "1", "--limit-train", "256",
                     "--limit-val", "100", "--output-dir", str(tmp_path)])
     assert metrics["world_size"] == 2
+    # rank 0 alone writes: one checkpoint, the model and its training curves (tb/)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1.pt", "model.json",
-                                                          "model.pt"]
+                                                          "model.pt", "tb"]
 
 
 @needs_fashion
@@ -105,6 +106,9 @@ def test_retinanet_recipes_share_the_batch_or_scale_the_learning_rate() -> None:
                                                   EXAMPLES / "retinanet_coco.py")
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
+    # as when run as a script: the examples' own helpers (training_curves) sit beside them
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec.loader.exec_module(example)
     assert example.work_share("same-steps", 4, 5e-4, 2) == (2, 5e-4)
     assert example.work_share("scale-lr", 4, 5e-4, 2) == (4, 1e-3)
