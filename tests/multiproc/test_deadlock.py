@@ -8,15 +8,34 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 import ringtrain.torch as hvd
 from tests.multiproc.test_no_hang import _ASYNC_KINDS, _outcome, _start
+from tests.multiproc.world import World
 
 #: How long a test lets the ranks take; detection takes a few seconds (about three probes).
 _BOUND_S = 60
+
+
+@pytest.fixture
+def diverging2() -> Iterator[World]:
+    """A world of its own: ranks that diverged submitted different unnamed operations, so their
+    generated names no longer meet, and the worlds other tests share must not inherit that."""
+    world = World(2)
+    yield world
+    world.close()
+
+
+@pytest.fixture
+def diverging3() -> Iterator[World]:
+    """As :func:`diverging2`, three ranks."""
+    world = World(3)
+    yield world
+    world.close()
 
 
 def _diverge() -> dict[str, str]:
@@ -31,8 +50,8 @@ def _diverge() -> dict[str, str]:
     return out
 
 
-def test_ranks_that_diverge_in_every_kind_of_collective_fail_with_a_named_deadlock(world2):
-    results = world2.run(_diverge, timeout=_BOUND_S * 3)
+def test_ranks_that_diverge_in_every_kind_of_collective_fail_with_a_named_deadlock(diverging2):
+    results = diverging2.run(_diverge, timeout=_BOUND_S * 3)
     for _r, out in enumerate(results):
         assert out.pop("after") == 2.0  # the engine goes on: nothing was stopped
         for kind, outcome in out.items():
@@ -52,19 +71,22 @@ def test_ranks_that_diverge_in_every_kind_of_collective_fail_with_a_named_deadlo
 
 def _join_while_the_others_diverge() -> str:
     r = hvd.rank()
+    # Start together: a rank still being set up is not blocked, and ranks blocked without it
+    # would be a deadlock of their own (detected in about two seconds) that leaves it waiting.
+    hvd.allreduce(torch.ones(1), op=hvd.Sum, name="join.start")
     if r == 0:
         return _outcome(hvd.join)
     return _outcome(_start("allreduce", f"join.{r}"))
 
 
-def test_a_join_waiting_for_ranks_that_diverge_fails_with_them(world3):
-    results = world3.run(_join_while_the_others_diverge, timeout=_BOUND_S)
+def test_a_join_waiting_for_ranks_that_diverge_fails_with_them(diverging3):
+    results = diverging3.run(_join_while_the_others_diverge, timeout=_BOUND_S)
     for outcome in results:
         assert outcome.startswith("DeadlockError: deadlock: rank(s) [0, 1, 2]"), outcome
         assert "rank 0 waits for join() (not submitted by rank(s) [1, 2])" in outcome, outcome
         assert "rank 1 waits for allreduce 'join.1' (not submitted by rank(s) [2])" in outcome
         assert "rank 2 waits for allreduce 'join.2' (not submitted by rank(s) [1])" in outcome
-    assert world3.run(hvd.size) == [3, 3, 3]
+    assert diverging3.run(hvd.size) == [3, 3, 3]
 
 
 def _compute_first(seconds: float) -> float:
