@@ -30,6 +30,7 @@ def test_train_detection_as_a_job_deploy_it_and_get_boxes(home: Home, cli: CLI,
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(EXAMPLE, work)
+    shutil.copy(EXAMPLE.with_name("training_curves.py"), work)  # the example's own helper
     spec = tmp_path / "trees.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "trees", "node_count": 1, "working_dir": str(work), "outputs": ["model"],
