@@ -145,7 +145,7 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout():
     started = time.monotonic()
     errors = on_every_rank(world, lambda b: b.control_allreduce(torch.zeros(1, dtype=torch.int32)),
                            ranks=(0, 1))
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # the 0.2 s timeout, not the backend's hours
     for rank, error in zip((0, 1), errors):
         assert isinstance(error, RendezvousError)
         assert f"rank {rank} waited 0.2 s in control_allreduce over ranks [0, 1, 2]" in str(error)

@@ -65,7 +65,8 @@ def test_a_huge_output_list_neither_freezes_the_api_nor_takes_long(http: httpx.C
     assert isinstance(r, httpx.Response) and r.status_code == 422
     assert r.json()["errors"][0]["field"] == "outputs"
     assert "at most 256" in r.json()["errors"][0]["message"]
-    assert answer["took"] < 1.0 and slowest < 0.5
+    # wide bounds, never flaky on a loaded machine: the quadratic check took 17 s, health with it
+    assert answer["took"] < 10 and slowest < 5
 
 
 def test_bodies_over_the_limit_are_refused_unread(http: httpx.Client) -> None:
@@ -81,7 +82,7 @@ def test_bodies_over_the_limit_are_refused_unread(http: httpx.Client) -> None:
 
     r = http.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 20  # read whole, 600,000 names would take far longer
     assert http.get("/v1/health").status_code == 200
 
 

@@ -73,7 +73,7 @@ def test_traversal_and_hostile_input_through_the_cli(home: Home, cli: CLI,
         t0 = time.monotonic()
         rc, _, err = cli("job", "submit", write(tmp_path, name, content), "--cluster", "victim")
         assert rc == 2 and says in err, (name, err)
-        assert "Traceback" not in err and len(err) < 2000 and time.monotonic() - t0 < 5, name
+        assert "Traceback" not in err and len(err) < 2000 and time.monotonic() - t0 < 30, name
 
     pipe_wd = tmp_path / "wd"
     pipe_wd.mkdir()

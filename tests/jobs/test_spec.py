@@ -102,7 +102,7 @@ def test_output_names_are_checked_in_linear_time_and_bounded() -> None:
     t0 = time.monotonic()
     with pytest.raises(SpecError) as e:
         parse_job_spec({**GOOD, "outputs": names})
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 5  # wide, never flaky under load; the quadratic check: 17 s
     assert e.value.errors[0]["field"] == "outputs"
     assert "at most 256" in e.value.errors[0]["message"]
     with pytest.raises(SpecError, match="repeated: o7"):
@@ -162,7 +162,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(SpecError) as e:
         load_job_spec(tmp_path / "bomb.yaml")
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 10  # expanded, the bomb would take minutes and gigabytes
     assert "aliases" in str(e.value) and "10000" in str(e.value)
     assert len(str(e.value)) < 1000
 
