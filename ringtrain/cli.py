@@ -24,6 +24,31 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The optional extra (pyproject.toml) that brings each top-level package a command may import.
+_EXTRA_OF_PACKAGE: dict[str, str] = {
+    **dict.fromkeys(("fastapi", "starlette", "uvicorn", "pydantic", "httpx", "pathspec",
+                     "swagger_ui_bundle", "prometheus_client"), "jobs"),
+    **dict.fromkeys(("torchvision", "PIL", "pycocotools", "matplotlib", "simplejpeg", "tqdm"),
+                    "vision"),
+    "ray": "ray", "keras": "keras", "bayes_opt": "autotune", "tensorboard": "tensorboard",
+}
+#: Commands whose web stack is the model server's extra rather than the job service's.
+_WEB_EXTRA = {"serve": "serve"}
+
+
+def missing_extra(command: str, error: ModuleNotFoundError) -> str | None:
+    """What to install when ``command`` failed to import ``error.name``: a line naming the
+    extra, or ``None`` when the module is no dependency of an extra (a bug, to be raised)."""
+    package = (error.name or "").split(".")[0]
+    extra = _EXTRA_OF_PACKAGE.get(package)
+    if extra is None:
+        return None
+    if extra == "jobs":
+        extra = _WEB_EXTRA.get(command, extra)
+    return (f"ringtrain {command}: needs the '{extra}' extra ({package} is not installed): "
+            f"pip install 'ringtrain[{extra}]'")
+
+
 def _usage() -> str:
     lines = ["usage: ringtrain COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in _COMMANDS.items()]
@@ -46,10 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     if command not in _COMMANDS:
         print(f"ringtrain: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(_COMMANDS[command][0])
-    # Groups that share a module get their own name as the first argument.
-    rest = argv if _COMMANDS[command][0] == "ringtrain.jobs.cli" else argv[1:]
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(_COMMANDS[command][0])
+        # Groups that share a module get their own name as the first argument.
+        rest = argv if _COMMANDS[command][0] == "ringtrain.jobs.cli" else argv[1:]
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as e:  # an optional dependency, imported late by some commands
+        hint = missing_extra(command, e)
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
