@@ -37,7 +37,9 @@ from ringtrain.jobs.models.ids import JOB_ID_PATTERN
 from ringtrain.jobs.monitor.host import HostSampler
 from ringtrain.jobs.monitor.job_usage import JobUsageSampler
 from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
+from ringtrain.jobs.monitor.scalars import MAX_POINTS
 from ringtrain.jobs.monitor.service_metrics import ServiceMetrics
+from ringtrain.jobs.paging import check_range
 from ringtrain.jobs.service import JobService
 
 #: The assets the page loads, by the name in their URL, with their media type.
@@ -97,10 +99,11 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
 
     @r.get("/jobs/{job_id}/scalars")
     def scalars(job_id: JobIdPath, cursor: int = Query(
-            0, ge=0, description="Points already received (the last response's cursor).")
+            0, description="Points already received (the last response's cursor).")
             ) -> dict[str, Any]:
         """A job's training scalars: TensorBoard event files under its outputs and the step
         profiler's metrics. ``points`` are ``[series, step, wall_time, value]``."""
+        check_range("cursor", cursor, 0, MAX_POINTS, "pass the last response's cursor")
         return service.job_scalars(job_id, cursor)
 
     @r.get("/host")
