@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from ringtrain.env_report import collect
 
 
 def test_variables_are_labelled_by_owner_and_torchvision_is_listed(monkeypatch):
+    for name in list(os.environ):  # the environment the suite runs in may set some
+        if name.startswith(("RINGTRAIN_", "HOROVOD_")):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("RINGTRAIN_HOME", "/tmp/home")
     monkeypatch.setenv("RINGTRAIN_TOKEN", "secret")
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1024")
