@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ringtrain.proc_stat import stat_fields
+
 _PROC = Path("/proc")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -28,13 +30,8 @@ def _processes() -> dict[int, tuple[int, int, int, int]]:
     for entry in os.scandir(_PROC):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(b")") + 2:].split()
-        if fields[0] in (b"Z", b"X"):
+        fields = stat_fields(int(entry.name))
+        if fields is None or fields[0] in ("Z", "X"):
             continue
         out[int(entry.name)] = (int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12]),
                                 int(fields[21]) * _PAGE)
