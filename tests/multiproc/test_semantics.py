@@ -44,19 +44,30 @@ def test_mismatches_fail_on_every_rank_and_name_the_tensor(world):
 
 
 def _duplicate_name() -> str:
-    handle = hvd.allreduce_async(torch.ones(1), name="dup")
+    # A name leaves the in-flight set once every rank has run it, so each rank repeats a name
+    # its peer has not submitted yet: rank 0 checks "dup" before releasing rank 1 through "go",
+    # rank 1 checks "dup2" before releasing rank 0 through "go2".
+    mine, theirs = ("dup", "dup2") if hvd.rank() == 0 else ("dup2", "dup")
+    if hvd.rank() == 1:
+        hvd.allreduce(torch.ones(1), name="go")
+    handle = hvd.allreduce_async(torch.ones(1), name=mine)
     try:
-        hvd.allreduce_async(torch.ones(1), name="dup")
+        hvd.allreduce_async(torch.ones(1), name=mine)
         message = "no error"
     except ValueError as exc:
         message = str(exc)
+    if hvd.rank() == 0:
+        hvd.allreduce(torch.ones(1), name="go")
+    hvd.allreduce(torch.ones(1), name="go2")
+    other = hvd.allreduce_async(torch.ones(1), name=theirs)
     hvd.synchronize(handle)
+    hvd.synchronize(other)
     return message
 
 
 def test_same_name_twice_in_flight_is_a_value_error(world2):
-    for message in world2.run(_duplicate_name):
-        assert "already in flight" in message and "dup" in message
+    for rank, message in enumerate(world2.run(_duplicate_name)):
+        assert "already in flight" in message and ("dup" if rank == 0 else "dup2") in message
 
 
 def _bad_arguments() -> list[str]:
