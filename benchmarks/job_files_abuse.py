@@ -7,7 +7,8 @@ Jobs: a real job server on loopback with one job holding ``--files`` files under
 * one archive request of the small files read to its end (the service's rate, nothing written);
 * ``ringtrain job download ID outputs`` (one archive request): files/s on the small files, MB/s
   on the large ones, against the peer ``tar -c | tar -x`` of the same folders in the same run;
-* ``/v1/health`` latency, probed every 50 ms throughout (max and p99), and the server's peak RSS.
+* ``/v1/health`` latency, probed every 50 ms throughout from a process of its own (max, p99 and
+  the max of each phase), and the server's peak RSS.
 
 Model server: ``ringtrain serve`` with ``--max-memory-mib``, 20 clients posting a 6300x6300 PNG
 at once: every status, and the server's peak RSS against its budget.
@@ -18,6 +19,7 @@ Everything is made in a temporary folder and deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -46,22 +48,17 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
 
 
 class Sampler:
-    """Samples a process's RSS and the latency of a URL in a thread, every ``every_s``."""
+    """Samples a process's RSS in a thread, every ``every_s``."""
 
-    def __init__(self, pid: int, probe: Callable[[], None] | None, every_s: float = 0.05):
-        self.pid, self.probe, self.every_s = pid, probe, every_s
+    def __init__(self, pid: int, every_s: float = 0.05):
+        self.pid, self.every_s = pid, every_s
         self.rss: list[float] = []
-        self.latency: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self.rss.append(rss_mb(self.pid))
-            if self.probe is not None:
-                t0 = time.perf_counter()
-                self.probe()
-                self.latency.append(time.perf_counter() - t0)
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -70,6 +67,59 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+# The health probe runs in a process of its own: probing from a thread of the process that
+# also reads the archive would measure this process's GIL, not the server.
+PROBE = """
+import sys, time, httpx
+url, token, every = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with httpx.Client(base_url=url, headers={"Authorization": "Bearer " + token}, timeout=60) as c:
+    while True:
+        t0 = time.perf_counter()
+        c.get("/v1/health").raise_for_status()
+        took = time.perf_counter() - t0
+        print(f"{time.time():.6f} {took:.6f}", flush=True)
+        time.sleep(max(0.0, every - took))
+"""
+
+
+class HealthProbe:
+    """``GET /v1/health`` every ``every_s`` from a separate process; latencies by phase."""
+
+    def __init__(self, url: str, token: str, every_s: float = 0.05):
+        self._args = [sys.executable, "-c", PROBE, url, token, str(every_s)]
+        self.phases: list[tuple[str, float, float]] = []
+        self.samples: list[tuple[float, float]] = []
+
+    def __enter__(self) -> HealthProbe:
+        self._proc = subprocess.Popen(self._args, stdout=subprocess.PIPE, text=True)
+        return self
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.phases.append((name, start, time.time()))
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.terminate()
+        stdout, _ = self._proc.communicate(timeout=30)
+        for line in stdout.splitlines():
+            at, took = line.split()
+            self.samples.append((float(at), float(took)))
+
+    def summary(self) -> dict[str, object]:
+        """Max and p99 over the run, and the max of each phase, in milliseconds."""
+        latency = [took for _, took in self.samples]
+        by_phase = {name: round(1000 * max((took for at, took in self.samples
+                                             if start <= at - took and at <= end), default=0), 1)
+                    for name, start, end in self.phases}
+        return {"health_max_ms": round(1000 * max(latency), 1),
+                "health_p99_ms": round(1000 * statistics.quantiles(latency, n=100)[98], 1),
+                "health_probes": len(latency), "health_max_ms_by_phase": by_phase}
 
 
 def make_files(root: Path, count: int, flat: int, big: int, big_mib: int) -> None:
@@ -131,16 +181,18 @@ def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                               "make_files_s": round(made_s, 1),
                               "server_rss_idle_mb": round(rss_mb(pid), 1)}
     headers = {"Authorization": f"Bearer {home_token(home)}"}
-    with httpx.Client(base_url=info.url, headers=headers, timeout=60) as http:
-        probe_client = httpx.Client(base_url=info.url, headers=headers, timeout=60)
-        with Sampler(pid, lambda: probe_client.get("/v1/health")) as sampled:
-            for name, path in (("nested", "outputs"), ("flat", "outputs/o/flat")):
+    with httpx.Client(base_url=info.url, headers=headers, timeout=60) as http, \
+            Sampler(pid) as sampled, HealthProbe(info.url, home_token(home)) as probe:
+        time.sleep(1.0)  # the probe's interpreter starts
+        for name, path in (("nested", "outputs"), ("flat", "outputs/o/flat")):
+            with probe.phase(f"first_page_{name}"):
                 t0 = time.perf_counter()
                 page = http.get(f"/v1/jobs/{job_id}/files", params={"path": path}).json()
                 out[f"first_page_{name}_s"] = round(time.perf_counter() - t0, 3)
-                assert len(page["files"]) == 1000 and page["next_cursor"]
-            out["server_rss_after_pages_mb"] = round(rss_mb(pid), 1)
-            # The service's side alone: one archive request read to its end, nothing written.
+            assert len(page["files"]) == 1000 and page["next_cursor"]
+        out["server_rss_after_pages_mb"] = round(rss_mb(pid), 1)
+        # The service's side alone: one archive request read to its end, nothing written.
+        with probe.phase("archive_stream"):
             t0 = time.perf_counter()
             received = 0
             with http.stream("GET", f"/v1/jobs/{job_id}/archive",
@@ -148,22 +200,23 @@ def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 for chunk in r.iter_raw():
                     received += len(chunk)
             took = time.perf_counter() - t0
-            out["archive_stream_files_per_s"] = round(args.files / took)
-            out["archive_stream_mb_per_s"] = round(received / 1e6 / took, 1)
-            results = {}
-            for name, sub in (("small", "o"), ("big", "big")):
-                dest = tmp / f"dl_{name}"
+        out["archive_stream_files_per_s"] = round(args.files / took)
+        out["archive_stream_mb_per_s"] = round(received / 1e6 / took, 1)
+        results = {}
+        for name, sub in (("small", "o"), ("big", "big")):
+            dest = tmp / f"dl_{name}"
+            with probe.phase(f"download_{name}"):
                 t0 = time.perf_counter()
                 listed = run("job", "download", job_id, f"outputs/{sub}", "--to", str(dest))
                 took = time.perf_counter() - t0
-                count = listed.count("\n")
-                size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) \
-                    if name == "big" else count * 100
-                shutil.rmtree(dest)
+            count = listed.count("\n")
+            size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) \
+                if name == "big" else count * 100
+            shutil.rmtree(dest)
+            with probe.phase(f"tar_peer_{name}"):
                 peer_s = tar_peer(outputs, sub, tmp / f"peer_{name}")
-                shutil.rmtree(tmp / f"peer_{name}")
-                results[name] = (count, size, took, peer_s)
-        probe_client.close()
+            shutil.rmtree(tmp / f"peer_{name}")
+            results[name] = (count, size, took, peer_s)
     count, _, took, peer_s = results["small"]
     out.update({"download_small_files": count, "download_small_s": round(took, 1),
                 "download_files_per_s": round(count / took),
@@ -174,10 +227,7 @@ def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 "download_mb_per_s": round(size / 1e6 / took, 1),
                 "tar_peer_mb_per_s": round(size / 1e6 / peer_s, 1),
                 "mb_per_s_ratio_to_tar": round(peer_s / took, 3),
-                "server_rss_peak_mb": round(max(sampled.rss), 1),
-                "health_max_ms": round(1000 * max(sampled.latency), 1),
-                "health_p99_ms": round(1000 * statistics.quantiles(sampled.latency, n=100)[98], 1),
-                "health_probes": len(sampled.latency)})
+                "server_rss_peak_mb": round(max(sampled.rss), 1), **probe.summary()})
     run("server", "stop")
     return out
 
@@ -217,7 +267,7 @@ def serve_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 statuses.append(c.post(f"{url}/v2/models/model/image", content=body,
                                        headers={"content-type": "image/png"}).status_code)
 
-        with Sampler(server.pid, None, every_s=0.02) as sampled:
+        with Sampler(server.pid, every_s=0.02) as sampled:
             posters = [threading.Thread(target=post) for _ in range(20)]
             for t in posters:
                 t.start()

@@ -11,11 +11,12 @@ from __future__ import annotations
 import builtins
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError
-from ringtrain.jobs.models import JobInfo, JobSpec
+from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 from ringtrain.jobs.models.deployment import (
     ENDPOINT_FILE,
     ENDPOINTS_OUTPUT,
@@ -72,11 +73,7 @@ class Deployments:
         if not 1 <= replicas <= MAX_REPLICAS:
             raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
         source = self.service.get_job(job_id)
-        try:
-            outputs = list(self.service.iter_files(job_id, "outputs"))
-        except NotFoundError:  # a job without outputs
-            outputs = []
-        folder = servable_model(source, outputs)
+        folder = servable_model(source, self._outputs(job_id))
         base = (source.spec.name or "job")[:56]
         spec = JobSpec(name=f"{base}-serve", experiment=source.spec.experiment,
                        node_count=replicas, command=SERVE_COMMAND,
@@ -110,6 +107,13 @@ class Deployments:
         """
         self.get(deployment_id)
         return self._info(self.service.terminate(deployment_id))
+
+    def _outputs(self, job_id: str) -> Iterator[FileInfo]:
+        """The files under a job's ``outputs``, walked as they are read; none if it has none."""
+        try:
+            yield from self.service.iter_files(job_id, "outputs")
+        except NotFoundError:  # a job without outputs
+            return
 
     def _info(self, job: JobInfo) -> DeploymentInfo:
         urls = [] if job.state.is_terminal() else self._urls(job)

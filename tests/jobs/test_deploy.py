@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,32 @@ def test_state_follows_the_job_and_the_replicas_that_listen() -> None:
     assert deployment_state(_job("terminated"), 0) == DeploymentState.STOPPED
     assert deployment_state(_job("failed"), 0) == DeploymentState.FAILED
     assert deployment_state(_job("succeeded"), 0) == DeploymentState.FAILED  # a server exited
+
+
+def test_the_shallowest_model_folder_wins_and_a_million_outputs_are_walked_not_kept() -> None:
+    # A checkpoint deeper than the final model, sorted before it, is not what gets served.
+    files = _files("outputs/a/ckpt/model.json", "outputs/a/ckpt/model.pt",
+                   "outputs/model/model.json", "outputs/model/model.pt")
+    assert servable_model(_job("succeeded"), iter(files)) == "outputs/model"
+
+    def outputs() -> Iterator[FileInfo]:
+        for i in range(1_000_000):
+            yield FileInfo(path=f"outputs/o/d{i // 1000:04d}/f{i % 1000:04d}", size=100,
+                           modified_at=0.0)
+        yield from _files("outputs/zz/model.json", "outputs/zz/model.pt")
+
+    tracemalloc.start()
+    try:
+        assert servable_model(_job("succeeded"), outputs()) == "outputs/zz"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * 2**20, f"finding the model held {peak / 2**20:.0f} MiB"
+    # A job that did not succeed is refused before its outputs are walked.
+    walked = []
+    with pytest.raises(ConflictError):
+        servable_model(_job("running"), (walked.append(f) or f for f in files))
+    assert walked == []
 
 
 def test_the_model_is_a_folder_with_both_files_of_a_succeeded_job() -> None:

@@ -10,6 +10,7 @@ deployment's state is read from the job's state and those files (:func:`deployme
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable
 from enum import Enum
 
 from pydantic import BaseModel, Field
@@ -66,25 +67,33 @@ def deployment_state(job: JobInfo, listening: int) -> DeploymentState:
             JobState.SUCCEEDED: DeploymentState.FAILED}.get(job.state, DeploymentState.STARTING)
 
 
-def find_model_folder(files: list[FileInfo]) -> str | None:
-    """The folder (relative to the job's folder) of the first saved model among a job's output
-    files: one holding both :data:`MODEL_FILES` (or :data:`KERAS_MODEL_FILES`), or ``None`` if
-    there is none."""
+def find_model_folder(files: Iterable[FileInfo]) -> str | None:
+    """The folder (relative to the job's folder) of the saved model among a job's output files:
+    one holding both :data:`MODEL_FILES` (or :data:`KERAS_MODEL_FILES`), the shallowest first
+    (a model saved at the end, rather than a checkpoint kept deeper), then by path; ``None`` if
+    there is none.
+
+    ``files`` is read once and only the names of model files are kept, so a job with millions of
+    outputs costs a walk, not their list.
+    """
+    wanted = set(MODEL_FILES) | set(KERAS_MODEL_FILES)
     names: dict[str, set[str]] = {}
     for f in files:
         folder, name = posixpath.split(f.path)
-        names.setdefault(folder, set()).add(name)
-    found = sorted(folder for folder, held in names.items()
-                   if set(MODEL_FILES) <= held or set(KERAS_MODEL_FILES) <= held)
-    return found[0] if found else None
+        if name in wanted:
+            names.setdefault(folder, set()).add(name)
+    found = [folder for folder, held in names.items()
+             if set(MODEL_FILES) <= held or set(KERAS_MODEL_FILES) <= held]
+    return min(found, key=lambda folder: (folder.count("/"), folder)) if found else None
 
 
-def servable_model(job: JobInfo, outputs: list[FileInfo]) -> str:
+def servable_model(job: JobInfo, outputs: Iterable[FileInfo]) -> str:
     """The folder of the saved model that ``job`` left, relative to the job's folder.
 
     Args:
         job: the job that trained the model.
-        outputs: the files under its ``outputs`` folder.
+        outputs: the files under its ``outputs`` folder, read only once the job is known to
+            have succeeded.
 
     Raises:
         InvalidRequestError: the job is a deployment.
