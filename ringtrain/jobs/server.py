@@ -83,9 +83,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
 
     from ringtrain.jobs.api.app import create_app
     from ringtrain.jobs.executors.local import LocalExecutor
+    from ringtrain.jobs.executors.ray.connection import RayConnection
+    from ringtrain.jobs.executors.ray.executor import RayExecutor
     from ringtrain.jobs.executors.routing import BackendExecutor
-    from ringtrain.jobs.ray.connection import RayConnection
-    from ringtrain.jobs.ray.executor import RayExecutor
     from ringtrain.jobs.service import JobService
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore

@@ -26,6 +26,8 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.executors.base import Executor
+from ringtrain.jobs.executors.ray.agent import ensure_agents
+from ringtrain.jobs.executors.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.models import (
     AllocationState,
     ClusterInfo,
@@ -46,8 +48,6 @@ from ringtrain.jobs.paging import (
     check_range,
     take_page,
 )
-from ringtrain.jobs.ray.agent import ensure_agents
-from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager

@@ -30,10 +30,10 @@ from pydantic import ValidationError
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.ray.connection import RayConnection
+from ringtrain.jobs.executors.ray.executor import RayExecutor, RayHandle
 from ringtrain.jobs.executors.routing import BackendExecutor
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, load_job_spec, parse_job_spec
-from ringtrain.jobs.ray.connection import RayConnection
-from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
 from ringtrain.jobs.service import JobService
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
@@ -130,8 +130,8 @@ def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
 
 
 def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
-    from ringtrain.jobs.ray.executor import _DRAIN_S, _Failure
-    from ringtrain.jobs.ray.node import NodeStatus
+    from ringtrain.jobs.executors.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.executors.ray.node import NodeStatus
 
     # The executor's side of a node without the share, without Ray: what a node's answers carry
     # is written into the share, and a drain that ends before a file arrived in full says so.
@@ -441,8 +441,8 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
 def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
                                                                monkeypatch) -> None:
     from ringtrain.jobs.envvars import input_var
-    from ringtrain.jobs.ray import transfer
-    from ringtrain.jobs.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
+    from ringtrain.jobs.executors.ray import transfer
+    from ringtrain.jobs.executors.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
 
     # One node runner, as an agent runs it, on a "machine" where /absent/labels.csv is not:
     # the service's copy of that input comes in the private copy; one it sees is read in place.
