@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError
+from ringtrain.jobs.job_folder import OUTPUTS
 from ringtrain.jobs.models import JobInfo, JobSpec
 from ringtrain.jobs.models.deployment import (
     ENDPOINT_FILE,
@@ -73,7 +74,7 @@ class Deployments:
             raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
         source = self.service.get_job(job_id)
         try:
-            outputs = list(self.service.iter_files(job_id, "outputs"))
+            outputs = list(self.service.iter_files(job_id, OUTPUTS))
         except NotFoundError:  # a job without outputs
             outputs = []
         folder = servable_model(source, outputs)
@@ -125,7 +126,7 @@ class Deployments:
         counts as not announced)."""
         urls = []
         for rank in range(job.spec.node_count):
-            relpath = f"outputs/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
+            relpath = f"{OUTPUTS}/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
             try:
                 # The job writes this file: opened as every file of a job's folder is.
                 fd = open_regular(Path(job.job_dir), relpath)

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+from ringtrain.run_files import LostWorker
 from ringtrain.runner import elastic_rendezvous as rdzv
 from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
@@ -38,7 +39,7 @@ from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
-from ringtrain.runner.world_file import LostWorker, write_world
+from ringtrain.runner.world_file import write_world
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,8 @@ ROOT = Path(ringtrain.__file__).parent
 UNITS: dict[str, tuple[str, ...]] = {
     "leaf": ("ringtrain.__init__", "ringtrain.errors", "ringtrain.op_types",
              "ringtrain.log_level", "ringtrain.proc_stat", "ringtrain.shm_names",
+             # the files `ringtrain run` writes and the job service reads
+             "ringtrain.run_files",
              # threads per rank: the task wrapper's and a Ray node's rule alike
              "ringtrain.runner.threads"),
     "backends": ("ringtrain.backends",),
@@ -46,7 +48,7 @@ UNITS: dict[str, tuple[str, ...]] = {
                     "ringtrain.jobs.home", "ringtrain.jobs.api.schemas",
                     "ringtrain.jobs.envvars",
                     "ringtrain.jobs.server_info", "ringtrain.jobs.record_file",
-                    "ringtrain.jobs.paging", "ringtrain.jobs.extract"),
+                    "ringtrain.jobs.paging", "ringtrain.jobs.extract", "ringtrain.jobs.job_folder"),
     "jobs.client": ("ringtrain.jobs.client", "ringtrain.jobs.connect"),
     "jobs.cli": ("ringtrain.jobs.cli",),
     "jobs.service": ("ringtrain.jobs",),
