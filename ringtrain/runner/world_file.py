@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.run_files import LostWorker, WorldReport, write_json
-from ringtrain.runner.hosts import SlotInfo
 
 log = logging.getLogger(__name__)
 
