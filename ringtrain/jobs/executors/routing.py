@@ -69,17 +69,22 @@ class Backends:
 
     # -- the Executor protocol ---------------------------------------------------------------
 
-    def _for(self, job: JobInfo, launch: TaggedHandle | None) -> tuple[Executor[Any], Any]:
-        kind = launch.backend if launch is not None else self.backend_of(job.cluster)
+    def _executor(self, kind: Backend) -> Executor[Any]:
         backend = self._by_kind.get(kind)
         if backend is None:
             raise OSError(f"this service runs no {kind.value} backend")
-        return backend.executor, None if launch is None else launch.handle
+        return backend.executor
+
+    def _for(self, job: JobInfo, launch: TaggedHandle | None) -> tuple[Executor[Any], Any]:
+        """The executor of an attempt (by its handle's tag; without a handle, by its cluster's
+        backend) and the executor's own handle."""
+        if launch is None:
+            return self._executor(self.backend_of(job.cluster)), None
+        return self._executor(launch.backend), launch.handle
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> TaggedHandle:
         kind = self.backend_of(job.cluster)
-        executor, _ = self._for(job, None)
-        return TaggedHandle(kind, executor.start(job, nodes))
+        return TaggedHandle(kind, self._executor(kind).start(job, nodes))
 
     def load_handle(self, data: dict[str, Any]) -> TaggedHandle:
         if not isinstance(data, dict) or not isinstance(data.get(TAG), str):
