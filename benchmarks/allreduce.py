@@ -121,8 +121,8 @@ def worker(small_only: bool) -> None:
     import torch.distributed as dist
 
     import ringtrain.torch as hvd
+    from ringtrain.contract.env import read_engine_config
     from ringtrain.models.resnet import resnet50
-    from ringtrain.runner.env import read_engine_config
 
     torch.set_num_threads(1)
     hvd.init()

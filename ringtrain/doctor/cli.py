@@ -126,7 +126,7 @@ def _check_forecast_options(p: argparse.ArgumentParser, args: argparse.Namespace
 
 def main(argv: list[str]) -> int:
     """Run the doctor on this rank, or launch ``-np`` ranks of it."""
-    from ringtrain.runner.env import read_worker_env
+    from ringtrain.contract.env import read_worker_env
 
     args, command = parse_args(argv)
     if command:

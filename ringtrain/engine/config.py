@@ -2,7 +2,7 @@
 
 A pure leaf (standard library only): the launcher carries it from its flags and YAML to the
 workers, and must import neither torch nor the engine to do so. The ``HOROVOD_*`` variables that
-transport it are named only in ``runner/env.py``, which renders and parses it.
+transport it are named only in ``contract/env.py``, which renders and parses it.
 """
 
 from __future__ import annotations

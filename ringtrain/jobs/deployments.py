@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError
+from ringtrain.jobs.job_folder import OUTPUTS
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 from ringtrain.jobs.models.deployment import (
     ENDPOINT_FILE,
@@ -111,7 +112,7 @@ class Deployments:
     def _outputs(self, job_id: str) -> Iterator[FileInfo]:
         """The files under a job's ``outputs``, walked as they are read; none if it has none."""
         try:
-            yield from self.service.iter_files(job_id, "outputs")
+            yield from self.service.iter_files(job_id, OUTPUTS)
         except NotFoundError:  # a job without outputs
             return
 
@@ -129,7 +130,7 @@ class Deployments:
         counts as not announced)."""
         urls = []
         for rank in range(job.spec.node_count):
-            relpath = f"outputs/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
+            relpath = f"{OUTPUTS}/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
             try:
                 # The job writes this file: opened as every file of a job's folder is.
                 fd = open_regular(Path(job.job_dir), relpath)

@@ -8,7 +8,7 @@ outputs. ``RINGTRAIN_JOB_ID`` also marks a job's processes, so that the service 
 /proc.
 
 The launcher-to-worker contract (``RINGTRAIN_RUN_ID``, ``HOROVOD_RANK``, ...) is not here: it
-belongs to ``ringtrain run``, which jobs only call, and lives in :mod:`ringtrain.runner.env`.
+belongs to ``ringtrain run``, which jobs only call, and lives in :mod:`ringtrain.contract.env`.
 This module imports nothing, so that the job runner can use it and still start quickly.
 """
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.jobs.job_folder import JobFolder
 from ringtrain.jobs.models import JobInfo
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class OutputWatcher:
     def check(self) -> None:
         """Check every running job once; fail those past a cap."""
         for job in self.running():
-            problem = over_cap(Path(job.job_dir) / "outputs", *self.limits.for_job(job))
+            problem = over_cap(JobFolder(Path(job.job_dir)).outputs, *self.limits.for_job(job))
             if problem is not None:
                 log.warning("job %s %s", job.id, problem)
                 self.fail(job.id, problem)

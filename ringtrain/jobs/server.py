@@ -86,10 +86,11 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     import uvicorn
 
     from ringtrain.jobs.api.app import create_app
+    from ringtrain.jobs.executors.backend import LocalBackend
     from ringtrain.jobs.executors.local import LocalExecutor
-    from ringtrain.jobs.executors.routing import BackendExecutor
-    from ringtrain.jobs.ray.connection import RayConnection
-    from ringtrain.jobs.ray.executor import RayExecutor
+    from ringtrain.jobs.executors.ray.backend import RayBackend
+    from ringtrain.jobs.executors.ray.connection import RayConnection
+    from ringtrain.jobs.executors.ray.executor import RayExecutor
     from ringtrain.jobs.service import JobService
     from ringtrain.jobs.share import Share
     from ringtrain.jobs.store import SQLiteStore
@@ -102,11 +103,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     store = SQLiteStore(home.db_path)
     share = Share(home.share_root)
     ray = RayConnection(ray_node_ip)
-    executor = BackendExecutor(
-        {"local": LocalExecutor(share),
-         "ray": RayExecutor(share, ray, lambda name: store.get_cluster(name).address or "")},
-        lambda name: store.get_cluster(name).backend)
-    service = JobService(store, share, executor, ray=ray)
+    ray_executor = RayExecutor(share, ray, lambda name: store.get_cluster(name).address or "")
+    service = JobService(store, share, [LocalBackend(LocalExecutor(share)),
+                                        RayBackend(ray_executor, ray, share.root.parent / "ray")])
     stop = threading.Event()
 
     @asynccontextmanager

@@ -12,7 +12,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from ringtrain.jobs.archive import tar_stream
@@ -25,9 +25,12 @@ from ringtrain.jobs.errors import (
     SpecError,
     brief,
 )
-from ringtrain.jobs.executors.base import Executor
+from ringtrain.jobs.executors.backend import ClusterBackend
+from ringtrain.jobs.executors.routing import TAG, Backends
+from ringtrain.jobs.job_folder import PREP_STREAMS, prep_log_path, rank_log_path
 from ringtrain.jobs.models import (
     AllocationState,
+    Backend,
     ClusterInfo,
     ClusterSpec,
     FileInfo,
@@ -35,7 +38,6 @@ from ringtrain.jobs.models import (
     JobSpec,
     JobState,
 )
-from ringtrain.jobs.models.info import RayNodeInfo
 from ringtrain.jobs.models.spec import MAX_ARG_BYTES, expand_path
 from ringtrain.jobs.monitor.scalars import ScalarCache
 from ringtrain.jobs.output_quota import DEFAULT_LIMITS, OutputLimits, OutputWatcher
@@ -46,19 +48,18 @@ from ringtrain.jobs.paging import (
     check_range,
     take_page,
 )
-from ringtrain.jobs.ray.agent import ensure_agents
-from ringtrain.jobs.ray.connection import LOCAL, RayConnection, start_private_cluster
 from ringtrain.jobs.scheduler import Scheduler
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.stager import Stager
 from ringtrain.jobs.store import Store
+from ringtrain.run_files import COMBINED_STREAM, RANK_STREAMS
 
 log = logging.getLogger(__name__)
 
 #: A rank's streams; ``output`` holds both, interleaved as written (``ringtrain run`` writes it;
-#: where it does not exist, a Ray cluster's job, it falls back to ``stdout``). ``prep.*`` are a
-#: node's preparation step, with the rank parameter naming the node.
-LOG_STREAMS = ("stdout", "stderr", "output", "prep.stdout", "prep.stderr")
+#: where its backend writes none, it falls back to ``stdout``). ``prep.*`` are a node's
+#: preparation step, with the rank parameter naming the node.
+LOG_STREAMS = (*RANK_STREAMS, *(f"prep.{s}" for s in PREP_STREAMS))
 #: The largest rank a log is asked for (more processes than any job can have).
 MAX_RANK = 2**31 - 1
 
@@ -69,21 +70,20 @@ class JobService:
     Args:
         store: the records.
         share: the job folders.
-        executor: runs attempts.
+        backends: the backends it runs (one per kind), each with its executor; clusters of
+            another backend are refused.
         clock: seconds since the epoch (injectable for tests).
-        ray: the service's Ray connection, for clusters of the ``ray`` backend (``None``: such
-            clusters are refused).
         output_limits: the default caps on a job's outputs (see :mod:`ringtrain.jobs.output_quota`).
         output_check_s: how often the outputs of running jobs are measured, at least.
     """
 
-    def __init__(self, store: Store, share: Share, executor: Executor,
-                 clock: Callable[[], float] = time.time, ray: RayConnection | None = None,
+    def __init__(self, store: Store, share: Share, backends: Iterable[ClusterBackend],
+                 clock: Callable[[], float] = time.time,
                  output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0):
         self.store = store
-        self.ray = ray
         self.share = share
-        self.scheduler = Scheduler(store, executor, clock)
+        self.backends = Backends(backends, lambda name: store.get_cluster(name).backend)
+        self.scheduler = Scheduler(store, self.backends, clock)
         self.clock = clock
         self.lock = threading.RLock()
         self.wake = threading.Event()  # set after a change the scheduler should act on at once
@@ -100,73 +100,32 @@ class JobService:
     def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
         """Create a cluster.
 
-        A ``ray`` cluster is attached first (its private head started, for address ``local``);
-        with ``nodes`` 0 it gets as many nodes as Ray has alive machines.
+        Its backend attaches it first (a ``ray`` cluster: its private head started, for address
+        ``local``; with ``nodes`` 0 it gets as many nodes as Ray has alive machines).
 
         Raises:
             ConflictError: the name is taken.
-            InvalidRequestError: a ray cluster that cannot be reached or started.
+            InvalidRequestError: this service does not run the backend, or it cannot reach or
+                start the cluster's machines.
         """
-        if spec.backend == "ray":
-            spec = self._attach_ray(spec)
+        backend = self.backends.get(spec.backend)
+        if spec.name in {c.name for c in self.store.list_clusters()}:  # before attaching
+            raise ConflictError(f"cluster {spec.name!r} already exists")
+        spec = backend.attach(spec)
         with self.lock:
             info = self.store.add_cluster(spec, self.clock())
-        return self._with_ray_nodes(info)
-
-    def _attach_ray(self, spec: ClusterSpec) -> ClusterSpec:
-        if self.ray is None:
-            raise InvalidRequestError("this service runs no ray backend")
-        if spec.name in {c.name for c in self.store.list_clusters()}:  # before starting a head
-            raise ConflictError(f"cluster {spec.name!r} already exists")
-        address = spec.address or ""
-        if address == LOCAL:
-            address = start_private_cluster(self.share.root.parent / "ray", max(1, spec.nodes),
-                                            spec.slots)
-            alive = self._wait_for_ray_nodes(address, max(1, spec.nodes))
-        else:
-            alive = [n for n in self.ray.nodes(address) if n.alive]
-        # Each machine's agent starts now, so that the first job does not wait for it.
-        ensure_agents(self.ray.connect(address))
-        return spec.model_copy(update={"address": address,
-                                       "nodes": spec.nodes or len(alive)})
-
-    def _wait_for_ray_nodes(self, address: str, count: int,
-                            timeout_s: float = 60.0) -> list[RayNodeInfo]:
-        """The alive nodes of a private Ray cluster once ``count`` of them have joined.
-
-        Raises:
-            InvalidRequestError: fewer joined within ``timeout_s``.
-        """
-        ray = self.ray
-        if ray is None:
-            raise InvalidRequestError("this service runs no ray backend")
-        deadline = time.monotonic() + timeout_s
-        while True:
-            alive = [n for n in ray.nodes(address) if n.alive]
-            if len(alive) >= count:
-                return alive
-            if time.monotonic() > deadline:
-                raise InvalidRequestError(
-                    f"the private Ray cluster at {address} has {len(alive)} of its {count} "
-                    f"nodes after {timeout_s:g} s; see {self.share.root.parent / 'ray'}")
-            time.sleep(0.5)
+        return backend.describe(info)
 
     def list_clusters(self) -> list[ClusterInfo]:
         """All clusters."""
         return self.store.list_clusters()
 
     def get_cluster(self, name: str) -> ClusterInfo:
-        """One cluster (for a ray cluster, with Ray's node table). Raises NotFoundError."""
-        return self._with_ray_nodes(self.store.get_cluster(name))
-
-    def _with_ray_nodes(self, info: ClusterInfo) -> ClusterInfo:
-        if info.backend != "ray" or self.ray is None or not info.address:
-            return info
-        try:
-            return info.model_copy(update={"ray_nodes": self.ray.nodes(info.address)})
-        except InvalidRequestError as e:  # the record stands; Ray's view is missing
-            log.warning("cluster %s: %s", info.name, e)
-            return info
+        """One cluster, with what its backend knows of its machines (a ray cluster: Ray's node
+        table). Raises NotFoundError."""
+        info = self.store.get_cluster(name)
+        backend = self.backends.find(info.backend)
+        return info if backend is None else backend.describe(info)
 
     def resize_cluster(self, name: str, nodes: int | None = None,
                        slots: int | None = None) -> ClusterInfo:
@@ -177,7 +136,8 @@ class JobService:
             NotFoundError: no such cluster.
             ConflictError: it is being deleted.
             InvalidRequestError: neither given, ``nodes`` is negative, ``slots`` is under 1 or
-                under what a waiting job asks per node, or ``nodes`` on a Ray cluster.
+                under what a waiting job asks per node, or ``nodes`` where the cluster's
+                backend owns its machines (Ray's).
         """
         if nodes is None and slots is None:
             raise InvalidRequestError("give the new number of nodes, of slots per node, or both")
@@ -188,11 +148,10 @@ class JobService:
             return info
         if nodes < 0:
             raise InvalidRequestError(f"nodes must be 0 or more (got {nodes})")
-        if self.store.get_cluster(name).backend == "ray":
-            raise InvalidRequestError(
-                f"cluster {name} is a Ray cluster: its machines are Ray's to add or remove "
-                "(`ray start --address ...` on a new machine, or the Ray autoscaler); delete and "
-                "create the ringtrain cluster again to change how many nodes its jobs may hold")
+        cluster = self.store.get_cluster(name)
+        problem = self.backends.get(cluster.backend).resize_problem(cluster)
+        if problem:
+            raise InvalidRequestError(problem)
         with self.lock:
             info = self.store.resize_cluster(name, nodes)
         self.wake.set()
@@ -289,19 +248,14 @@ class JobService:
         info = self.store.get_cluster(cluster)
         if info.allocation_state == AllocationState.DELETING:
             raise ConflictError(f"cluster {cluster} is being deleted; it takes no new jobs")
+        backend = self.backends.get(info.backend)
         errors = []
         if info.max_nodes is not None and spec.node_count > info.max_nodes:
             errors.append({"field": "node_count",
                            "message": f"{spec.node_count} nodes, but cluster {cluster} can have "
                                       f"at most {info.max_nodes} (max_nodes; it has "
                                       f"{info.target_nodes} now)"})
-        if spec.elastic and info.backend == "ray":
-            field = "min_nodes" if spec.min_nodes is not None else "max_nodes"
-            errors.append({"field": field,
-                           "message": f"cluster {cluster} is a Ray cluster, whose jobs run on a "
-                                      "fixed set of nodes: elastic jobs (min_nodes, max_nodes) "
-                                      "run on local clusters only; drop min_nodes and max_nodes "
-                                      "or submit to a local cluster"})
+        errors += backend.job_problems(info, spec)
         if spec.process_count_per_node > info.slots:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "
@@ -442,27 +396,34 @@ class JobService:
             if not 0 <= rank < nodes:
                 raise InvalidRequestError(f"node {rank} is out of range: job {job_id} has "
                                           f"{nodes} nodes (0..{nodes - 1})")
-            return f"prep/node.{rank}.{stream[5:]}"
+            return prep_log_path(rank, stream.removeprefix("prep."))
         total = job.spec.total_processes
         # An elastic job's workers that join later count on past its first world's ranks.
         if rank < 0 or rank > MAX_RANK or (rank >= total and not job.spec.elastic):
             shown = rank if abs(rank) <= MAX_RANK else f"{str(rank)[:12]}..."
             raise InvalidRequestError(f"rank {shown} is out of range: job {job_id} has "
                                       f"{total} ranks (0..{total - 1})")
-        if stream == "output" and not self._exists(job_id, _rank_log(rank, stream)) \
-                and self._on_ray(job):
-            return _rank_log(rank, "stdout")  # a Ray node writes them apart
-        return _rank_log(rank, stream)
+        if stream == COMBINED_STREAM and not self._exists(job_id, rank_log_path(rank, stream)) \
+                and not self._writes_output_log(job):
+            return rank_log_path(rank, "stdout")  # the backend writes them apart
+        return rank_log_path(rank, stream)
 
     def _exists(self, job_id: str, relpath: str) -> bool:
         # lexists: a name the job made a link or a pipe exists too (the open refuses it later)
         return os.path.lexists(self.share.job_dir(job_id) / relpath)
 
-    def _on_ray(self, job: JobInfo) -> bool:
+    def _writes_output_log(self, job: JobInfo) -> bool:
+        """Whether the backend that runs (or ran) the job writes its ranks' ``output`` log."""
         try:
-            return self.store.get_cluster(job.cluster).backend == "ray"
-        except NotFoundError:  # the cluster is gone: the job's folder tells
-            return self._exists(job.id, _rank_log(0, "stdout"))
+            kind = self.store.get_cluster(job.cluster).backend
+        except NotFoundError:  # the cluster is gone: the attempt's stored handle names it
+            launch = self.store.get_launch(job.id) or {}
+            try:
+                kind = Backend(launch.get(TAG))
+            except ValueError:  # it never started: it wrote no log at all
+                return True
+        backend = self.backends.find(kind)
+        return backend is None or backend.writes_output_log
 
     def log_ended(self, job_id: str, stream: str) -> bool:
         """Whether nothing will be written to the job's log ``stream`` any more: the job is
@@ -473,7 +434,7 @@ class JobService:
         """
         if self.store.get_job(job_id).state.is_terminal():
             return True
-        return stream.startswith("prep.") and self._exists(job_id, _rank_log(0, "stdout"))
+        return stream.startswith("prep.") and self._exists(job_id, rank_log_path(0, "stdout"))
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -550,8 +511,3 @@ def _local_problem(value: str, folder: bool) -> str | None:
     except OSError as e:
         return f"cannot use {brief(value)}: {e.strerror}"
     return None
-
-
-def _rank_log(rank: int, stream: str) -> str:
-    """A rank's log file, relative to its job's folder (where ``ringtrain run`` writes it)."""
-    return f"stdouterr/rank.{rank}/{stream}"

@@ -1,14 +1,8 @@
 """The share: one folder per job, holding its working dir, logs, preparation output and outputs.
 
-Layout under the share root::
-
-    jobs/<id>/wd/                       the working_dir copied at submit time (the ranks' cwd),
-                                        less what it ignores (see ringtrain.jobs.workdir)
-    jobs/<id>/stdouterr/rank.N/stdout   each rank's output, written by `ringtrain run`
-    jobs/<id>/prep/node.K.{stdout,stderr}
-    jobs/<id>/outputs/<name>/           one folder per spec output
-    jobs/<id>/launcher/                 the job runner's launch file, status file and log
-    jobs/<id>/attempts/<n>/             logs of earlier attempts of a retried job
+Under the share root, ``jobs/<id>/`` is the folder of one job, laid out as
+:class:`~ringtrain.jobs.job_folder.JobFolder` says; its working dir is copied less what it
+ignores (see :mod:`ringtrain.jobs.workdir`).
 
 A path a client names is opened once, one component at a time from the job folder's descriptor,
 never following a symbolic link (``O_NOFOLLOW`` on every component), and what is served is that
@@ -34,6 +28,7 @@ from typing import BinaryIO
 from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError, brief
 from ringtrain.jobs.folder_walk import MAX_BATCH, walk
+from ringtrain.jobs.job_folder import ATTEMPT_FOLDERS, JobFolder
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 from ringtrain.jobs.models.spec import expand_path
 from ringtrain.jobs.safe_open import open_below, open_path, split_path
@@ -54,6 +49,10 @@ class Share:
         """The folder of one job."""
         return self.root / "jobs" / job_id
 
+    def folder(self, job_id: str) -> JobFolder:
+        """The folder of one job, with the paths of its parts."""
+        return JobFolder(self.job_dir(job_id))
+
     def create_job_dir(self, job_id: str, spec: JobSpec) -> Path:
         """Create a job's folder: copy its working dir and make its output folders.
 
@@ -61,18 +60,18 @@ class Share:
             InvalidRequestError: the working dir is not a folder, holds a named pipe, socket or
                 device, or cannot be copied; the message names the file.
         """
-        job_dir = self.job_dir(job_id)
-        wd = job_dir / "wd"
+        folder = self.folder(job_id)
+        job_dir = folder.root
         job_dir.parent.mkdir(parents=True, exist_ok=True)
         job_dir.mkdir()
         try:
             if spec.working_dir:
-                self._copy_working_dir(spec.working_dir, wd)
+                self._copy_working_dir(spec.working_dir, folder.working_dir)
             else:
-                wd.mkdir()
+                folder.working_dir.mkdir()
             for name in spec.outputs:
-                (job_dir / "outputs" / name).mkdir(parents=True)
-            for sub in ("stdouterr", "prep", "launcher"):
+                folder.output(name).mkdir(parents=True)
+            for sub in ATTEMPT_FOLDERS:
                 (job_dir / sub).mkdir(exist_ok=True)
         except BaseException:
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -120,15 +119,15 @@ class Share:
 
     def job_environ(self, job: JobInfo) -> dict[str, str]:
         """The variables every process of a job gets besides the spec's ``environment``."""
-        job_dir = Path(job.job_dir)
+        folder = JobFolder(Path(job.job_dir))
         env = dict(job.spec.environment)
         env[envvars.JOB_ID] = job.id
         env[envvars.SHARE_ROOT] = str(self.root)
-        env[envvars.JOB_DIR] = str(job_dir)
+        env[envvars.JOB_DIR] = str(folder.root)
         for name, path in job.spec.inputs.items():
             env[envvars.input_var(name)] = path
         for name in job.spec.outputs:
-            env[envvars.output_var(name)] = str(job_dir / "outputs" / name)
+            env[envvars.output_var(name)] = str(folder.output(name))
         return env
 
     def open_file(self, job_id: str, relpath: str) -> BinaryIO:
@@ -228,10 +227,11 @@ class Share:
 
     def archive_attempt(self, job_id: str, attempt: int) -> None:
         """Move an earlier attempt's logs to ``attempts/<attempt>/`` before a retry starts."""
-        job_dir = self.job_dir(job_id)
-        dest = job_dir / "attempts" / str(attempt)
+        folder = self.folder(job_id)
+        job_dir = folder.root
+        dest = folder.attempt(attempt)
         dest.mkdir(parents=True, exist_ok=True)
-        for sub in ("stdouterr", "prep", "launcher"):
+        for sub in ATTEMPT_FOLDERS:
             if (job_dir / sub).exists():
                 shutil.move(str(job_dir / sub), str(dest / sub))
             (job_dir / sub).mkdir()

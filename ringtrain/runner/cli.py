@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from ringtrain.errors import ConfigError
+from ringtrain.run_files import write_json
 from ringtrain.runner.result import EXIT_START_FAILED, RunResult
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,8 @@ def _most_ranks_per_host(config) -> int | None:
 
 def _write_result(path: str, result: RunResult) -> None:
     """Replace ``path`` atomically with the result (a reader never sees half of it)."""
-    tmp = f"{path}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(result.to_json(), f)
-        os.replace(tmp, path)
+        write_json(path, result.report().to_json())
     except OSError as e:  # the run is over; its exit status still tells the outcome
         print(f"ringtrain run: --result-file {path}: cannot write it ({e.strerror})",
               file=sys.stderr)

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ringtrain.contract.env import (
+    DEFAULT_ELASTIC_TIMEOUT_S,
+    elastic_timeout_from_environ,
+    read_engine_config,
+)
 from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.log_level import LOG_LEVELS, is_log_level
 from ringtrain.runner import hosts as hostlib
 from ringtrain.runner.config_file import read_config_file
-from ringtrain.runner.env import (
-    DEFAULT_ELASTIC_TIMEOUT_S,
-    elastic_timeout_from_environ,
-    read_engine_config,
-)
 from ringtrain.runner.options import AUTOTUNE_DESTS, BY_DEST, OPTIONS, parse_argv
 
 _MIB = 1024 * 1024

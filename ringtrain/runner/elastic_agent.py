@@ -2,7 +2,7 @@
 
 It supervises workers as the fixed :class:`~ringtrain.runner.agent.Agent` does, but a failed
 worker does not end the job: the world is re-formed without it. Worlds follow one another by
-generation, each agreed through the launcher's store (:mod:`ringtrain.runner.elastic_rendezvous`):
+generation, each agreed through the launcher's store (:mod:`ringtrain.contract.elastic_rendezvous`):
 
 1. The first world starts once discovery offers ``-np`` slots (within ``--elastic-timeout``); it
    takes every offered slot up to ``--max-np`` (:func:`elastic_plan.plan_world`).
@@ -27,18 +27,20 @@ import logging
 import time
 from collections.abc import Mapping
 
-from ringtrain.runner import elastic_rendezvous as rdzv
+from ringtrain.contract import elastic_rendezvous as rdzv
+from ringtrain.contract.env import ElasticWorker
+from ringtrain.contract.slots import SlotInfo
+from ringtrain.run_files import LostWorker
 from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.discovery import HostPoller
 from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
-from ringtrain.runner.env import ElasticWorker
-from ringtrain.runner.hosts import HostInfo, SlotInfo
+from ringtrain.runner.hosts import HostInfo
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
-from ringtrain.runner.world_file import LostWorker, write_world
+from ringtrain.runner.world_file import write_world
 
 log = logging.getLogger(__name__)
 

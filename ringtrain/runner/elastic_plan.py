@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ringtrain.runner.hosts import HostInfo, SlotInfo, assign
+from ringtrain.contract.slots import SlotInfo
+from ringtrain.runner.hosts import HostInfo, assign
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ringtrain.contract.slots import SlotInfo
+
 _HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
 
 
@@ -20,19 +22,6 @@ class HostInfo:
 
     hostname: str
     slots: int
-
-
-@dataclass(frozen=True)
-class SlotInfo:
-    """One rank's place in the job (Horovod's ``SlotInfo``)."""
-
-    hostname: str
-    rank: int
-    local_rank: int
-    cross_rank: int
-    size: int
-    local_size: int
-    cross_size: int
 
 
 def parse_hosts(spec: str, source: str = "-H/--hosts") -> list[HostInfo]:

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import BinaryIO
 
-STREAMS = ("stdout", "stderr")
-#: The file of both streams, line by line in the order they arrived.
-COMBINED = "output"
-
-
-def rank_output_path(directory: str | Path, rank: int, stream: str) -> Path:
-    """Where ``--output-filename DIR`` puts one stream of one rank: ``DIR/rank.N/STREAM``."""
-    return Path(directory) / f"rank.{rank}" / stream
+from ringtrain.run_files import COMBINED_STREAM as COMBINED
+from ringtrain.run_files import OUTPUT_STREAMS as STREAMS
+from ringtrain.run_files import rank_log
 
 
 class OutputSink:
@@ -49,7 +43,7 @@ class OutputSink:
         if self._directory is None or (rank, STREAMS[0]) in self._files:
             return
         for stream in (*STREAMS, COMBINED):
-            path = rank_output_path(self._directory, rank, stream)
+            path = rank_log(self._directory, rank, stream)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._files[rank, stream] = open(path, "wb")
 

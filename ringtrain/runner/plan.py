@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringtrain.runner import env as envlib
+from ringtrain.contract import env as envlib
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.runner import network
 from ringtrain.runner.config import LaunchConfig
-from ringtrain.runner.hosts import SlotInfo, assign
+from ringtrain.runner.hosts import assign
 from ringtrain.runner.rendezvous import NetworkPlan
 
 

@@ -10,9 +10,9 @@ import enum
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ringtrain.errors import RingtrainError
+from ringtrain.run_files import RootCause, RunReport
 
 #: `ringtrain run`'s exit status when a rank failed after it started.
 EXIT_RANK_FAILED = 1
@@ -116,13 +116,12 @@ class RunResult:
             return EXIT_START_FAILED
         return EXIT_RANK_FAILED
 
-    def to_json(self) -> dict[str, Any]:
+    def report(self) -> RunReport:
         """What ``--result-file`` holds: the exit status, the summary line, and each root
         cause's rank, host, state, exit code and signal (``None`` when it has none)."""
-        return {"exit_code": self.exit_code, "message": self.message,
-                "root_causes": [{"rank": c.rank, "hostname": c.hostname, "state": c.state.value,
-                                 "exit_code": c.exit_code, "signal": c.signal}
-                                for c in self.root_causes]}
+        return RunReport(self.exit_code, self.message, tuple(
+            RootCause(c.rank, c.hostname, c.state.value, c.exit_code, c.signal)
+            for c in self.root_causes))
 
     @property
     def message(self) -> str:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 THREADS_VAR = "OMP_NUM_THREADS"
-LOCAL_SIZE_VAR = "LOCAL_WORLD_SIZE"  # set by the worker contract (runner/env.py)
+LOCAL_SIZE_VAR = "LOCAL_WORLD_SIZE"  # set by the worker contract (contract/env.py)
 
 
 def usable_cores() -> int:

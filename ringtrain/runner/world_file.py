@@ -1,46 +1,24 @@
 """``--world-file``: each world of an elastic launch, written as it forms, for a supervisor.
 
 The job service runs elastic jobs through ``ringtrain run`` and learns from this file which
-nodes the job runs on now and which it lost, and why. The file is replaced atomically, so a
-reader never sees half of it::
-
-    {"generation": 2,
-     "hosts": {"node0.localhost": [0], "node2.localhost": [2]},
-     "lost": [{"worker": 1, "host": "node1.localhost", "generation": 1,
-               "reason": "worker 1 on node1.localhost was killed by signal SIGKILL"}]}
-
-``hosts`` lists the world's workers by host in rank order; ``lost`` every worker that failed
-since the launch began (workers stopped because their host lost a slot are not lost).
+nodes the job runs on now and which it lost, and why. Its format is
+:class:`ringtrain.run_files.WorldReport`, which the service reads it with.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ringtrain.runner.hosts import SlotInfo
+from ringtrain.contract.slots import SlotInfo
+from ringtrain.run_files import LostWorker, WorldReport, write_json
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LostWorker:
-    """A worker that failed: its id, its host, the world it failed in, and the launcher's
-    summary of how."""
-
-    worker: int
-    host: str
-    generation: int
-    reason: str
-
-
 def write_world(path: str, generation: int, slots: Mapping[int, SlotInfo],
                 lost: Sequence[LostWorker]) -> None:
-    """Replace the world file with world ``generation``.
+    """Replace the world file with world ``generation``, atomically.
 
     A file that cannot be written is logged, not fatal: the training goes on without it.
 
@@ -53,12 +31,8 @@ def write_world(path: str, generation: int, slots: Mapping[int, SlotInfo],
     hosts: dict[str, list[int]] = {}
     for worker, slot in sorted(slots.items(), key=lambda item: item[1].rank):
         hosts.setdefault(slot.hostname, []).append(worker)
-    text = json.dumps({"generation": generation, "hosts": hosts,
-                       "lost": [asdict(w) for w in lost]})
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
+    report = WorldReport(generation, {h: tuple(w) for h, w in hosts.items()}, tuple(lost))
     try:
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        write_json(path, report.to_json())
     except OSError as e:
         log.warning("--world-file %s: cannot write world %d (%s)", path, generation, e.strerror)

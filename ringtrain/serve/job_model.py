@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ringtrain.jobs.connect import connect
 from ringtrain.jobs.errors import NotFoundError
+from ringtrain.jobs.job_folder import OUTPUTS
 from ringtrain.jobs.models.deployment import servable_model
 
 
@@ -37,7 +38,7 @@ def fetch_job_model(job_id: str, dest: Path, url: str | None = None) -> Path:
     try:
         job = client.get_job(job_id)
         try:
-            outputs = client.list_files(job_id, "outputs")
+            outputs = client.list_files(job_id, OUTPUTS)
         except NotFoundError:  # a job without outputs
             outputs = []
         folder = servable_model(job, outputs)

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ringtrain.contract.elastic_rendezvous import HostUpdate
 from ringtrain.errors import HorovodInternalError, UnsupportedOperationError
-from ringtrain.runner.elastic_rendezvous import HostUpdate
 from ringtrain.torch import functions, lifecycle, runtime
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]

@@ -25,13 +25,13 @@ from ringtrain.backends.base import CollectiveBackend
 from ringtrain.backends.hierarchical import HierarchicalBackend, RankPlace
 from ringtrain.backends.local import LocalBackend
 from ringtrain.backends.torch_dist import TorchDistributedBackend
+from ringtrain.contract import elastic_rendezvous
+from ringtrain.contract.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.engine.peers import PeerProcess
 from ringtrain.errors import HorovodInternalError
 from ringtrain.log_level import apply_log_level
-from ringtrain.runner import elastic_rendezvous
-from ringtrain.runner.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet
 from ringtrain.torch.topology import Topology, from_hostnames

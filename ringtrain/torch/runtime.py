@@ -11,8 +11,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from ringtrain.backends.base import CollectiveBackend
+from ringtrain.contract.env import WorkerEnv
 from ringtrain.engine.engine import Engine
-from ringtrain.runner.env import WorkerEnv
 from ringtrain.torch.topology import Topology
 
 

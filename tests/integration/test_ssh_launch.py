@@ -22,7 +22,7 @@ PY = sys.executable
 STORE_WORKER = """
 import datetime, os
 import torch.distributed as dist
-from ringtrain.runner.env import read_worker_env, store_prefix
+from ringtrain.contract.env import read_worker_env, store_prefix
 env = read_worker_env()
 assert env.launcher_store
 store = dist.PrefixStore(store_prefix(env.run_id, 0), dist.TCPStore(

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from ringtrain.jobs.executors import cgroups
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.executors.local import DEFAULT_RUNNER, LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import LAUNCH_FILE, LaunchSpec, RunnerStatus
@@ -37,7 +38,8 @@ class Service:
     def __init__(self, root: Path, use_cgroups: bool):
         self.store = SQLiteStore(root / "jobs.sqlite")
         self.executor = LocalExecutor(Share(root / "share"), use_cgroups=use_cgroups)
-        self.service = JobService(self.store, self.executor.share, self.executor)
+        self.service = JobService(self.store, self.executor.share,
+                                  [LocalBackend(self.executor)])
         self.service.create_cluster(ClusterSpec(name="c", nodes=2))
 
     def submit(self, command: str, **spec: object) -> JobInfo:

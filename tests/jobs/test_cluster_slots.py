@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.jobs.errors import InvalidRequestError, SpecError
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 from ringtrain.jobs.service import JobService
@@ -15,7 +16,7 @@ from .conftest import CLI
 
 def test_slots_grow_so_a_two_process_job_fits_and_shrink_only_below_waiting_jobs(
         store, share, fake_executor, clock) -> None:
-    service = JobService(store, share, fake_executor, clock)
+    service = JobService(store, share, [LocalBackend(fake_executor)], clock)
     service.create_cluster(ClusterSpec(name="c", nodes=2, slots=1))
     two = parse_job_spec({"node_count": 1, "process_count_per_node": 2, "command": "true"})
     with pytest.raises(SpecError, match="at most 1"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from ringtrain.jobs.api.app import create_app
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.service import JobService
 
 TOKEN = "t0ken-for-the-test"
@@ -14,7 +15,8 @@ TOKEN = "t0ken-for-the-test"
 
 def test_docs_take_the_token_once_then_a_cookie_and_load_no_cdn(store, share, fake_executor,
                                                                   clock) -> None:
-    app = create_app(JobService(store, share, fake_executor, clock), token=TOKEN)
+    app = create_app(JobService(store, share, [LocalBackend(fake_executor)], clock),
+                     token=TOKEN)
     with TestClient(app, base_url="http://127.0.0.1") as browser:
         assert browser.get("/docs").status_code == 401
         assert browser.get("/docs?token=wrong").status_code == 401

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.executors.base import NodeLoss, Observation
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.ray.backend import RayBackend
+from ringtrain.jobs.executors.ray.connection import RayConnection
 from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
 from ringtrain.jobs.service import JobService
 from tests.clock import FakeClock
@@ -111,7 +114,8 @@ def test_ray_clusters_refuse_elastic_specs(store, share, fake_executor,
                                            clock: FakeClock) -> None:
     store.add_cluster(ClusterSpec(name="r", nodes=2, backend="ray", address="127.0.0.1:6379"),
                       clock())
-    service = JobService(store, share, fake_executor, clock)
+    ray = RayBackend(fake_executor, RayConnection(), share.root / "ray")
+    service = JobService(store, share, [LocalBackend(fake_executor), ray], clock)
     with pytest.raises(SpecError) as refused:
         service.submit("r", parse_job_spec({"node_count": 2, "max_nodes": 3, "command": "x"}))
     assert refused.value.errors == [{"field": "max_nodes", "message": (

@@ -28,12 +28,21 @@ import pytest
 from pydantic import ValidationError
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.executors.local import LocalExecutor
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.routing import BackendExecutor
-from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, load_job_spec, parse_job_spec
-from ringtrain.jobs.ray.connection import RayConnection
-from ringtrain.jobs.ray.executor import RayExecutor, RayHandle
+from ringtrain.jobs.executors.ray.backend import RayBackend
+from ringtrain.jobs.executors.ray.connection import RayConnection
+from ringtrain.jobs.executors.ray.executor import RayExecutor, RayHandle
+from ringtrain.jobs.executors.routing import Backends, TaggedHandle
+from ringtrain.jobs.models import (
+    Backend,
+    ClusterSpec,
+    JobInfo,
+    JobState,
+    load_job_spec,
+    parse_job_spec,
+)
 from ringtrain.jobs.service import JobService
 from ringtrain.jobs.share import Share
 from ringtrain.jobs.store import SQLiteStore
@@ -113,25 +122,36 @@ def test_an_address_where_nothing_answers_is_refused_at_once() -> None:
     assert time.monotonic() - started < 15  # not Ray's own minute of retries
 
 
-def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
+def test_stored_handles_go_back_to_their_backend_by_their_tag(tmp_path: Path) -> None:
     share = Share(tmp_path)
+    local = LocalBackend(LocalExecutor(share, use_cgroups=False))
     ray_executor = RayExecutor(share, RayConnection(), lambda name: "127.0.0.1:1")
-    routing = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False),
-                               "ray": ray_executor}, lambda name: "ray")
+    ray = RayBackend(ray_executor, RayConnection(), tmp_path / "ray")
+    routing = Backends([local, ray], lambda name: Backend.RAY)
     handle = RayHandle("127.0.0.1:1", "job-1.0", 2, 0, 5.0)
-    assert routing.load_handle(handle.to_json()) == handle
-    assert routing.load_handle({"pid": 7, "start_ticks": None, "attempt": 0}).pid == 7
+    stored = TaggedHandle(Backend.RAY, handle).to_json()
+    assert stored == {**handle.to_json(), "backend": "ray"}
+    assert routing.load_handle(stored) == TaggedHandle(Backend.RAY, handle)
+    runner = routing.load_handle({"pid": 7, "start_ticks": None, "attempt": 0,
+                                  "backend": "local"})
+    assert runner.backend is Backend.LOCAL and runner.handle.pid == 7
+    # The tag decides, not the fields: a Ray handle's fields under a local tag are refused.
+    with pytest.raises(RecordError, match="pid"):
+        routing.load_handle({**handle.to_json(), "backend": "local"})
     with pytest.raises(RecordError, match="malformed"):
-        routing.load_handle({"placement_group": "job-1.0"})
-    local_only = BackendExecutor({"local": LocalExecutor(share, use_cgroups=False)},
-                                 lambda name: "local")
-    with pytest.raises(RecordError, match="ray backend"):
-        local_only.load_handle(handle.to_json())
+        routing.load_handle({"placement_group": "job-1.0", "backend": "ray"})
+    with pytest.raises(RecordError, match="names no backend"):
+        routing.load_handle(handle.to_json())
+    with pytest.raises(RecordError, match="'slurm', which ringtrain does not know"):
+        routing.load_handle({**handle.to_json(), "backend": "slurm"})
+    local_only = Backends([local], lambda name: Backend.LOCAL)
+    with pytest.raises(RecordError, match="ray backend, which this service does not run"):
+        local_only.load_handle(stored)
 
 
 def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
-    from ringtrain.jobs.ray.executor import _DRAIN_S, _Failure
-    from ringtrain.jobs.ray.node import NodeStatus
+    from ringtrain.jobs.executors.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.executors.ray.node import NodeStatus
 
     # The executor's side of a node without the share, without Ray: what a node's answers carry
     # is written into the share, and a drain that ends before a file arrived in full says so.
@@ -171,9 +191,9 @@ class RayService:
         self.executor = RayExecutor(share, self.ray,
                                     lambda name: self.store.get_cluster(name).address or "",
                                     placement_timeout_s=placement_timeout_s)
-        routing = BackendExecutor({"local": LocalExecutor(share), "ray": self.executor},
-                                  lambda name: self.store.get_cluster(name).backend)
-        self.service = JobService(self.store, share, routing, ray=self.ray)
+        self.service = JobService(self.store, share, [
+            LocalBackend(LocalExecutor(share)),
+            RayBackend(self.executor, self.ray, root / "ray")])
 
     def submit(self, cluster: str, command: str, **spec: object) -> JobInfo:
         return self.service.submit(cluster, parse_job_spec({"node_count": 2, "command": command,
@@ -234,7 +254,7 @@ def test_cluster_show_has_ray_node_table_and_resize_is_refused(rays: RayService)
 @inside
 def test_agents_sample_their_machines_for_the_dashboard(rays: RayService, ray_cluster) -> None:
     def both() -> dict | None:
-        usage = rays.service.ray.node_usage(ray_cluster.address)
+        usage = rays.ray.node_usage(ray_cluster.address)
         return usage if len(usage) == 2 else None
 
     usage = wait_for(both)
@@ -441,8 +461,8 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
 def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
                                                                monkeypatch) -> None:
     from ringtrain.jobs.envvars import input_var
-    from ringtrain.jobs.ray import transfer
-    from ringtrain.jobs.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
+    from ringtrain.jobs.executors.ray import transfer
+    from ringtrain.jobs.executors.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
 
     # One node runner, as an agent runs it, on a "machine" where /absent/labels.csv is not:
     # the service's copy of that input comes in the private copy; one it sees is read in place.

@@ -27,14 +27,17 @@ from ringtrain.jobs.executors.records import (
     LaunchSpec,
     RunnerHandle,
     RunnerStatus,
-    RunOutcome,
-    WorldRecord,
+    read_result,
+    read_world,
 )
 from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.jobs.share import Share
+from ringtrain.run_files import LostWorker, RootCause, RunReport
+from ringtrain.runner.cli import _write_result
 from ringtrain.runner.hosts import HostInfo, assign
-from ringtrain.runner.world_file import LostWorker, write_world
+from ringtrain.runner.result import RankOutcome, RankState, RunResult
+from ringtrain.runner.world_file import write_world
 
 
 def job_dir(tmp_path: Path) -> Path:
@@ -84,26 +87,30 @@ def test_launch_file_round_trip(tmp_path: Path) -> None:
     assert LaunchSpec.read(path) == spec
 
 
-def test_run_outcome_of_a_failed_rank_a_killed_one_and_none(tmp_path: Path) -> None:
+def test_result_file_as_the_runner_writes_it_for_a_failed_rank_a_killed_one_and_none(
+        tmp_path: Path) -> None:
     directory = job_dir(tmp_path)
-    assert RunOutcome.read(directory) is None
-    cause = {"rank": 1, "hostname": "localhost", "state": "failed", "exit_code": 7,
-             "signal": None}
-    (directory / RESULT_FILE).write_text(json.dumps(
-        {"exit_code": 1, "message": "rank 1 on localhost exited with code 7",
-         "root_causes": [cause]}))
-    assert RunOutcome.read(directory) == RunOutcome(1, "rank 1 on localhost exited with code 7",
-                                                    1, 7)
-    (directory / RESULT_FILE).write_text(json.dumps(
-        {"exit_code": 1, "message": "m", "root_causes": [{**cause, "exit_code": None,
-                                                          "signal": 9}]}))
-    assert RunOutcome.read(directory).cause_exit_code == 137
-    (directory / RESULT_FILE).write_text(json.dumps(
-        {"exit_code": 143, "message": "interrupted", "root_causes": []}))
-    assert RunOutcome.read(directory) == RunOutcome(143, "interrupted", None, None)
+    assert read_result(directory) is None
+    path = str(directory / RESULT_FILE)
+    failed = RankOutcome(1, "localhost", RankState.FAILED, exit_code=7)
+    ok = RankOutcome(0, "localhost", RankState.STOPPED)
+    _write_result(path, RunResult((ok, failed), (failed,), None, 1))
+    report = read_result(directory)
+    assert report == RunReport(1, "rank 1 on localhost exited with code 7; stopped the other 1 "
+                               "rank", (RootCause(1, "localhost", "failed", 7, None),))
+    assert report.root_causes[0].exit_status == 7
+    killed = RankOutcome(1, "localhost", RankState.FAILED, signal=9)
+    _write_result(path, RunResult((killed,), (killed,), None, 0))
+    assert read_result(directory).root_causes[0].exit_status == 137
+    _write_result(path, RunResult((ok,), (), 15, 1))
+    assert read_result(directory) == RunReport(143, "interrupted by signal SIGTERM; stopped 1 "
+                                               "rank", ())
     (directory / RESULT_FILE).write_text('{"exit_code": 1, "message": "m"}')
     with pytest.raises(RecordError, match="result file .* lacks the field 'root_causes'"):
-        RunOutcome.read(directory)
+        read_result(directory)
+    (directory / RESULT_FILE).write_text('{"exit_code": 1, "message": "m", "root_causes": [{"ra')
+    with pytest.raises(RecordError, match="result file .*: not valid JSON"):
+        read_result(directory)
 
 
 @pytest.mark.parametrize("content, why", [
@@ -234,20 +241,20 @@ def test_record_file_that_cannot_be_read(tmp_path: Path) -> None:
 
 def test_world_file_as_the_runner_writes_it_and_the_hosts_it_lost(tmp_path: Path) -> None:
     folder = job_dir(tmp_path)
-    assert WorldRecord.read(folder) is None  # before the first world formed
+    assert read_world(folder) is None  # before the first world formed
     slots = assign([HostInfo("n0", 2), HostInfo("n1", 1), HostInfo("n2", 1)], 4)
     lost = [LostWorker(2, "n1", 1, "worker 2 on n1 exited with code 3"),
             LostWorker(3, "n2", 1, "worker 3 on n2 was killed by signal SIGKILL")]
     # The loss is written before the world re-forms: n1 and n2 have no live worker left.
     write_world(str(folder / WORLD_FILE), 1, dict(enumerate(slots)), lost[:1])
-    world = WorldRecord.read(folder)
+    world = read_world(folder)
     assert world.hosts == {"n0": (0, 1), "n1": (2,), "n2": (3,)}
     assert world.lost_hosts() == ["n1"]
     # World 2 left n1 out; n2's worker failed in it, and a new one (4) joined n1 again later.
     write_world(str(folder / WORLD_FILE), 2, {0: slots[0], 1: slots[1], 3: slots[3]}, lost)
-    assert WorldRecord.read(folder).lost_hosts() == ["n1", "n2"]
+    assert read_world(folder).lost_hosts() == ["n1", "n2"]
     write_world(str(folder / WORLD_FILE), 3, {0: slots[0], 1: slots[1], 4: slots[2]}, lost)
-    assert WorldRecord.read(folder).lost_hosts() == ["n2"]
+    assert read_world(folder).lost_hosts() == ["n2"]
     (folder / WORLD_FILE).write_text('{"generation": 1, "hosts": {"n0": [0]}, "lost": [{}]}')
     with pytest.raises(RecordError, match="lacks the field 'worker'"):
-        WorldRecord.read(folder)
+        read_world(folder)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.jobs.errors import ConflictError, InvalidRequestError, SpecError
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import ClusterSpec, JobState, NodeState, parse_job_spec
@@ -330,7 +331,7 @@ def test_backfill_of_a_job_that_ends_before_the_waiting_one_can_start(
 
 def test_node_count_beyond_the_clusters_maximum_is_refused_at_submit(
         store, share, fake_executor, clock: FakeClock) -> None:
-    service = JobService(store, share, fake_executor, clock)
+    service = JobService(store, share, [LocalBackend(fake_executor)], clock)
     service.create_cluster(ClusterSpec(name="c", nodes=1, max_nodes=2))
     with pytest.raises(SpecError) as refused:
         service.submit("c", parse_job_spec({"node_count": 3, "command": "true"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -231,4 +232,56 @@ def test_a_database_of_version_1_opens_with_the_new_columns(tmp_path: Path) -> N
     store.close()
     store = SQLiteStore(path)  # a second opening changes nothing
     assert store.find_job("k").id == "j"
+    store.close()
+
+
+def test_launch_handles_of_a_version_3_database_are_tagged_with_their_backend_once(
+        tmp_path: Path) -> None:
+    from ringtrain.jobs.executors.backend import LocalBackend
+    from ringtrain.jobs.executors.local import LocalExecutor
+    from ringtrain.jobs.executors.ray.backend import RayBackend
+    from ringtrain.jobs.executors.ray.connection import RayConnection
+    from ringtrain.jobs.executors.ray.executor import RayExecutor, RayHandle
+    from ringtrain.jobs.executors.routing import Backends
+    from ringtrain.jobs.models import Backend
+    from ringtrain.jobs.share import Share
+
+    path = tmp_path / "v3.sqlite"
+    store = SQLiteStore(path)
+    store.add_cluster(ClusterSpec(name="c", nodes=2), 1.0)
+    spec = parse_job_spec({"node_count": 1, "command": "x"})
+    for job_id in ("local-job", "ray-job", "unstarted"):
+        store.add_job(JobInfo(id=job_id, cluster="c", spec=spec, state="queued", created_at=2.0,
+                              job_dir="/j"))
+    store.close()
+    # What a server of schema version 3 stored: each executor's handle, without a tag.
+    ray_fields = {"address": "10.0.0.5:6379", "placement_group": "ray-job.0", "node_count": 2,
+                  "attempt": 0, "started_at": 5.0}
+    db = sqlite3.connect(path)
+    db.execute("UPDATE jobs SET launch=? WHERE id='local-job'",
+               ('{"pid": 41, "start_ticks": 900, "attempt": 0, "cgroup": null}',))
+    db.execute("UPDATE jobs SET launch=? WHERE id='ray-job'", (json.dumps(ray_fields),))
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+
+    store = SQLiteStore(path)
+    assert store.get_launch("local-job") == {"pid": 41, "start_ticks": 900, "attempt": 0,
+                                             "cgroup": None, "backend": "local"}
+    assert store.get_launch("ray-job") == {**ray_fields, "backend": "ray"}
+    assert store.get_launch("unstarted") is None
+    share = Share(tmp_path / "share")
+    backends = Backends([LocalBackend(LocalExecutor(share, use_cgroups=False)),
+                         RayBackend(RayExecutor(share, RayConnection(), lambda name: ""),
+                                    RayConnection(), tmp_path / "ray")],
+                        lambda name: Backend.LOCAL)
+    local = backends.load_handle(store.get_launch("local-job") or {})
+    assert (local.backend, local.handle.pid) == (Backend.LOCAL, 41)
+    ray = backends.load_handle(store.get_launch("ray-job") or {})
+    assert ray.backend is Backend.RAY and ray.handle == RayHandle(**ray_fields)
+    # Once tagged, the database is version 4: a later opening infers nothing again.
+    store.set_launch("unstarted", {"placement_group": "whatever"})
+    store.close()
+    store = SQLiteStore(path)
+    assert store.get_launch("unstarted") == {"placement_group": "whatever"}
     store.close()

@@ -12,6 +12,7 @@ import pytest
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.connect import connect, read_server_file
 from ringtrain.jobs.errors import ConflictError, SpecError
+from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
 from ringtrain.jobs.service import JobService
@@ -76,7 +77,8 @@ def _service(tmp_path: Path) -> tuple[JobService, SQLiteStore]:
     from ringtrain.jobs.share import Share
 
     store = SQLiteStore(tmp_path / "jobs.sqlite")
-    service = JobService(store, Share(tmp_path / "share"), FakeExecutor(), FakeClock())
+    service = JobService(store, Share(tmp_path / "share"), [LocalBackend(FakeExecutor())],
+                         FakeClock())
     service.create_cluster(ClusterSpec(name="c", nodes=1))
     return service, store
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
+from ringtrain.contract.env import engine_environ, read_engine_config
 from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.runner.config import load_config
-from ringtrain.runner.env import engine_environ, read_engine_config
 from ringtrain.torch.autotune_search import (
     LOG_COLUMNS,
     Search,

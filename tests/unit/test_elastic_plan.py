@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.runner.elastic_plan import FailedHosts, Worker, plan_world
-from ringtrain.runner.hosts import HostInfo, SlotInfo
+from ringtrain.runner.hosts import HostInfo
 
 
 def _ranks(plan) -> list[tuple[int, str, int, int]]:

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from ringtrain.runner import elastic_rendezvous as rdzv
-from ringtrain.runner.hosts import SlotInfo
+from ringtrain.contract import elastic_rendezvous as rdzv
+from ringtrain.contract.slots import SlotInfo
 
 KEYS = rdzv.Keys("run1")
 

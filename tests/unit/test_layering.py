@@ -31,6 +31,8 @@ ROOT = Path(ringtrain.__file__).parent
 UNITS: dict[str, tuple[str, ...]] = {
     "leaf": ("ringtrain.__init__", "ringtrain.errors", "ringtrain.op_types",
              "ringtrain.log_level", "ringtrain.proc_stat", "ringtrain.shm_names",
+             # the files `ringtrain run` writes and the job service reads
+             "ringtrain.run_files",
              # threads per rank: the task wrapper's and a Ray node's rule alike
              "ringtrain.runner.threads"),
     "backends": ("ringtrain.backends",),
@@ -39,14 +41,14 @@ UNITS: dict[str, tuple[str, ...]] = {
     "torch": ("ringtrain.torch",),
     "keras": ("ringtrain.keras",),
     "compat": ("ringtrain.compat",),
-    "runner.env": ("ringtrain.runner.env", "ringtrain.runner.elastic_rendezvous",
-                   "ringtrain.runner.hosts"),
+    # what launcher and workers share: the worker env, the elastic rendezvous keys, slots
+    "contract": ("ringtrain.contract",),
     "runner": ("ringtrain.runner",),
     "jobs.common": ("ringtrain.jobs.__init__", "ringtrain.jobs.models", "ringtrain.jobs.errors",
                     "ringtrain.jobs.home", "ringtrain.jobs.api.schemas",
                     "ringtrain.jobs.envvars",
                     "ringtrain.jobs.server_info", "ringtrain.jobs.record_file",
-                    "ringtrain.jobs.paging", "ringtrain.jobs.extract"),
+                    "ringtrain.jobs.paging", "ringtrain.jobs.extract", "ringtrain.jobs.job_folder"),
     "jobs.client": ("ringtrain.jobs.client", "ringtrain.jobs.connect"),
     "jobs.cli": ("ringtrain.jobs.cli",),
     "jobs.service": ("ringtrain.jobs",),
@@ -61,24 +63,25 @@ UNITS: dict[str, tuple[str, ...]] = {
 
 #: What each unit may import besides itself. Everything else is forbidden; in particular nothing
 #: imports upward (``backends`` -> ``engine``, ``engine`` -> ``runner``), ``runner`` imports
-#: neither the torch frontend nor the engine (only its pure config type), and ``jobs`` imports no
-#: part of training (it starts training through ``ringtrain run`` in a subprocess).
+#: neither the torch frontend nor the engine (only its pure config type), the frontends import
+#: ``contract`` and never ``runner``, and ``jobs`` imports no part of training (it starts
+#: training through ``ringtrain run`` in a subprocess).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "leaf": (),
     "backends": ("leaf",),
     "engine.config": ("leaf",),
     "engine": ("engine.config", "backends", "leaf"),
-    "torch": ("engine", "engine.config", "backends", "runner.env", "leaf"),
-    "keras": ("torch", "engine", "engine.config", "backends", "runner.env", "leaf"),
+    "torch": ("engine", "engine.config", "backends", "contract", "leaf"),
+    "keras": ("torch", "engine", "engine.config", "backends", "contract", "leaf"),
     "compat": ("torch", "keras", "leaf"),
-    "runner.env": ("engine.config", "leaf"),
-    "runner": ("runner.env", "engine.config", "leaf"),
+    "contract": ("engine.config", "leaf"),
+    "runner": ("contract", "engine.config", "leaf"),
     "jobs.common": ("leaf",),
     "jobs.client": ("jobs.common", "leaf"),
     "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
     "jobs.service": ("jobs.common", "web", "leaf"),
     "data": ("torch", "models", "leaf"),
-    "doctor": ("data", "torch", "models", "runner.env", "leaf"),
+    "doctor": ("data", "torch", "models", "contract", "leaf"),
     "models": ("leaf",),
     "web": ("leaf",),
     "serve": ("models", "web", "leaf"),
@@ -87,9 +90,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cli": ("leaf",),
 }
 
-#: Units that must import nothing but the standard library and ``leaf``: the runner and the
-#: engine share ``engine.config`` only because it pulls in neither torch nor the engine.
-STDLIB_ONLY = ("leaf", "engine.config")
+#: Units that must import nothing but the standard library and each other: the runner and the
+#: engine share ``engine.config`` only because it pulls in neither torch nor the engine, and the
+#: launcher and its workers share ``contract`` only because it pulls in neither side.
+STDLIB_ONLY = ("leaf", "engine.config", "contract")
+#: The frontends, which run in the workers: they learn their place from ``contract`` and never
+#: import the launcher (``ringtrain.runner``), at any depth.
+FRONTENDS = ("torch", "keras", "compat", "data", "doctor")
 #: Third-party packages a unit must never import, at any depth.
 FORBIDDEN_PACKAGES: dict[str, tuple[str, ...]] = {
     unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service", "web")
@@ -313,6 +320,27 @@ def test_units_stay_clear_of_packages_they_must_not_pull_in():
     assert not broken, ("imports that pull in too much (only the standard library and leaf "
                         f"modules in {', '.join(STDLIB_ONLY)} and their packages' __init__; no "
                         "torch in jobs):\n" + "\n".join(broken))
+
+
+def test_the_frontends_never_import_the_launcher():
+    graph, _ = read_graph()
+    broken = []
+    for module in sorted(m for m in graph if unit_of(m) in FRONTENDS):
+        seen = {module: [module]}
+        frontier = [module]
+        while frontier:  # everything the module imports, at any depth, with the way there
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w not in seen:
+                        seen[w] = seen[v] + [w]
+                        nxt.append(w)
+            frontier = nxt
+        for target, path in sorted(seen.items()):
+            if target.startswith("ringtrain.runner.") and unit_of(target) != "leaf":
+                broken.append("  " + " -> ".join(path))
+    assert not broken, ("the frontends reach the launcher (what they share with it belongs in "
+                        "ringtrain/contract/):\n" + "\n".join(broken))
 
 
 def test_the_reader_sees_deferred_and_type_only_imports_and_reports_their_cycle(tmp_path):

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
+from ringtrain.contract.env import engine_environ, read_engine_config
 from ringtrain.engine.config import AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 from ringtrain.runner.config import ElasticSpec, LaunchConfig, load_config
-from ringtrain.runner.env import engine_environ, read_engine_config
 from ringtrain.runner.hosts import HostInfo
 
 MIB = 1024 * 1024

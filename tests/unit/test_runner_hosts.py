@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringtrain.runner.hosts import HostInfo, SlotInfo, assign, parse_hostfile, parse_hosts
+from ringtrain.contract.slots import SlotInfo
+from ringtrain.runner.hosts import HostInfo, assign, parse_hostfile, parse_hosts
 
 
 def test_parse_hosts_with_slots_in_order():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shlex
 
+from ringtrain.contract.env import read_worker_env, remote_environ
 from ringtrain.runner.config import load_config
-from ringtrain.runner.env import read_worker_env, remote_environ
 from ringtrain.runner.plan import build_plan, compat_shim_dir, used_hostnames
 from ringtrain.runner.rendezvous import NetworkPlan
 from ringtrain.runner.spawn import SpawnOptions, ssh_argv, task_argv

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ringtrain.engine.config import EngineConfig
-from ringtrain.errors import ConfigError
-from ringtrain.runner.env import (
+from ringtrain.contract.env import (
     engine_environ,
     first_slurm_host,
     read_engine_config,
     read_worker_env,
 )
+from ringtrain.engine.config import EngineConfig
+from ringtrain.errors import ConfigError
 
 ADDR = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
 

@@ -30,8 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from ringtrain.jobs.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.api.schemas import API_PREFIX
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, RecordError
-from ringtrain.jobs.executors.records import RunnerHandle
+from ringtrain.jobs.errors import NotFoundError, RecordError
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
 from ringtrain.jobs.monitor.host import HostSampler
@@ -149,37 +148,36 @@ class _Usage:
 
     def sample(self) -> dict[str, Any]:
         store = self.service.store
-        local = {c.name for c in store.list_clusters() if c.backend == "local"}
+        backends = self.service.backends
         leaders = {}
         for job in store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING,
                                            JobState.TERMINATING]):
-            if job.cluster not in local:
-                continue
             try:
-                launch = store.get_launch(job.id)
-                if launch is not None:
-                    leaders[job.id] = RunnerHandle.from_json(launch).pid
-            except (RecordError, NotFoundError):  # not started yet, or gone meanwhile
+                data = store.get_launch(job.id)
+                if data is None:  # not started yet
+                    continue
+                launch = backends.load_handle(data)
+            except (RecordError, NotFoundError):  # unreadable, or gone meanwhile
                 continue
+            backend = backends.find(launch.backend)
+            pid = None if backend is None else backend.leader_pid(launch.handle)
+            if pid is not None:
+                leaders[job.id] = pid
         return {**self.host.sample(), "jobs": self.jobs.sample(leaders), "ray": self._ray()}
 
     def _ray(self) -> dict[str, dict[str, Any]]:
         """Each Ray cluster's machines as their agents sample them, by cluster and node id
         (asked at most once per period, however many dashboards are open)."""
-        ray = self.service.ray
-        if ray is None:
-            return {}
         now = time.monotonic()
         with self._ray_lock:
             if now - self._ray_at < HOST_EVERY_S:
                 return self._ray_last
             out = {}
             for c in self.service.store.list_clusters():
-                if c.backend == "ray" and c.address:
-                    try:
-                        out[c.name] = ray.node_usage(c.address)
-                    except InvalidRequestError:  # unreachable now: nothing to show
-                        out[c.name] = {}
+                backend = self.service.backends.find(c.backend)
+                usage = None if backend is None else backend.machine_usage(c)
+                if usage is not None:
+                    out[c.name] = usage
             self._ray_last, self._ray_at = out, time.monotonic()
             return out
 

@@ -13,7 +13,7 @@ from ringtrain.jobs.cli import output
 from ringtrain.jobs.cli.args import cluster_name
 from ringtrain.jobs.connect import connect
 from ringtrain.jobs.errors import SpecError
-from ringtrain.jobs.models import ClusterInfo, ClusterSpec
+from ringtrain.jobs.models import Backend, ClusterInfo, ClusterSpec
 from ringtrain.jobs.models.spec import validation_errors
 
 
@@ -26,7 +26,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                                              "many Ray machines jobs may hold, default all)")
     p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1; "
                                                         "ray: CPUs a job may use per machine)")
-    p.add_argument("--backend", default="local", choices=["local", "ray"],
+    p.add_argument("--backend", default=Backend.LOCAL.value, choices=[b.value for b in Backend],
                    help="local (default): process slots on the service's host; ray: a Ray "
                         "cluster (token from RAY_AUTH_TOKEN in the service's environment)")
     where = p.add_mutually_exclusive_group()
@@ -60,9 +60,9 @@ def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    if args.nodes is None and args.backend == "local":
-        raise SpecError([{"field": "nodes", "message": "a local cluster needs --nodes N"}],
-                        "cluster")
+    if args.nodes is None and not Backend(args.backend).attached:
+        raise SpecError([{"field": "nodes",
+                          "message": f"a {args.backend} cluster needs --nodes N"}], "cluster")
     try:
         spec = ClusterSpec(name=args.name, nodes=args.nodes or 0, slots=args.slots,
                            backend=args.backend, max_nodes=args.max_nodes,

@@ -81,7 +81,7 @@ def clusters_table(clusters: list[ClusterInfo]) -> str:
     return table(
         ["name", "backend", "nodes", "slots", "allocation", "idle", "preparing", "running",
          "leaving", "unusable"],
-        [[c.name, c.backend, f"{c.current_nodes}/{c.target_nodes}", c.slots,
+        [[c.name, c.backend.value, f"{c.current_nodes}/{c.target_nodes}", c.slots,
           c.allocation_state.value, *c.node_counts.model_dump().values()] for c in clusters])
 
 
@@ -89,7 +89,7 @@ def cluster_text(c: ClusterInfo) -> str:
     """The text of `cluster show`."""
     counts = ", ".join(f"{k} {v}" for k, v in c.node_counts.model_dump().items())
     return "\n".join([
-        f"name:        {c.name}", f"backend:     {c.backend}",
+        f"name:        {c.name}", f"backend:     {c.backend.value}",
         f"nodes:       {c.current_nodes} (target {c.target_nodes}"
         + ("" if c.max_nodes is None else f", at most {c.max_nodes}") + f"), {c.slots} slots each",
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",

@@ -34,8 +34,9 @@ from ringtrain.jobs.executors.records import (
     WORLD_FILE,
     LaunchSpec,
     RunnerStatus,
-    RunOutcome,
+    read_result,
 )
+from ringtrain.jobs.job_folder import JobFolder, prep_log_path, rank_log_path
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: The exit code of an attempt whose command could not be started at all (as a shell's).
@@ -76,11 +77,11 @@ class JobRunner:
         command = self.launch.job_preparation
         if not command:
             return 0, ""
-        prep = self.job_dir / "prep"
+        folder = JobFolder(self.job_dir)
         children = []
         for k in range(self.launch.node_count):
-            with open(prep / f"node.{k}.stdout", "wb") as out, \
-                    open(prep / f"node.{k}.stderr", "wb") as err:
+            with open(folder.prep_log(k, "stdout"), "wb") as out, \
+                    open(folder.prep_log(k, "stderr"), "wb") as err:
                 env = {**os.environ, NODE_INDEX: str(k)}
                 try:
                     children.append(subprocess.Popen(["sh", "-c", command], stdout=out,
@@ -94,7 +95,7 @@ class JobRunner:
         for k, code in enumerate(codes):
             if code != 0:
                 return code, (f"job_preparation failed on node {k} with exit code {code}; "
-                              f"see prep/node.{k}.stderr")
+                              f"see {prep_log_path(k, 'stderr')}")
         return 0, ""
 
     def run_workers(self) -> tuple[int, str]:
@@ -111,7 +112,7 @@ class JobRunner:
                      "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
                      "--world-file", str(self.job_dir / WORLD_FILE)]
         argv = [*launch.runner, "-np", str(total), *where,
-                "--output-filename", str(self.job_dir / "stdouterr"),
+                "--output-filename", str(JobFolder(self.job_dir).logs),
                 "--result-file", str(self.job_dir / RESULT_FILE),
                 "sh", "-c", launch.command]
         try:
@@ -123,16 +124,17 @@ class JobRunner:
         if code == 0:
             return 0, ""
         try:
-            outcome = RunOutcome.read(self.job_dir)
+            report = read_result(self.job_dir)
         except RecordError as e:
             print(f"job runner: {e}", file=sys.stderr)
-            outcome = None
-        if outcome is not None and outcome.cause_exit_code is not None:
+            report = None
+        cause = report.root_causes[0] if report is not None and report.root_causes else None
+        if report is not None and cause is not None and cause.exit_status is not None:
             # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
-            return outcome.cause_exit_code, (f"{outcome.message}; see "
-                                             f"stdouterr/rank.{outcome.cause_rank}/stderr")
+            return cause.exit_status, (f"{report.message}; see "
+                                       f"{rank_log_path(cause.rank, 'stderr')}")
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
+        return code, f"`ringtrain run` {how}; see {rank_log_path('N', 'stderr')}"
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then

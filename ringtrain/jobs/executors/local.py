@@ -31,11 +31,13 @@ from ringtrain.jobs.executors.records import (
     DISCOVERY_FILE,
     HOSTS_FILE,
     LAUNCH_FILE,
+    RUNNER_LOG,
     LaunchSpec,
     RunnerHandle,
     RunnerStatus,
-    WorldRecord,
+    read_world,
 )
+from ringtrain.jobs.job_folder import WORKING_DIR
 from ringtrain.jobs.models import JobInfo, NodeInfo
 from ringtrain.jobs.share import Share, python_path_env
 
@@ -87,10 +89,10 @@ class LocalExecutor:
                    nodes=tuple(n.index for n in nodes), cgroup=cgroup, min_nodes=min_nodes,
                    max_nodes=max_nodes).write(launch_file)
         env = python_path_env({**os.environ, **self.share.job_environ(job)})
-        with open(job_dir / "launcher" / "launcher.log", "ab") as out:
+        with open(job_dir / RUNNER_LOG, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ringtrain.jobs.executors.jobrunner", str(launch_file)],
-                cwd=job_dir / "wd", env=env, stdin=subprocess.DEVNULL, stdout=out,
+                cwd=job_dir / WORKING_DIR, env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._children[job.id] = proc
         log.info("job %s attempt %d: runner pid %d", job.id, job.attempt, proc.pid)
@@ -192,7 +194,7 @@ class LocalExecutor:
         Raises:
             RecordError: the world file is malformed.
         """
-        world = WorldRecord.read(Path(job.job_dir))
+        world = read_world(Path(job.job_dir))
         if world is None:
             return seen
         first_failure: dict[str, str] = {}

@@ -6,10 +6,13 @@ Five records cross a process boundary, each as JSON:
   job so that a restarted server finds the attempt again;
 - :class:`LaunchSpec`, ``launcher/launch.json``: what the job runner is to run;
 - :class:`RunnerStatus`, ``launcher/status.json``: the job runner's phase, and how it ended;
-- :class:`RunOutcome`, ``launcher/result.json``: how the ranks ended, as ``ringtrain run
+- ``launcher/result.json`` (:func:`read_result`): how the ranks ended, as ``ringtrain run
   --result-file`` reports it (the job runner reads it for the user's own exit code);
-- :class:`WorldRecord`, ``launcher/world.json``: an elastic attempt's current world and the
+- ``launcher/world.json`` (:func:`read_world`): an elastic attempt's current world and the
   workers it lost, as ``ringtrain run --world-file`` writes it.
+
+The last two are ``ringtrain run``'s files, whose format is :mod:`ringtrain.run_files`, the
+module the runner writes them with.
 
 A server may meet a handle or status file of a job started before an upgrade, so the field names
 never change, and fields added later need a default. Reading refuses anything else with a
@@ -21,25 +24,31 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.job_folder import LAUNCHER
 from ringtrain.jobs.record_file import read_record_file
+from ringtrain.run_files import RunFileError, RunReport, WorldReport, parse_json
 
-LAUNCH_FILE = "launcher/launch.json"
-STATUS_FILE = "launcher/status.json"
-RESULT_FILE = "launcher/result.json"
+#: The job runner's files, relative to the job's folder.
+LAUNCH_FILE = f"{LAUNCHER}/launch.json"
+STATUS_FILE = f"{LAUNCHER}/status.json"
+#: The job runner's own stdout and stderr (and ``ringtrain run``'s, which it does not redirect).
+RUNNER_LOG = f"{LAUNCHER}/launcher.log"
+RESULT_FILE = f"{LAUNCHER}/result.json"
 #: Elastic attempts: the hosts the service offers (what the discovery script prints), the
 #: discovery script, and the worlds ``ringtrain run --world-file`` writes as they form.
-HOSTS_FILE = "launcher/hosts.txt"
-DISCOVERY_FILE = "launcher/discover.sh"
-WORLD_FILE = "launcher/world.json"
+HOSTS_FILE = f"{LAUNCHER}/hosts.txt"
+DISCOVERY_FILE = f"{LAUNCHER}/discover.sh"
+WORLD_FILE = f"{LAUNCHER}/world.json"
 
 _REQUIRED = object()
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -200,100 +209,33 @@ class RunnerStatus:
             raise RecordError(f"{source}: {e}") from None
 
 
-@dataclass(frozen=True)
-class RunOutcome:
-    """The result file of ``ringtrain run --result-file``: how the ranks of one attempt ended.
+def read_result(job_dir: Path) -> RunReport | None:
+    """The result file ``ringtrain run`` wrote, or ``None`` if it wrote none (it could not start).
 
-    Attributes:
-        exit_code: ``ringtrain run``'s own exit status (1 for any failed rank).
-        message: its summary line, e.g. ``rank 1 on localhost exited with code 7``.
-        cause_rank: the first root cause's rank, if a rank failed.
-        cause_exit_code: that rank's exit code, ``128 + N`` if signal N killed it; ``None``
-            when it has neither (it did not start).
+    Raises:
+        RecordError: the file is not JSON or lacks a field.
     """
-
-    exit_code: int
-    message: str
-    cause_rank: int | None
-    cause_exit_code: int | None
-
-    @classmethod
-    def read(cls, job_dir: Path) -> RunOutcome | None:
-        """The outcome ``ringtrain run`` wrote, or ``None`` if it wrote none (it could not start).
-
-        Raises:
-            RecordError: the file is not JSON or lacks a field.
-        """
-        path = job_dir / RESULT_FILE
-        source = f"the result file {path}"
-        data = _read_object(path, source)
-        if data is None:
-            return None
-        causes = _field(data, "root_causes", list, source)
-        first = _object(causes[0], source) if causes else {}
-        code = _field(first, "exit_code", (int, type(None)), source, None)
-        sig = _field(first, "signal", (int, type(None)), source, None)
-        return cls(exit_code=_field(data, "exit_code", int, source),
-                   message=_field(data, "message", str, source),
-                   cause_rank=_field(first, "rank", int, source) if causes else None,
-                   cause_exit_code=code if code is not None else (
-                       None if sig is None else 128 + sig))
+    return _read_run_file(job_dir / RESULT_FILE, "the result file", RunReport.from_json)
 
 
-@dataclass(frozen=True)
-class LostWorker:
-    """A worker an elastic attempt lost: its id, host, the world it was lost from, and how."""
+def read_world(job_dir: Path) -> WorldReport | None:
+    """An elastic attempt's latest world, or ``None`` before the first one formed.
 
-    worker: int
-    host: str
-    generation: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class WorldRecord:
-    """The world file: an elastic attempt's current world and every worker it lost.
-
-    Attributes:
-        generation: the world's number (1 for the first).
-        hosts: the world's workers by host, in rank order.
-        lost: the workers lost so far, in the order they failed.
+    Raises:
+        RecordError: the file is not JSON or lacks a field.
     """
+    return _read_run_file(job_dir / WORLD_FILE, "the world file", WorldReport.from_json)
 
-    generation: int
-    hosts: Mapping[str, tuple[int, ...]]
-    lost: tuple[LostWorker, ...]
 
-    def lost_hosts(self) -> list[str]:
-        """The hosts where a worker failed that have no live worker in the current world: left
-        out of it, or all of their workers in it failed."""
-        failed = {w.worker for w in self.lost}
-        hosts = dict.fromkeys(w.host for w in self.lost)
-        return [h for h in hosts if set(self.hosts.get(h, ())) <= failed]
-
-    @classmethod
-    def read(cls, job_dir: Path) -> WorldRecord | None:
-        """The latest world, or ``None`` before the first one formed.
-
-        Raises:
-            RecordError: the file is not JSON or lacks a field.
-        """
-        path = job_dir / WORLD_FILE
-        source = f"the world file {path}"
-        data = _read_object(path, source)
-        if data is None:
-            return None
-        hosts = _object(_field(data, "hosts", dict, source), source)
-        lost = []
-        for item in _field(data, "lost", list, source):
-            entry = _object(item, source)
-            lost.append(LostWorker(worker=_field(entry, "worker", int, source),
-                                   host=_field(entry, "host", str, source),
-                                   generation=_field(entry, "generation", int, source),
-                                   reason=_field(entry, "reason", str, source)))
-        return cls(generation=_field(data, "generation", int, source),
-                   hosts={host: _items(hosts, host, int, source) for host in hosts},
-                   lost=tuple(lost))
+def _read_run_file(path: Path, what: str, parse: Callable[[Any], R]) -> R | None:
+    source = f"{what} {path}"
+    raw = read_record_file(path, source)
+    if raw is None:
+        return None
+    try:
+        return parse(parse_json(raw))
+    except RunFileError as e:
+        raise RecordError(f"{source}: {e}") from None
 
 
 def _read_object(path: Path, source: str) -> Mapping[str, Any] | None:

@@ -1,57 +1,118 @@
-"""The service's executor: each job goes to the executor of its cluster's backend.
+"""The service's executor: each attempt goes to the executor of its backend.
 
-The scheduler and the service see one :class:`~ringtrain.jobs.executors.base.Executor`; this one
-hands every call to the local executor or the Ray executor, by the backend of the job's cluster
-(for a stored handle, by its fields: a Ray handle names a placement group).
+The scheduler sees one :class:`~ringtrain.jobs.executors.base.Executor`, :class:`Backends`. It
+starts an attempt on the executor of the job's cluster's backend and tags the handle with that
+backend (:class:`TaggedHandle`); the tag is stored with the handle, so a stored attempt goes
+back to the executor that started it, whatever its handle's fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.jobs.errors import RecordError
+from ringtrain.jobs.errors import InvalidRequestError, RecordError
+from ringtrain.jobs.executors.backend import ClusterBackend
 from ringtrain.jobs.executors.base import Executor, LaunchHandle, Observation
-from ringtrain.jobs.models import JobInfo, NodeInfo
+from ringtrain.jobs.models import Backend, JobInfo, NodeInfo
+
+#: The key of a stored handle that names its backend (the other keys are the executor's own).
+TAG = "backend"
 
 
-class BackendExecutor:
-    """Routes each call to the executor of the job's backend.
+@dataclass(frozen=True)
+class TaggedHandle:
+    """An executor's launch handle and the backend whose executor made it."""
+
+    backend: Backend
+    handle: LaunchHandle
+
+    def to_json(self) -> dict[str, Any]:
+        """The handle's JSON object with the tag beside its fields."""
+        return {**self.handle.to_json(), TAG: self.backend.value}
+
+
+class Backends:
+    """The backends a service runs, and the executor that routes each call to one of them.
 
     Args:
-        executors: the executor of each backend name (``local``, ``ray``).
+        backends: one per backend kind.
         backend_of: the backend of a cluster, by cluster name.
+
+    Raises:
+        ValueError: two backends of one kind.
     """
 
-    def __init__(self, executors: dict[str, Executor[Any]], backend_of: Callable[[str], str]):
-        self.executors = executors
+    def __init__(self, backends: Iterable[ClusterBackend], backend_of: Callable[[str], Backend]):
+        self._by_kind: dict[Backend, ClusterBackend] = {}
+        for backend in backends:
+            if backend.kind in self._by_kind:
+                raise ValueError(f"two {backend.kind.value} backends")
+            self._by_kind[backend.kind] = backend
         self.backend_of = backend_of
 
-    def _for(self, job: JobInfo) -> Executor[Any]:
-        backend = self.backend_of(job.cluster)
+    def find(self, kind: Backend) -> ClusterBackend | None:
+        """The backend of that kind, if this service runs it."""
+        return self._by_kind.get(kind)
+
+    def get(self, kind: Backend) -> ClusterBackend:
+        """The backend of that kind.
+
+        Raises:
+            InvalidRequestError: this service does not run it.
+        """
+        backend = self._by_kind.get(kind)
+        if backend is None:
+            raise InvalidRequestError(f"this service runs no {kind.value} backend")
+        return backend
+
+    # -- the Executor protocol ---------------------------------------------------------------
+
+    def _executor(self, kind: Backend) -> Executor[Any]:
+        backend = self._by_kind.get(kind)
+        if backend is None:
+            raise OSError(f"this service runs no {kind.value} backend")
+        return backend.executor
+
+    def _for(self, job: JobInfo, launch: TaggedHandle | None) -> tuple[Executor[Any], Any]:
+        """The executor of an attempt (by its handle's tag; without a handle, by its cluster's
+        backend) and the executor's own handle."""
+        if launch is None:
+            return self._executor(self.backend_of(job.cluster)), None
+        return self._executor(launch.backend), launch.handle
+
+    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> TaggedHandle:
+        kind = self.backend_of(job.cluster)
+        return TaggedHandle(kind, self._executor(kind).start(job, nodes))
+
+    def load_handle(self, data: dict[str, Any]) -> TaggedHandle:
+        if not isinstance(data, dict) or not isinstance(data.get(TAG), str):
+            raise RecordError(f"the launch handle stored with the job names no backend: {data!r}")
         try:
-            return self.executors[backend]
-        except KeyError:
-            raise OSError(f"this service runs no {backend} backend") from None
+            kind = Backend(data[TAG])
+        except ValueError:
+            raise RecordError(f"the launch handle stored with the job names the backend "
+                              f"{data[TAG]!r}, which ringtrain does not know") from None
+        backend = self._by_kind.get(kind)
+        if backend is None:
+            raise RecordError(f"the job's launch handle is one of the {kind.value} backend, "
+                              "which this service does not run")
+        fields = {k: v for k, v in data.items() if k != TAG}
+        return TaggedHandle(kind, backend.executor.load_handle(fields))
 
-    def start(self, job: JobInfo, nodes: list[NodeInfo]) -> LaunchHandle:
-        return self._for(job).start(job, nodes)
+    def poll(self, job: JobInfo, launch: TaggedHandle | None) -> Observation:
+        executor, handle = self._for(job, launch)
+        return executor.poll(job, handle)
 
-    def load_handle(self, data: dict[str, Any]) -> LaunchHandle:
-        backend = "ray" if isinstance(data, dict) and "placement_group" in data else "local"
-        if backend not in self.executors:
-            raise RecordError(f"the job's launch handle is one of the {backend} backend, which "
-                              "this service does not run")
-        return self.executors[backend].load_handle(data)
+    def stop(self, job: JobInfo, launch: TaggedHandle | None, force: bool) -> None:
+        executor, handle = self._for(job, launch)
+        executor.stop(job, handle, force)
 
-    def poll(self, job: JobInfo, launch: LaunchHandle | None) -> Observation:
-        return self._for(job).poll(job, launch)
+    def set_nodes(self, job: JobInfo, launch: TaggedHandle | None, nodes: list[int]) -> None:
+        executor, handle = self._for(job, launch)
+        executor.set_nodes(job, handle, nodes)
 
-    def stop(self, job: JobInfo, launch: LaunchHandle | None, force: bool) -> None:
-        self._for(job).stop(job, launch, force)
-
-    def set_nodes(self, job: JobInfo, launch: LaunchHandle | None, nodes: list[int]) -> None:
-        self._for(job).set_nodes(job, launch, nodes)
-
-    def release(self, job: JobInfo, launch: LaunchHandle | None) -> None:
-        self._for(job).release(job, launch)
+    def release(self, job: JobInfo, launch: TaggedHandle | None) -> None:
+        executor, handle = self._for(job, launch)
+        executor.release(job, handle)

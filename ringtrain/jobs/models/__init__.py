@@ -1,5 +1,6 @@
 """Specs (what was requested), states with their transition tables, and infos (what is)."""
 
+from ringtrain.jobs.models.backend import Backend
 from ringtrain.jobs.models.info import (
     ClusterInfo,
     FileInfo,
@@ -20,7 +21,7 @@ from ringtrain.jobs.models.states import (
 )
 
 __all__ = [
-    "AllocationState", "ClusterInfo", "ClusterSpec", "FileInfo", "JobInfo", "JobSpec", "JobState",
-    "NodeCounts", "NodeInfo", "NodeState", "Priority", "RayNodeInfo", "check_job_transition",
-    "check_node_transition", "load_job_spec", "parse_job_spec",
+    "AllocationState", "Backend", "ClusterInfo", "ClusterSpec", "FileInfo", "JobInfo", "JobSpec",
+    "JobState", "NodeCounts", "NodeInfo", "NodeState", "Priority", "RayNodeInfo",
+    "check_job_transition", "check_node_transition", "load_job_spec", "parse_job_spec",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from ringtrain.jobs.models.backend import Backend
 from ringtrain.jobs.models.spec import JobSpec
 from ringtrain.jobs.models.states import AllocationState, JobState, NodeState
 
@@ -43,7 +44,7 @@ class ClusterInfo(BaseModel):
     """A cluster as it stands: its target size, allocation state and node states."""
 
     name: str
-    backend: str
+    backend: Backend
     slots: int = Field(description="Process slots per node.")
     target_nodes: int = Field(description="Nodes asked for by create or the last resize.")
     max_nodes: int | None = Field(None, description="The most nodes a resize may set.")

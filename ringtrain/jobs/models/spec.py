@@ -28,6 +28,7 @@ from pydantic_core import ErrorDetails
 
 from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
 from ringtrain.jobs.errors import SpecError, brief
+from ringtrain.jobs.models.backend import Backend
 from ringtrain.jobs.models.ids import JOB_ID_RULE, NAME_RULE, Name
 from ringtrain.jobs.models.states import Priority
 
@@ -226,7 +227,7 @@ class ClusterSpec(BaseModel):
     name: Name
     nodes: int = Field(ge=0, le=1024, strict=True)
     slots: int = Field(1, ge=1, le=1024, strict=True)
-    backend: str = Field("local", pattern=r"^(local|ray)$", description="`local` or `ray`.")
+    backend: Backend = Field(Backend.LOCAL, description="`local` or `ray`.")
     address: str | None = Field(
         None, max_length=255, pattern=RAY_ADDRESS_PATTERN,
         validate_default=True,
@@ -248,10 +249,13 @@ class ClusterSpec(BaseModel):
     @classmethod
     def _address_for_ray_only(cls, v: str | None, info: ValidationInfo) -> str | None:
         backend = info.data.get("backend")
-        if backend == "ray" and not v:
-            raise ValueError("a ray cluster needs an address: HOST:PORT, or local")
-        if backend == "local" and v:
-            raise ValueError("only a ray cluster has an address")
+        if backend is None:  # the backend itself was refused: that error says it all
+            return v
+        if backend.attached and not v:
+            raise ValueError(f"a {backend.value} cluster needs an address: HOST:PORT, or local")
+        if not backend.attached and v:
+            attached = " or ".join(b.value for b in Backend if b.attached)
+            raise ValueError(f"only a {attached} cluster has an address")
         return v
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.errors import RingtrainError
+from ringtrain.jobs.job_folder import JobFolder
 from ringtrain.jobs.monitor.tfevents import EventFileReader
 from ringtrain.jobs.safe_open import open_regular
 
@@ -119,7 +120,7 @@ class JobScalars:
 
     def _scan(self) -> None:
         seen = 0
-        for top, dirs, files in os.walk(self.job_dir / "outputs"):  # never follows links
+        for top, dirs, files in os.walk(JobFolder(self.job_dir).outputs):  # never follows links
             dirs.sort()
             for name in sorted(files):
                 seen += 1

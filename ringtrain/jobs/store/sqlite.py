@@ -31,7 +31,7 @@ from ringtrain.jobs.models import (
 )
 from ringtrain.jobs.store.changes import ChangeLog
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
@@ -51,6 +51,14 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 #: Columns added after version 1, which a database of that version gets on opening.
 _ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"),
                   ("clusters", "address", "TEXT"), ("jobs", "serves", "TEXT"))
+#: Version 4 tags each stored launch handle with its backend. The handles stored before it are
+#: tagged once, on opening, by the one field that told the two kinds apart: a Ray handle names
+#: its placement group, a local one does not.
+_TAG_OLD_HANDLES = """
+UPDATE jobs SET launch = json_set(launch, '$.backend',
+    CASE WHEN json_type(launch, '$.placement_group') IS NULL THEN 'local' ELSE 'ray' END)
+WHERE launch IS NOT NULL AND json_valid(launch) AND json_type(launch, '$.backend') IS NULL
+"""
 
 
 class SQLiteStore:
@@ -69,6 +77,8 @@ class SQLiteStore:
         db = self._conn()
         db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
         with self._tx() as db:  # one process adds the new columns; the others see them
+            if db.execute("PRAGMA user_version").fetchone()[0] < 4:
+                db.execute(_TAG_OLD_HANDLES)
             for table, column, kind in _ADDED_COLUMNS:
                 if column not in {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -132,7 +142,7 @@ class SQLiteStore:
                 raise ConflictError(f"cluster {spec.name!r} already exists")
             db.execute("INSERT INTO clusters (name, backend, slots, target_nodes, created_at, "
                        "max_nodes, address) VALUES (?,?,?,?,?,?,?)",
-                       (spec.name, spec.backend, spec.slots, spec.nodes, now, spec.max_nodes,
+                       (spec.name, spec.backend.value, spec.slots, spec.nodes, now, spec.max_nodes,
                         spec.address))
             db.executemany("INSERT INTO nodes (cluster, idx, state) VALUES (?,?,?)",
                            [(spec.name, i, NodeState.IDLE.value) for i in range(spec.nodes)])

@@ -25,14 +25,16 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ringtrain.jobs.job_folder import LOGS, OUTPUTS, PREP, WORKING_DIR
+
 #: The most file bytes one Ray message carries, in either direction.
 ANSWER_BYTES = 8 << 20
 #: The most bytes of one log file in one answer, so one busy log does not hold back the others.
 LOG_CHUNK = 1 << 20
 #: The job folder's subfolders holding logs, as the share lays them out.
-LOG_FOLDERS = ("stdouterr", "prep")
+LOG_FOLDERS = (LOGS, PREP)
 #: The job folder's subfolder holding outputs.
-OUTPUT_FOLDERS = ("outputs",)
+OUTPUT_FOLDERS = (OUTPUTS,)
 
 #: A chunk of a file: its path in the job folder, the offset it starts at, its bytes.
 Chunk = tuple[str, int, bytes]
@@ -121,10 +123,10 @@ def private_copy(job_dir: Path, inputs: dict[str, str],
         inputs: the paths of the inputs to send, as the service sees them, by name.
         piece_bytes: the most bytes of one piece.
     """
-    wd = job_dir / "wd"
+    wd = job_dir / WORKING_DIR
     if not wd.is_dir():
         return f"the service has no working dir at {wd}"
-    parts = {"wd": wd}
+    parts = {WORKING_DIR: wd}
     for name, path in inputs.items():
         if "://" in path or not os.path.exists(path):
             return f"the service has no input {name} at {path!r}"

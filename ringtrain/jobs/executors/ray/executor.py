@@ -4,7 +4,7 @@
 GPUs) of ``process_count_per_node`` ranks (``STRICT_SPREAD``: every bundle on another machine,
 when there are several); it never waits for Ray, so the scheduler's lock is held only for a few
 calls. The group only reserves resources: once Ray placed it, ``poll`` asks the long-lived agent
-of each bundle's machine (:mod:`ringtrain.jobs.ray.agent`) to run that node, so no Python
+of each bundle's machine (:mod:`ringtrain.jobs.executors.ray.agent`) to run that node, so no Python
 process starts between placement and the ranks. ``poll`` then reads the nodes' status; a
 placement group still pending after ``placement_timeout_s`` ends the attempt with a message
 saying what could not be placed (the scheduler fails it, or re-queues it under ``max_retries``).
@@ -12,11 +12,12 @@ The first node to fail stops the others, and the attempt ends once every node ha
 it exited, so the outputs of every node are in the share.
 
 A node that does not see the job's folder works in a private copy (see
-:mod:`ringtrain.jobs.ray.node`): while it asks, each ``poll`` sends it the next piece of a tar of
-the working dir and the inputs it lacks, and writes the chunks of logs and (once it exited)
-outputs its answers carry into the share, at most :data:`~ringtrain.jobs.ray.transfer.ANSWER_BYTES`
-a message each way, so the service's machine does every write to the share and ``job logs
---follow`` lags by about one scheduler tick. A node is done once it exited and the share holds
+:mod:`ringtrain.jobs.executors.ray.node`): while it asks, each ``poll`` sends it the next
+piece of a tar of the working dir and the inputs it lacks, and writes the chunks of logs and
+(once it exited) outputs its answers carry into the share, at most
+:data:`~ringtrain.jobs.executors.ray.transfer.ANSWER_BYTES` a message each way, so the
+service's machine does every write to the share and ``job logs --follow`` lags by about one
+scheduler tick. A node is done once it exited and the share holds
 all its files; a restarted service asks again from the sizes the share holds.
 
 The placement group is detached and named after the job id and attempt (``<id>.<attempt>``; a
@@ -37,11 +38,11 @@ from typing import Any
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
+from ringtrain.jobs.executors.ray import transfer
+from ringtrain.jobs.executors.ray.agent import agent_name, ensure_agent, ensure_agents
+from ringtrain.jobs.executors.ray.connection import RayConnection
+from ringtrain.jobs.executors.ray.node import NodePlan, NodeStatus
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
-from ringtrain.jobs.ray import transfer
-from ringtrain.jobs.ray.agent import agent_name, ensure_agent, ensure_agents
-from ringtrain.jobs.ray.connection import RayConnection
-from ringtrain.jobs.ray.node import NodePlan, NodeStatus
 from ringtrain.jobs.share import Share
 
 log = logging.getLogger(__name__)

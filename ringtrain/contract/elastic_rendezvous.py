@@ -28,7 +28,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Protocol
 
-from ringtrain.runner.hosts import SlotInfo
+from ringtrain.contract.slots import SlotInfo
 
 _POLL_S = 0.02
 #: A wait for a key wakes this often, so that signal handlers run (see _wait_key).

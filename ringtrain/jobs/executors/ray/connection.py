@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.jobs.errors import InvalidRequestError
+from ringtrain.jobs.executors.ray.node import free_port
 from ringtrain.jobs.models import RayNodeInfo
-from ringtrain.jobs.ray.node import free_port
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class RayConnection:
         Raises:
             InvalidRequestError: see :meth:`connect`.
         """
-        from ringtrain.jobs.ray.agent import agent_name
+        from ringtrain.jobs.executors.ray.agent import agent_name
 
         ray = self.connect(address)
         calls = {}

@@ -18,8 +18,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ringtrain.jobs.executors.ray.node import NodePlan, NodeRunner, NodeStatus
 from ringtrain.jobs.monitor.host import HostSampler
-from ringtrain.jobs.ray.node import NodePlan, NodeRunner, NodeStatus
 
 #: Calls one agent serves at once: status polls of every attempt on its node, and starts/stops.
 _CONCURRENCY = 64

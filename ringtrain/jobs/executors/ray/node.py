@@ -14,8 +14,8 @@ A node that does not see the job's folder (no shared filesystem there), or whose
 ``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
 folder): it asks the executor for the working dir and the inputs it does not see, which come
 as a tar in pieces, and its answers to :meth:`NodeRunner.status` carry its new log bytes and,
-once it exited, its outputs, in chunks bounded per answer (:mod:`ringtrain.jobs.ray.transfer`),
-which the executor writes into the share.
+once it exited, its outputs, in chunks bounded per answer
+(:mod:`ringtrain.jobs.executors.ray.transfer`), which the executor writes into the share.
 
 The agent's worker process imports this module before the agent starts, so it imports nothing
 heavy (no pydantic, no ringtrain models).
@@ -44,7 +44,7 @@ from pathlib import Path
 from ringtrain.jobs.envvars import NODE_INDEX, input_var
 from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.ray import transfer
+from ringtrain.jobs.executors.ray import transfer
 from ringtrain.runner.threads import default_threads_environ
 
 #: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
