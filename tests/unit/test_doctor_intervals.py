@@ -85,3 +85,18 @@ def test_script_advice_says_when_nothing_stands_out_of_wide_noise():
     assert len(said) == 1 and said[0].message.startswith("nothing stands out of the noise: "
                                                          "real data runs at 95%")
     assert "keeps up" in advise_script(ScriptMeasurements(same, PHASES, 0, 2, 1, 0.03))[0].message
+
+
+def test_repeats_default_to_three_and_bad_ones_are_refused(capsys):
+    from ringtrain.doctor.cli import parse_args
+
+    args, command = parse_args(["--", "python", "train.py"])
+    assert args.repeats == 3 and command == ["python", "train.py"]
+    assert parse_args(["--repeats", "1", "--", "python", "t.py"])[0].repeats == 1
+    for argv, said in ((["--repeats", "2", "photos"], "--repeats applies to a command"),
+                       (["--repeats", "0", "--", "python", "t.py"], "must be positive"),
+                       (["--repeats", "1", "--steps", "1", "--", "python", "t.py"],
+                        "give --steps 2 or more")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert said in capsys.readouterr().err
