@@ -6,7 +6,7 @@ Pure: the numbers come in, the advice goes out, so the rules are tested without 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: A gap to synthetic data, a data wait or a slowdown of the compute above this fraction of the
 #: step is worth advice.
@@ -126,12 +126,20 @@ def advise(m: Measurements) -> list[Advice]:
     return advice
 
 
+def _ms(phases: dict[str, float], halves: dict[str, float], phase: str) -> str:
+    """A phase's milliseconds, with the half-width of their interval when known."""
+    value = f"{phases[phase]:.1f}"
+    return f"{value} ± {halves[phase]:.1f}" if phase in halves else value
+
+
 def _slowdown_advice(real: dict[str, float], synthetic: dict[str, float], workers: int,
-                     cores: int) -> Advice:
+                     cores: int, real_half: dict[str, float] | None = None,
+                     synthetic_half: dict[str, float] | None = None) -> Advice:
     slowdown = real["forward_backward"] - synthetic["forward_backward"]
     return Advice(
         f"loader workers slow training down: forward+backward takes "
-        f"{real['forward_backward']:.1f} ms instead of {synthetic['forward_backward']:.1f} ms "
+        f"{_ms(real, real_half or {}, 'forward_backward')} ms instead of "
+        f"{_ms(synthetic, synthetic_half or {}, 'forward_backward')} ms "
         f"with synthetic data ({slowdown / real['step']:.0%} of the step): {workers} worker(s) "
         f"share {cores} core(s) with training; decode less per image")
 
@@ -166,6 +174,10 @@ class ScriptMeasurements:
     cores_per_rank: int
     budget: int
     noise: float = 0.0  # as in Measurements
+    #: The half-widths (ms) of the 95 % intervals of ``real``'s and ``synthetic``'s phases;
+    #: empty: not known.
+    real_half: dict[str, float] = field(default_factory=dict)
+    synthetic_half: dict[str, float] = field(default_factory=dict)
 
 
 def advise_script(m: ScriptMeasurements) -> list[Advice]:
@@ -187,8 +199,12 @@ def advise_script(m: ScriptMeasurements) -> list[Advice]:
         return advice + _communication_advice(m.real)
     compute = m.synthetic.get("step", 0.0)
     gap = 1 - compute / step
-    threshold = max(THRESHOLD, m.noise)
-    if gap > threshold and data_frac > THRESHOLD and m.workers is not None:
+    # Slower beyond the noise (the relative interval of the speed ratio 1 - gap) and by more
+    # than THRESHOLD: only then is there a gap to advise on.
+    slower = gap > THRESHOLD and (1 - gap) * (1 + m.noise) < 1
+    # The data wait's low end, so a wait that is mostly noise is not called one.
+    wait_low = (m.real.get("data", 0.0) - m.real_half.get("data", 0.0)) / step
+    if slower and wait_low > THRESHOLD and m.workers is not None:
         batch_ms = m.workers * step if m.workers else m.real["data"]
         need = workers_needed(batch_ms, 1, compute)
         tail = ("" if need <= m.budget else
@@ -197,14 +213,25 @@ def advise_script(m: ScriptMeasurements) -> list[Advice]:
                 "`ringtrain data pack` to pre-resize; `ringtrain doctor FOLDER` measures both "
                 "on your images)")
         advice.append(Advice(
-            f"data wait is {data_frac:.0%} of the step ({m.real['data']:.1f} of {step:.1f} ms): "
+            f"data wait is {data_frac:.0%} of the step ({_ms(m.real, m.real_half, 'data')} of "
+            f"{_ms(m.real, m.real_half, 'step')} ms): "
             f"a batch takes about {batch_ms:.0f} ms to load, so a {compute:.1f} ms step needs "
             f"{need} loader worker(s) (DataLoader(num_workers=...)) instead of {m.workers}"
             f"{tail}"))
     slowdown = m.real.get("forward_backward", 0.0) - m.synthetic.get("forward_backward", 0.0)
-    if gap > threshold and slowdown / step > threshold and m.workers:
-        advice.append(_slowdown_advice(m.real, m.synthetic, m.workers, m.cores_per_rank))
+    # A slower compute is called only outside its own interval, not just the speed's.
+    slowdown_noise = math.hypot(m.real_half.get("forward_backward", 0.0),
+                                m.synthetic_half.get("forward_backward", 0.0))
+    if slower and slowdown / step > THRESHOLD and slowdown > slowdown_noise and m.workers:
+        advice.append(_slowdown_advice(m.real, m.synthetic, m.workers, m.cores_per_rank,
+                                       m.real_half, m.synthetic_half))
     advice += _communication_advice(m.real)
+    if not advice and (1 - gap) * (1 - m.noise) < 1 - 3 * THRESHOLD:
+        # As the verdict: a speed that may be 15 % lower, or more, is not "keeping up".
+        advice.append(Advice(
+            f"nothing stands out of the noise: real data runs at {1 - gap:.0%} of synthetic "
+            f"data's speed ± {m.noise:.0%}; measure longer (--steps), more often (--repeats) "
+            "or on a quieter machine"))
     if not advice:
         advice.append(_keeps_up(gap, data_frac, m.noise))
     return advice

@@ -9,8 +9,9 @@ step breakdown averaged over ranks, the slowest rank and how much of the gap eac
 
 ``ringtrain doctor -np 2 -- python train.py ARGS`` runs the user's own script instead, unchanged
 (it needs ``hvd.DistributedOptimizer``): with its first batch fed again every step, then as it
-is, stopping it after ``--warmup`` + ``--steps`` steps; the same report, from the step profiler
-its optimizer gets (see ringtrain.torch.auto_profile). Model options do not apply there.
+is, ``--repeats`` times each (alternating), stopping it after ``--warmup`` + ``--steps`` steps;
+the same report, every figure with its 95 % interval, from the step profiler its optimizer gets
+(see ringtrain.torch.auto_profile). Model options do not apply there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import tempfile
 from pathlib import Path
 
 _MODELS = ("resnet50", "small-cnn")
+#: Runs of each trial of a script: three give a Student t of 4.3 for the 95 % interval, where
+#: two give 12.7 (an interval too wide to call anything).
+DEFAULT_REPEATS = 3
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -55,6 +59,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="where the chart and a packed copy go (./doctor)")
     p.add_argument("--no-try", action="store_true", help="advise without trying the advice")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="with a command: runs of each trial, alternating, for the 95 %% "
+                        "intervals (default 3; 1: from windows of steps within each run)")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="with a command: seconds each run of it may take (1800)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
@@ -70,7 +77,22 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error("give an image FOLDER, or your training command after `--` "
                 "(e.g. `ringtrain doctor -np 2 -- python train.py`), not both")
     _check_forecast_options(p, args, command)
+    _check_repeats(p, args, command)
     return args, command
+
+
+def _check_repeats(p: argparse.ArgumentParser, args: argparse.Namespace,
+                   command: list[str]) -> None:
+    """Check ``--repeats`` and put its default in ``args.repeats``."""
+    if args.repeats is not None and (not command or args.forecast_spec is not None):
+        p.error("--repeats applies to a command after `--` without --forecast (an image "
+                "FOLDER's trials measure their noise by running synthetic data twice)")
+    args.repeats = DEFAULT_REPEATS if args.repeats is None else args.repeats
+    if args.repeats < 1:
+        p.error("--repeats must be positive")
+    if args.repeats == 1 and args.steps < 2:
+        p.error("--repeats 1 measures the noise from windows of each run's steps: give "
+                "--steps 2 or more")
 
 
 # -- the scaling forecast (ringtrain.doctor.forecast) -------------------------------------------

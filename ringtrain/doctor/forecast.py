@@ -39,7 +39,8 @@ from ringtrain.doctor.forecast_model import (
     Workload,
     forecast_point,
 )
-from ringtrain.doctor.script import ScriptRunError, run_script
+from ringtrain.doctor.script import run_script
+from ringtrain.doctor.script_results import ScriptRunError
 from ringtrain.torch.gradient_plan import GradientPlan, read_plan
 
 #: A background pipeline whose wait is above this share of the step is what paces it.

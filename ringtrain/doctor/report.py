@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ringtrain.doctor.advice import THRESHOLD, Advice
+from ringtrain.doctor.intervals import Estimate, ratio
 from ringtrain.doctor.trials import TrialResult
 from ringtrain.torch.step_profiler import PHASES
 
@@ -21,16 +22,47 @@ def gap_closed(result: TrialResult, baseline: TrialResult, synthetic: TrialResul
     return (result.images_per_second - baseline.images_per_second) / gap
 
 
+def speed_ratio(real: TrialResult, ceiling: TrialResult, noise: float) -> Estimate:
+    """Real data's throughput as a fraction of ``ceiling``'s, with its 95 % interval: from
+    both trials' intervals when they were repeated, else ``noise`` on either side."""
+    if real.rates and ceiling.rates:
+        return ratio(_rate(real), _rate(ceiling))
+    mean = real.images_per_second / ceiling.images_per_second
+    return Estimate(mean, mean * noise)
+
+
+def _rate(r: TrialResult) -> Estimate:
+    return Estimate(r.images_per_second, r.images_per_second * r.noise)
+
+
 def verdict(real: TrialResult, ceiling: TrialResult, noise: float) -> str:
     """The finding in one sentence: whether the input pipeline holds training back, with the
-    data wait, the speed against synthetic data and the noise of the measurements."""
-    step, data = real.breakdown_ms["step"], real.breakdown_ms["data"]
-    ratio = real.images_per_second / ceiling.images_per_second
-    wait = f"data wait is {data:.0f} ms of a {step:.0f} ms step"
-    speed = f"real data runs at {ratio:.0%} of synthetic data's speed (noise ±{noise:.0%})"
-    if 1 - ratio <= max(THRESHOLD, noise):
-        return f"the input pipeline is not your bottleneck: {wait}; {speed}"
-    return f"the input pipeline is your bottleneck: {speed}; {wait}; see the advice"
+    data wait, the speed against synthetic data and its interval.
+
+    A bottleneck is called when real data is slower beyond the interval and by more than
+    :data:`THRESHOLD`; none when real data is at worst 15 % slower; else the runs vary too
+    much to tell, and the verdict says so.
+    """
+    speed = speed_ratio(real, ceiling, noise)
+    wait = (f"data wait is {_figure(real, 'data', '.0f')} ms of a "
+            f"{_figure(real, 'step', '.0f')} ms step")
+    spread = f"{max(speed.low, 0.0):.0%} to {speed.high:.0%}"  # no speed is below 0
+    runs = f"real data runs at {speed.mean:.0%} of synthetic data's speed"
+    if speed.high < 1 and 1 - speed.mean > THRESHOLD:
+        return f"the input pipeline is your bottleneck: {runs} ({spread}); {wait}; see the advice"
+    if speed.low >= 1 - 3 * THRESHOLD:
+        return (f"the input pipeline is not your bottleneck: {wait}; {runs} ({spread}"
+                + (", within the noise)" if speed.high >= 1 else ")"))
+    return (f"cannot tell whether the input pipeline is your bottleneck: {runs}, but anywhere "
+            f"from {spread} (the runs vary too much); {wait}; measure longer (--steps) or more "
+            "often (--repeats)")
+
+
+def _figure(r: TrialResult, phase: str, spec: str = ".1f") -> str:
+    """A phase's mean ms, with its interval's half-width when known."""
+    half = r.breakdown_half_ms.get(phase)
+    mean = f"{r.breakdown_ms[phase]:{spec}}"
+    return mean if half is None else f"{mean} ± {half:{spec}}"
 
 
 def within_noise(result: TrialResult, baseline: TrialResult, noise: float) -> bool:
@@ -55,24 +87,40 @@ def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> 
     if context.get("verdict"):
         lines += [f"verdict: {context['verdict']}", ""]
     unit = context.get("rate_unit", "img/s")
-    header = f"{'trial':<18}{'workers':>8}{unit:>10}{'±':>6}{'x synth':>9}{'gap closed':>11}  "
+    header = f"{'trial':<18}{'workers':>8}{unit:>10}{'±':>6}{'x synth':>12}{'gap closed':>11}  "
     lines.append(header + "  ".join(f"{p[:7]:>7}" for p in PHASES) + "  (ms per step)")
     for r in results:
-        ratio = r.images_per_second / synthetic.images_per_second if synthetic else 1.0
+        ratio_text = "1.00"
+        if synthetic is not None and r is not synthetic:
+            speed = speed_ratio(r, synthetic, noise)
+            ratio_text = (speed.format(".2f").replace(" ", "") if r.rates and synthetic.rates
+                          else f"{speed.mean:.2f}")
         closed = "" if r.gap_closed is None else f"{r.gap_closed:.0%}"
         if closed and baseline is not None and r is not baseline and within_noise(
                 r, baseline, max(noise, r.noise, baseline.noise)):
             closed = "noise"  # no better than the baseline, as far as can be told
         workers = "-" if r.workers is None else r.workers
         lines.append(f"{r.name:<18}{workers:>8}{r.images_per_second:>10.1f}{r.noise:>6.0%}"
-                     f"{ratio:>9.2f}{closed:>11}  "
+                     f"{ratio_text:>12}{closed:>11}  "
                      + "  ".join(f"{r.breakdown_ms[p]:>7.1f}" for p in PHASES))
+        if r.breakdown_half_ms:  # each mean's interval, under it
+            rate_half = f"±{r.images_per_second * r.noise:.1f}"
+            lines.append(f"{'':<26}{rate_half:>10}{'':>29}  "
+                         + "  ".join(f"{'±' + format(r.breakdown_half_ms[p], '.1f'):>7}"
+                                     for p in PHASES))
     lines.append("")
     for r in results:
-        steps = ", ".join(f"{ms:.1f}" for ms in r.step_ms_per_rank)
+        steps = ", ".join(f"{ms:.1f}" + (f" ± {r.step_half_ms_per_rank[i]:.1f}"
+                                         if r.step_half_ms_per_rank else "")
+                          for i, ms in enumerate(r.step_ms_per_rank))
         lines.append(f"{r.name}: slowest rank {r.slowest_rank} (step ms by rank: {steps})")
-    lines += ["", (f"±: the 95 % interval of each trial's mean step; differences under "
-                   f"{max(noise, THRESHOLD):.0%} are noise (what two runs of one trial differ by)")]
+    if context.get("noise_from"):
+        lines += ["", (f"±: 95 % intervals (Student t) from {context['noise_from']}; a "
+                       "difference inside them is noise and is not called a finding")]
+    else:
+        lines += ["", (f"±: the 95 % interval of each trial's mean step; differences under "
+                       f"{max(noise, THRESHOLD):.0%} are noise (what two runs of one trial "
+                       "differ by)")]
     lines += ["", "advice:"] + [f"  - {a.message}" + (f" [tried: {a.trial.name}]" if a.trial
                                                        else "") for a in advice]
     return "\n".join(lines)
@@ -105,9 +153,14 @@ def chart_figure(results: list[TrialResult], unit: str = "img/s"):
         ax.barh(names, widths, left=left, color=_COLOURS[phase], label=phase)
         left = [a + b for a, b in zip(left, widths)]
     for y, r in enumerate(results[::-1]):
-        ax.text(left[y], y, f" {r.images_per_second:.0f} {unit}", va="center", fontsize=8)
+        half = r.breakdown_half_ms.get("step")
+        if half is not None:  # the step's interval, as an error bar at the bar's end
+            ax.errorbar(left[y], y, xerr=half, color="black", capsize=3, linewidth=1)
+        rate = (f"{r.images_per_second:.0f} ± {r.images_per_second * r.noise:.0f}" if r.rates
+                else f"{r.images_per_second:.0f}")
+        ax.text(left[y] + (half or 0.0), y, f" {rate} {unit}", va="center", fontsize=8)
     ax.set_xlabel("ms per step (mean over ranks)")
-    ax.set_xlim(0, max(left) * 1.25)
+    ax.set_xlim(0, max(left) * 1.35)
     ax.set_title("ringtrain doctor: step breakdown per configuration")
     # Below the axes, in one row: drawn over the bars, it hid a bar's label.
     handles, labels = ax.get_legend_handles_labels()

@@ -1,10 +1,11 @@
 """``ringtrain doctor [-np N] -- SCRIPT ...``: the doctor on the user's own training script.
 
-The script runs twice, unchanged, each time with the variables of
-:mod:`ringtrain.torch.auto_profile` set: once fed its first batch again at every step (the
-synthetic-data ceiling), once as it is. Its ``DistributedOptimizer`` profiles every step into
-``steps.rank<N>.jsonl`` files in the trial's folder; this module reads them back into the
-doctor's trial results.
+Two trials, each run ``--repeats`` times, unchanged, with the variables of
+:mod:`ringtrain.torch.auto_profile` set: fed its first batch again at every step (the
+synthetic-data ceiling), and as it is. The runs alternate between the trials, so that load
+drifting on the machine weighs on both alike. The script's ``DistributedOptimizer`` profiles
+every step into ``steps.rank<N>.jsonl`` files in the run's folder;
+:mod:`ringtrain.doctor.script_results` reads them back into figures with 95 % intervals.
 """
 
 from __future__ import annotations
@@ -17,34 +18,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.doctor.progress import Progress
-from ringtrain.doctor.trials import TrialResult, result_of_ranks
+from ringtrain.doctor.script_results import ScriptRun, ScriptRunError, read_run, trial_result
+from ringtrain.doctor.trials import TrialResult
 from ringtrain.torch.auto_profile import PROFILE_VAR, STEPS_VAR, SYNTHETIC_VAR
-from ringtrain.torch.step_profiler import METRICS_DIR_VAR, summarize
-
-
-class ScriptRunError(RuntimeError):
-    """The script failed, or trained no step the doctor could see."""
-
-
-@dataclass(frozen=True)
-class ScriptTrial:
-    """One run of the script: its result, whether the synthetic-data hook took effect
-    (``synthetic_seen``: some batch was replaced) and whether batch sizes were seen (else the
-    result's rate is steps, not images, per second)."""
-
-    result: TrialResult
-    synthetic_seen: bool
-    samples_known: bool
+from ringtrain.torch.step_profiler import METRICS_DIR_VAR
 
 
 def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic: bool,
-               steps: int, timeout_s: float, progress: Progress | None = None) -> None:
+               steps: int, timeout_s: float, progress: Progress | None = None,
+               label: str | None = None) -> None:
     """Run ``command`` (under ``ringtrain run -np num_proc`` when given) with step profiling on,
-    writing the step records to ``out`` (emptied first) and stopping after ``steps`` steps.
+    writing the step records to ``out`` (emptied first) and stopping after ``steps`` steps;
+    ``label`` names the run in progress lines (default: which data it is fed).
 
     Raises:
         ScriptRunError: the command exited with a status other than 0, or ran past
@@ -62,7 +50,7 @@ def run_script(command: list[str], num_proc: int | None, out: Path, *, synthetic
     # Its own process group, so that a timeout or Ctrl-C stops the launcher and its ranks.
     proc = subprocess.Popen([*launch, *command], env=env, start_new_session=True)
     progress = progress or Progress(False)
-    progress.start(f"{kind} run", steps)
+    progress.start(label or f"{kind} run", steps)
     deadline = time.monotonic() + timeout_s
     try:
         while (status := proc.poll()) is None:
@@ -107,85 +95,109 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def read_trial(name: str, data: str, out: Path, warmup: int) -> ScriptTrial:
-    """The trial's result from the ``steps.rank<N>.jsonl`` files in ``out``, leaving out each
-    rank's first ``warmup`` steps.
-
-    Raises:
-        ScriptRunError: no rank recorded a step after the warm-up.
-    """
-    ranks = []
-    for path in sorted(out.glob("steps.rank*.jsonl")):
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        measured = [r for r in records if r["step"] >= warmup]
-        if measured:
-            ranks.append(measured)
-    if not ranks:
-        raise ScriptRunError(
-            f"no step was profiled after {warmup} warm-up step(s) in {out}: the script must "
-            "train with hvd.DistributedOptimizer (its step() ends each step) and run more than "
-            "--warmup steps")
-    every = [r for records in ranks for r in records]
-    samples_known = all(r.get("samples") for r in every)
-    samples = (sum(r["samples"] for r in every) if samples_known
-               else max(len(records) for records in ranks))
-    workers = [r["loader_workers"] for r in every if "loader_workers" in r]
-    result = result_of_ranks(name, data, max(workers) if workers else None,
-                             [summarize(records) for records in ranks], samples)
-    return ScriptTrial(result, any(r.get("synthetic") for r in every), samples_known)
-
-
 def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
-    """Run the script with synthetic then real data, and report as the doctor does.
+    """Run the script's trials ``args.repeats`` times each, and report as the doctor does.
 
     Returns:
-        0, or 1 when a run of the script failed or trained no visible step.
+        0; 1 when a run of the script failed or trained no visible step; 130 on Ctrl-C (what
+        was measured so far is printed).
     """
+    runs: dict[str, list[ScriptRun]] = {"synthetic": [], "real": []}
+    try:
+        _run_trials(args, command, runs)
+        return _report(args, command, runs)
+    except ScriptRunError as e:
+        print(f"ringtrain doctor: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ringtrain doctor: interrupted; measured so far: {_so_far(runs)}",
+              file=sys.stderr)
+        return 130
+
+
+def _run_trials(args: argparse.Namespace, command: list[str],
+                runs: dict[str, list[ScriptRun]]) -> None:
+    """Synthetic, real, synthetic, real, ...: ``args.repeats`` runs of each into ``runs``."""
+    progress = Progress(True)
+    for name in runs:  # no run of an earlier doctor may be read as one of this one's
+        shutil.rmtree(args.work_dir / name, ignore_errors=True)
+    for i in range(1, args.repeats + 1):
+        for name, synthetic in (("synthetic", True), ("real", False)):
+            if synthetic and runs[name] and not runs[name][0].synthetic_seen:
+                continue  # the hook replaced no batch: repeating it would measure nothing new
+            out = args.work_dir / name / f"run{i}"
+            run_script(command, args.num_proc, out, synthetic=synthetic,
+                       steps=args.warmup + args.steps, timeout_s=args.timeout,
+                       progress=progress, label=f"{name}-data run {i}/{args.repeats}")
+            runs[name].append(read_run(out, args.warmup))
+
+
+def _measured(runs: dict[str, list[ScriptRun]]) -> tuple[dict[str, list[ScriptRun]], bool]:
+    """The trials worth reporting (no synthetic one when its hook replaced no batch: those
+    runs fed real data), and whether their rates are in samples (else steps) per second."""
+    synthetic = runs["synthetic"]
+    kept = {name: r for name, r in runs.items() if r and (
+        name != "synthetic" or synthetic[0].synthetic_seen)}
+    return kept, all(run.samples_known for r in kept.values() for run in r)
+
+
+def _so_far(runs: dict[str, list[ScriptRun]]) -> str:
+    """The trials finished before Ctrl-C, each with what its runs can say."""
+    kept, samples_known = _measured(runs)
+    unit = "img/s" if samples_known else "steps/s"
+    said = []
+    for name, trial_runs in kept.items():
+        try:
+            r = trial_result(name, name, trial_runs, samples_known)
+        except ScriptRunError:
+            said.append(f"{name}: {len(trial_runs)} run(s), too few steps for a figure")
+            continue
+        said.append(f"{name}: {r.images_per_second:.1f} ± {r.images_per_second * r.noise:.1f} "
+                    f"{unit} ({len(trial_runs)} run(s)), data wait {_ms(r, 'data')} of a "
+                    f"{_ms(r, 'step')} ms step")
+    return "; ".join(said) or "nothing"
+
+
+def _ms(r: TrialResult, phase: str) -> str:
+    return f"{r.breakdown_ms[phase]:.1f} ± {r.breakdown_half_ms[phase]:.1f}"
+
+
+def _report(args: argparse.Namespace, command: list[str],
+            runs: dict[str, list[ScriptRun]]) -> int:
+    import math
+
     import torch
 
     from ringtrain.data.tuning import cores_per_rank, worker_budget
     from ringtrain.doctor import report
     from ringtrain.doctor.advice import ScriptMeasurements, advise_script
 
-    steps = args.warmup + args.steps
-    trials: list[ScriptTrial] = []
-    progress = Progress(True)
-    try:
-        for name, synthetic_data in (("synthetic", True), ("real", False)):
-            out = args.work_dir / name
-            run_script(command, args.num_proc, out, synthetic=synthetic_data, steps=steps,
-                       timeout_s=args.timeout, progress=progress)
-            trials.append(read_trial(name, name, out, args.warmup))
-    except ScriptRunError as e:
-        print(f"ringtrain doctor: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        done = "; ".join(f"{t.result.name}: {t.result.images_per_second:.1f} "
-                         f"{'img/s' if t.samples_known else 'steps/s'} "
-                         f"(±{t.result.noise:.0%}), data wait {t.result.breakdown_ms['data']:.1f}"
-                         f" of a {t.result.breakdown_ms['step']:.1f} ms step" for t in trials)
-        print(f"ringtrain doctor: interrupted; measured so far: {done or 'nothing'}",
-              file=sys.stderr)
-        return 130
-    synthetic, real = trials
-    results = [t.result for t in trials] if synthetic.synthetic_seen else [real.result]
-    ceiling = "synthetic" if synthetic.synthetic_seen else "real"
+    kept, samples_known = _measured(runs)
+    trials = {name: trial_result(name, name, r, samples_known) for name, r in kept.items()}
+    real, synthetic = trials["real"], trials.get("synthetic")
+    results = [t for t in (synthetic, real) if t is not None]
     cores = cores_per_rank(args.num_proc or 1)
     # The script's device is not recorded: a host with CUDA is taken to train on it.
     budget = worker_budget(cores, cpu_training=not torch.cuda.is_available())
-    noise = max(real.result.noise, synthetic.result.noise)
+    # The relative interval of real / synthetic speed: what a difference must exceed.
+    noise = math.hypot(real.noise, synthetic.noise) if synthetic else real.noise
     advice = advise_script(ScriptMeasurements(
-        real.result.breakdown_ms,
-        synthetic.result.breakdown_ms if synthetic.synthetic_seen else None,
-        real.result.workers, cores, budget, noise))
-    unit = "img/s" if real.samples_known else "steps/s"
-    ranks = len(real.result.step_ms_per_rank)  # the script may launch its own ranks
-    context = {"title": f"{' '.join(command)}, {ranks} rank(s) x {args.steps} measured "
-                        "step(s)",
-               "command": command, "ranks": ranks, "ceiling": ceiling,
-               "rate_unit": unit, "baseline": "real", "noise": noise,
-               "verdict": (report.verdict(real.result, synthetic.result, noise)
-                           if synthetic.synthetic_seen else None)}
+        real.breakdown_ms, synthetic.breakdown_ms if synthetic else None, real.workers, cores,
+        budget, noise, real.breakdown_half_ms,
+        synthetic.breakdown_half_ms if synthetic else {}))
+    unit = "img/s" if samples_known else "steps/s"
+    ranks = len(real.step_ms_per_rank)  # the script may launch its own ranks
+    repeats = len(kept["real"])
+    batch = {r["samples"] for run in kept["real"] for records in run.ranks for r in records
+             if samples_known}
+    context = {"title": (f"{' '.join(command)}, {ranks} rank(s)"
+                         + (f", batch {batch.pop()} per rank" if len(batch) == 1 else "")
+                         + f", {args.steps} measured step(s) x {repeats} run(s) per trial"),
+               "command": command, "ranks": ranks, "ceiling": "synthetic" if synthetic else "real",
+               "rate_unit": unit, "baseline": "real", "noise": noise, "repeats": repeats,
+               "noise_from": (f"{repeats} runs of each trial" if repeats > 1 else
+                              f"{len(real.rates)} windows of consecutive steps in its one run"),
+               "verdict": report.verdict(real, synthetic, noise) if synthetic else None}
     chart = args.work_dir / "breakdown.png"
     report.write_chart(results, chart, unit)
     if args.output == "json":

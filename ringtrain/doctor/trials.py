@@ -65,17 +65,34 @@ class TrialResult:
     step_ms_per_rank: list[float]
     slowest_rank: int
     gap_closed: float | None = field(default=None)
-    #: The relative half-width of the 95 % interval of the mean step (the noisiest rank's).
+    #: The relative half-width of the 95 % interval of the throughput: from the mean step's
+    #: (the noisiest rank's) in one run, or from :attr:`rates` when the trial was repeated.
     noise: float = 0.0
+    #: The throughput of each repeat (run, or window of steps in one run) the figures are the
+    #: mean of; empty: measured once.
+    rates: list[float] = field(default_factory=list)
+    #: The half-width of the 95 % interval of each phase in :attr:`breakdown_ms` (ms), from the
+    #: repeats; empty: not known.
+    breakdown_half_ms: dict[str, float] = field(default_factory=dict)
+    #: The half-width of the 95 % interval of each rank's mean step (ms); empty: not known.
+    step_half_ms_per_rank: list[float] = field(default_factory=list)
 
     @property
     def interval(self) -> tuple[float, float]:
         """The 95 % interval of :attr:`images_per_second`."""
+        if self.rates:  # measured directly on the repeats' rates
+            half = self.images_per_second * self.noise
+            return (self.images_per_second - half, self.images_per_second + half)
         return (self.images_per_second / (1 + self.noise),
                 self.images_per_second / max(1 - self.noise, 1e-9))
 
     def to_json(self) -> dict:
-        return {**asdict(self), "images_per_second_interval": list(self.interval)}
+        out = {**asdict(self), "images_per_second_interval": list(self.interval)}
+        if self.breakdown_half_ms:
+            out["breakdown_ms_interval"] = {
+                p: [ms - self.breakdown_half_ms[p], ms + self.breakdown_half_ms[p]]
+                for p, ms in self.breakdown_ms.items()}
+        return out
 
 
 def run_trial(spec: TrialSpec, work: Workload, progress: Progress | None = None) -> TrialResult:

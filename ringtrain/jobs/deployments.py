@@ -3,7 +3,8 @@
 A deployment is a job (see :mod:`ringtrain.jobs.models.deployment`): the scheduler places its
 replicas on the cluster's nodes like any job's ranks, its logs are the ranks' logs, stopping it
 terminates the job, and a restarted service finds it again from its record and its runner, as it
-finds jobs. What this module adds is the spec of that job and the reading of its state and URLs.
+finds jobs. What this module adds is the spec of that job, the reading of its state and URLs,
+and, for a deployment of several replicas, its front (:mod:`ringtrain.jobs.fronts`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, NotFoundError
+from ringtrain.jobs.fronts import Fronts, wants_front
 from ringtrain.jobs.job_folder import OUTPUTS
 from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
 from ringtrain.jobs.models.deployment import (
@@ -48,10 +51,25 @@ class Deployments:
 
     Args:
         service: the job service whose jobs the deployments are.
+        fronts: run a front (one URL, round robin over the healthy replicas) for each
+            deployment of several replicas; the server passes ``True``, an app called
+            in-process has none (:meth:`sync_fronts` then does nothing).
     """
 
-    def __init__(self, service: JobService):
+    def __init__(self, service: JobService, fronts: bool = False):
         self.service = service
+        self.fronts = Fronts(service.store, self._urls) if fronts else None
+
+    def sync_fronts(self) -> None:
+        """Start and stop fronts so that each live deployment of several replicas has one."""
+        if self.fronts is not None:
+            self.fronts.sync()
+
+    def run_fronts(self, stop: threading.Event) -> None:
+        """Keep the fronts in step with the deployments until ``stop`` is set, then stop them
+        all (the server runs this in a thread)."""
+        if self.fronts is not None:
+            self.fronts.run(stop)
 
     def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
         """Serve the saved model of a succeeded job with ``replicas`` servers.
@@ -81,7 +99,8 @@ class Deployments:
                        inputs={"model": str(Path(source.job_dir) / folder)},
                        outputs=[ENDPOINTS_OUTPUT])
         job = self.service.submit(cluster or source.cluster, spec, serves=job_id)
-        return self._info(job)
+        self.sync_fronts()  # its URL is in the answer: the front waits for the replicas
+        return self._info(self.service.get_job(job.id))
 
     def list(self) -> list[DeploymentInfo]:
         """Every deployment the service knows, in creation order (stopped ones too)."""
@@ -107,7 +126,9 @@ class Deployments:
             ConflictError: it has stopped already.
         """
         self.get(deployment_id)
-        return self._info(self.service.terminate(deployment_id))
+        stopped = self.service.terminate(deployment_id)
+        self.sync_fronts()  # the front stops with it: its requests in flight finish first
+        return self._info(stopped)
 
     def _outputs(self, job_id: str) -> Iterator[FileInfo]:
         """The files under a job's ``outputs``, walked as they are read; none if it has none."""
@@ -119,10 +140,16 @@ class Deployments:
     def _info(self, job: JobInfo) -> DeploymentInfo:
         urls = [] if job.state.is_terminal() else self._urls(job)
         state = deployment_state(job, len(urls))
+        front = self.fronts.url(job.id) if self.fronts is not None else None
+        if job.spec.node_count == 1:  # one replica needs no front: its own URL is the one
+            url = urls[0] if urls else None
+        else:
+            url = front if wants_front(job) else None
+        healthy = self.fronts.healthy(job.id) if self.fronts is not None else []
         return DeploymentInfo(id=job.id, serves=job.serves or "", state=state,
-                              replicas=job.spec.node_count, urls=urls,
-                              model=job.spec.inputs.get("model", ""), message=job.message,
-                              job=job)
+                              replicas=job.spec.node_count, urls=urls, url=url,
+                              healthy=healthy, model=job.spec.inputs.get("model", ""),
+                              message=job.message, job=job)
 
     # builtins: inside the class ``list`` is the method above
     def _urls(self, job: JobInfo) -> builtins.list[str]:

@@ -1,10 +1,13 @@
 """One URL for a deployment's replicas: a small round-robin HTTP front with health checks.
 
-``ringtrain deployment front ID`` runs it on its own port: each request goes to the next
-replica that answered its last health check (``GET /v2/health/ready``, every ``health_every_s``);
-a replica that refuses a connection is marked down at once and the request goes to the next one
-(it never reached the first, so nothing runs twice). The replicas' URLs are read again from the
-service every ``refresh_s``, so replicas that moved (a restarted deployment) are followed.
+The job service runs one on its own port for each deployment of several replicas
+(:mod:`ringtrain.jobs.fronts`); ``ringtrain deployment front ID`` runs one in the foreground
+wherever the CLI runs. Each request goes to the next replica that answered its last health check
+(``GET /v2/health/ready``, every ``health_every_s``): one that fails a check is taken out, and
+put back when it passes one again. A replica that refuses a connection is marked down at once
+and the request goes to the next one (it never reached the first, so nothing runs twice). The
+replicas' URLs are read again every ``refresh_s``, so replicas that moved (a restarted
+deployment) are followed.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class Backends:
         """Every replica, healthy or not."""
         with self._lock:
             return list(self._urls)
+
+    def healthy_urls(self) -> list[str]:
+        """The replicas requests go to now, in their order."""
+        with self._lock:
+            return [u for u in self._urls if u in self._healthy]
 
     def mark(self, url: str, healthy: bool) -> None:
         """Record a health check's or a request's outcome for ``url``."""

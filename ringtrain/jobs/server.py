@@ -86,6 +86,7 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     import uvicorn
 
     from ringtrain.jobs.api.app import create_app
+    from ringtrain.jobs.deployments import Deployments
     from ringtrain.jobs.executors.backend import LocalBackend
     from ringtrain.jobs.executors.local import LocalExecutor
     from ringtrain.jobs.executors.ray.backend import RayBackend
@@ -106,25 +107,32 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     ray_executor = RayExecutor(share, ray, lambda name: store.get_cluster(name).address or "")
     service = JobService(store, share, [LocalBackend(LocalExecutor(share)),
                                         RayBackend(ray_executor, ray, share.root.parent / "ray")])
+    deployments = Deployments(service, fronts=True)
     stop = threading.Event()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # The first tick re-adopts the jobs of a previous server: live runners are watched on,
-        # dead ones are settled from their status files (or failed / re-queued).
+        # dead ones are settled from their status files (or failed / re-queued). The fronts'
+        # loop starts the fronts of the deployments found again, on their recorded ports.
         loop = threading.Thread(target=service.run_loop, args=(stop,), name="scheduler",
                                 daemon=True)
+        fronts = threading.Thread(target=deployments.run_fronts, args=(stop,), name="fronts",
+                                  daemon=True)
         loop.start()
+        fronts.start()
         try:
             yield
         finally:
             stop.set()
             service.wake.set()
             loop.join(timeout=10)
+            fronts.join(timeout=30)
 
     bound_port = sock.getsockname()[1]
     app = create_app(service, token=token, home=str(home.root), lifespan=lifespan,
-                     allowed_hosts=allowed_hosts(host, bound_port, public_host))
+                     allowed_hosts=allowed_hosts(host, bound_port, public_host),
+                     deployments=deployments)
     info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port), host=host,
                       port=bound_port, token=token, home=str(home.root), started_at=time.time())
     info.write(home.server_file)

@@ -105,7 +105,8 @@ def test_doctor_profiles_an_unchanged_script_on_two_ranks(tmp_path):
     assert "data wait" in report["advice"][0]["message"]
     for trial in ("synthetic", "real"):
         for rank in (0, 1):
-            lines = (tmp_path / "doc" / trial / f"steps.rank{rank}.jsonl").read_text().splitlines()
+            lines = (tmp_path / "doc" / trial / "run1" / f"steps.rank{rank}.jsonl"
+                     ).read_text().splitlines()
             assert len(lines) == 5 and json.loads(lines[-1])["samples"] == 8
     assert (tmp_path / "doc" / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -124,8 +125,8 @@ def test_doctor_sees_batches_iterated_through_profiled_batches(tmp_path):
     """One process, batches from a generator (no DataLoader) through ``profiled_batches``: the
     synthetic run reuses the first batch, the real one waits for each."""
     script = ROOT / "tests" / "integration" / "scripts" / "loader_train.py"
-    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1",
-                "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1", "--repeats",
+                "1", "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
                 str(script), "--item-ms", "3", "--generator", "--epochs", "50"], tmp_path)
     report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
     synthetic, real = report["trials"]
@@ -138,8 +139,9 @@ def test_doctor_breaks_down_the_steps_of_an_unmodified_horovod_script(tmp_path):
     """`import horovod.torch as hvd`, DistributedOptimizer, batches made inline: no edits, the
     doctor launches it through the user's own `ringtrain run` and still gets the phases."""
     script = ROOT / "tests" / "integration" / "horovod_scripts" / "train_horovod.py"
-    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1", "--work-dir",
-                str(tmp_path / "doc"), "-o", "json", "--", sys.executable, "-m", "ringtrain.cli",
+    out = _run(["-m", "ringtrain.cli", "doctor", "--steps", "3", "--warmup", "1", "--repeats",
+                "1", "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
+                "-m", "ringtrain.cli",
                 "run", "-np", "2", "--horovod-compat", sys.executable, str(script)], tmp_path)
     report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
     # batches made inline: the samples come from the model's input, so images/s all the same

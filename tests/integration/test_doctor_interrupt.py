@@ -52,5 +52,5 @@ def test_ctrl_c_reports_the_finished_run(tmp_path: Path) -> None:
             doctor.kill()
     said = (tmp_path / "stderr").read_text()
     assert doctor.returncode == 130, said
-    assert "trial synthetic-data run: done in" in said
+    assert "trial synthetic-data run 1/3: done in" in said
     assert "interrupted; measured so far: synthetic:" in said and "img/s" in said

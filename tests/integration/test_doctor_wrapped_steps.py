@@ -47,9 +47,9 @@ def _doctor(script_args: list[str], tmp_path: Path, np: int | None) -> dict:
     launch = ["-np", str(np)] if np else []
     result = subprocess.run(
         [sys.executable, "-m", "ringtrain.cli", "doctor", *launch, "--steps", "2", "--warmup",
-         "1", "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
-         *script_args], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400,
-        check=False)
+         "1", "--repeats", "1", "--work-dir", str(tmp_path / "doc"), "-o", "json", "--",
+         sys.executable, *script_args], cwd=tmp_path, env=_env(), capture_output=True,
+        text=True, timeout=400, check=False)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     # the script's own output passes through: the report is the line with the trials
     return json.loads(next(x for x in result.stdout.splitlines()

@@ -66,7 +66,8 @@ CursorQuery = Annotated[str | None, Query(
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
                lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
-               allowed_hosts: Collection[str] | None = None) -> FastAPI:
+               allowed_hosts: Collection[str] | None = None,
+               deployments: Deployments | None = None) -> FastAPI:
     """Build the app.
 
     Args:
@@ -77,6 +78,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         lifespan: runs around serving (the server starts its scheduler loop there).
         allowed_hosts: the Host header values to answer (see :func:`ringtrain.jobs.auth.
             allowed_hosts`); ``None`` answers any.
+        deployments: the deployments' operations (the server's runs their fronts); default:
+            ones of ``service`` without fronts.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
@@ -208,7 +211,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
         body: AsyncIterator[bytes] = follow_file(folder, relpath, done, offset)
         return StreamingResponse(body, media_type="text/plain; charset=utf-8")
 
-    deployments = Deployments(service)
+    deployments = deployments or Deployments(service)
 
     @r.post("/jobs/{job_id}/deploy", status_code=201)
     def deploy(job_id: JobIdPath, body: DeployRequest) -> DeploymentInfo:

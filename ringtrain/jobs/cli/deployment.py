@@ -30,8 +30,9 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
     p.set_defaults(func=_logs)
     p = sub.add_parser("front", parents=[common],
-                       help="one URL for the replicas: a round-robin front with health checks "
-                            "(runs in the foreground)")
+                       help="one URL for the replicas: a round-robin front with health checks, "
+                            "in the foreground (the service runs one itself for a deployment "
+                            "of several replicas: its `url`)")
     p.add_argument("id", type=job_id)
     p.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1", "::1"],
                    help="loopback address to listen on (the front has no token of its own)")

@@ -135,9 +135,9 @@ def job_text(j: JobInfo) -> str:
 
 def deployments_table(deployments: list[DeploymentInfo]) -> str:
     """The table of `deployment list`."""
-    return table(["id", "serves", "cluster", "state", "replicas", "urls"],
+    return table(["id", "serves", "cluster", "state", "replicas", "url"],
                  [[d.id, d.serves, d.job.cluster, d.state.value,
-                   f"{len(d.urls)}/{d.replicas}", " ".join(d.urls)] for d in deployments])
+                   f"{len(d.urls)}/{d.replicas}", d.url or "-"] for d in deployments])
 
 
 def deployment_text(d: DeploymentInfo) -> str:
@@ -145,10 +145,19 @@ def deployment_text(d: DeploymentInfo) -> str:
     lines = [f"id:          {d.id}", f"serves:      job {d.serves}", f"model:       {d.model}",
              f"cluster:     {d.job.cluster}", f"state:       {d.state.value}",
              f"message:     {d.message or '-'}", f"replicas:    {d.replicas}"]
-    lines += [f"url:         {url}   (replica {i})" for i, url in enumerate(d.urls)]
-    if d.urls and d.state == DeploymentState.READY:  # not on the way down
+    if d.replicas == 1:
+        lines += [f"url:         {url}" for url in d.urls]
+    else:
+        if d.url:
+            lines.append(f"url:         {d.url}   (front: each request to the next healthy "
+                         f"replica; {len(d.healthy)} of {d.replicas} healthy)")
+        health = {u: "   (healthy)" if u in d.healthy else
+                  "   (out: failed its last health check)" for u in d.urls if d.url}
+        lines += [f"replica {i}:   {u}{health.get(u, '')}" for i, u in enumerate(d.urls)]
+    url = d.url or (d.urls[0] if d.urls else None)
+    if url and d.state == DeploymentState.READY:  # not on the way down
         lines.append(f"try:         curl -H 'Content-Type: image/jpeg' --data-binary @IMAGE.jpg "
-                     f"{d.urls[0]}/v2/models/model/image")
+                     f"{url}/v2/models/model/image")
     return "\n".join(lines)
 
 

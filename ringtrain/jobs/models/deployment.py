@@ -4,7 +4,9 @@ A deployment is recorded as a job (so it queues, holds nodes, logs, stops and is
 a restart exactly like one) whose ``serves`` names the job it serves. Each replica is one rank of
 that job: a ``ringtrain serve`` process on a free loopback port of its node, which writes its URL
 to ``outputs/endpoints/replica.<rank>.json`` once the model is loaded and the port listens. The
-deployment's state is read from the job's state and those files (:func:`deployment_state`).
+deployment's state is read from the job's state and those files (:func:`deployment_state`). A
+deployment of several replicas also gets a front, one URL for them all, run by the service
+(:mod:`ringtrain.jobs.fronts`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class DeploymentInfo(BaseModel):
     replicas: int
     urls: list[str] = Field(default_factory=list,
                             description="The URL of each replica that listens, by replica.")
+    url: str | None = Field(
+        None, description="The one URL for clients: with several replicas, the front's (the "
+                          "service sends each request to the next healthy replica); with one, "
+                          "the replica's. None until it answers, and once stopped.")
+    healthy: list[str] = Field(
+        default_factory=list,
+        description="With a front: the replicas it sends requests to now (those that passed "
+                    "their last health check).")
     model: str = Field("", description="The model folder on the share.")
     message: str = ""
     job: JobInfo

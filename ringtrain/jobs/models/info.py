@@ -78,6 +78,9 @@ class JobInfo(BaseModel):
     job_dir: str = Field("", description="The job's folder on the share.")
     serves: str | None = Field(
         None, description="A deployment: the job whose saved model its replicas serve.")
+    front: str | None = Field(
+        None, description="A deployment of several replicas: the URL of the front the service "
+                          "runs for it (round robin over the healthy replicas).")
 
     @property
     def name(self) -> str:

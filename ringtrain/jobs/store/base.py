@@ -124,6 +124,11 @@ class Store(Protocol):
         """Record the executor's handle of the job's current attempt (pids, ids)."""
         ...
 
+    def set_front(self, job_id: str, url: str) -> None:
+        """Record the URL of a deployment's front (which the service runs; see
+        :mod:`ringtrain.jobs.fronts`)."""
+        ...
+
     def get_launch(self, job_id: str) -> dict[str, Any] | None:
         """The executor's handle of the current attempt, if it was started."""
         ...

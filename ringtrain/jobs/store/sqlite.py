@@ -31,7 +31,7 @@ from ringtrain.jobs.models import (
 )
 from ringtrain.jobs.store.changes import ChangeLog
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5  # 5: jobs.front (a deployment's front)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
@@ -45,12 +45,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
     created_at REAL NOT NULL, started_at REAL, running_at REAL, ended_at REAL, exit_code INTEGER,
     message TEXT NOT NULL DEFAULT '', nodes TEXT NOT NULL DEFAULT '[]', job_dir TEXT NOT NULL,
-    terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT, serves TEXT);
+    terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT, serves TEXT,
+    front TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 """
 #: Columns added after version 1, which a database of that version gets on opening.
 _ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"),
-                  ("clusters", "address", "TEXT"), ("jobs", "serves", "TEXT"))
+                  ("clusters", "address", "TEXT"), ("jobs", "serves", "TEXT"),
+                  ("jobs", "front", "TEXT"))
 #: Version 4 tags each stored launch handle with its backend. The handles stored before it are
 #: tagged once, on opening, by the one field that told the two kinds apart: a Ray handle names
 #: its placement group, a local one does not.
@@ -354,6 +356,11 @@ class SQLiteStore:
             self._job(db, job_id)
             db.execute("UPDATE jobs SET launch=? WHERE id=?", (json.dumps(launch), job_id))
 
+    def set_front(self, job_id: str, url: str) -> None:
+        with self._tx(job_id) as db:
+            self._job(db, job_id)
+            db.execute("UPDATE jobs SET front=? WHERE id=?", (url, job_id))
+
     def get_launch(self, job_id: str) -> dict[str, Any] | None:
         row = self._job_row(self._conn(), job_id)
         return json.loads(row["launch"]) if row["launch"] else None
@@ -415,4 +422,5 @@ def _job(row: sqlite3.Row) -> JobInfo:
         started_at=row["started_at"], running_at=row["running_at"], ended_at=row["ended_at"],
         exit_code=row["exit_code"], message=row["message"], nodes=json.loads(row["nodes"]),
         job_dir=row["job_dir"], terminate_requested_at=row["terminate_requested_at"],
-        ends_as=JobState(row["ends_as"]) if row["ends_as"] else None, serves=row["serves"])
+        ends_as=JobState(row["ends_as"]) if row["ends_as"] else None, serves=row["serves"],
+        front=row["front"])

@@ -657,6 +657,7 @@ function deploymentsView(root) {
         el("h2", {}, el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(d.id)}`, text: d.id }), " ", badge(d.state),
           el("span", { class: "count", text: ` serves ${d.serves} · ${d.replicas} replica(s)` })),
         d.message ? el("div", { class: "count", text: d.message }) : null,
+        d.url && d.replicas > 1 ? el("div", { class: "count mono", text: `front: ${d.url} · round robin over ${d.healthy.length} of ${d.replicas} healthy replica(s)` }) : null,
         el("table", {}, el("thead", {}, el("tr", {}, ["Replica", "URL", "Requests/s", "p50", "p99", "Mean batch", "Errors"].map(t => el("th", { text: t })))),
           el("tbody", {}, d.urls.map((u, i) => {
             const r = m[i] || {};
