@@ -5,6 +5,7 @@ JOB_ID` fetches the model through the service. Plus the state rules, pure."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,18 +102,18 @@ def test_the_model_is_a_folder_with_both_files_of_a_succeeded_job() -> None:
         servable_model(_job("succeeded", serves="t-123456"), files)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
-    """A service home with a 3-node cluster and a job that saved a tiny classifier; every job
-    process is killed at the end."""
-    home = Home(tmp_path_factory.mktemp("deploy") / "home")
+@contextlib.contextmanager
+def trained_job(root: Path, nodes: int) -> Iterator[tuple[Home, str]]:
+    """A service home under ``root`` with a cluster of ``nodes`` nodes and a job that saved a
+    tiny classifier; the server is stopped and every job process killed at the end."""
+    home = Home(root / "home")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RINGTRAIN_HOME", str(home.root))
         env.delenv("RINGTRAIN_URL", raising=False)
         env.delenv("RINGTRAIN_TOKEN", raising=False)
         client = connect(home=home)
         try:
-            client.create_cluster(ClusterSpec(name="local", nodes=3, slots=1))
+            client.create_cluster(ClusterSpec(name="local", nodes=nodes, slots=1))
             job = client.submit("local", parse_job_spec({
                 "name": "tiny", "node_count": 1, "command": SAVE_TINY_MODEL,
                 "outputs": ["model"]}))
@@ -126,6 +127,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, st
             for job_dir in (home.share_root / "jobs").iterdir():
                 for pid in procs.job_pids(job_dir.name):
                     os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
+    """A 3-node cluster's service and a job that saved a tiny classifier."""
+    with trained_job(tmp_path_factory.mktemp("deploy"), nodes=3) as found:
+        yield found
 
 
 @pytest.mark.timeout(600)  # with the module's job: processes that import torch, on a busy host

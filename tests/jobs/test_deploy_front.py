@@ -17,41 +17,20 @@ from typing import Any
 import httpx
 import pytest
 
-from ringtrain.jobs.connect import connect, stop_server
+from ringtrain.jobs.connect import stop_server
 from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
-from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 from ringtrain.jobs.server_info import ServerInfo
 
 from .conftest import CLI, bearer, wait_for
-from .test_deploy import INPUT, SAVE_TINY_MODEL
+from .test_deploy import INPUT, trained_job
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
-    """A service home with a 2-node cluster and a job that saved a tiny classifier; every job
-    process is killed at the end."""
-    home = Home(tmp_path_factory.mktemp("front") / "home")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RINGTRAIN_HOME", str(home.root))
-        env.delenv("RINGTRAIN_URL", raising=False)
-        env.delenv("RINGTRAIN_TOKEN", raising=False)
-        client = connect(home=home)
-        try:
-            client.create_cluster(ClusterSpec(name="local", nodes=2, slots=1))
-            job = client.submit("local", parse_job_spec({
-                "name": "tiny", "node_count": 1, "command": SAVE_TINY_MODEL,
-                "outputs": ["model"]}))
-            done = wait_for(lambda: (j := client.get_job(job.id)).state.is_terminal() and j,
-                            timeout_s=120, every_s=0.2)
-            assert done.state.value == "succeeded", done.message
-            yield home, job.id
-        finally:
-            client.close()
-            stop_server(home)
-            for job_dir in (home.share_root / "jobs").iterdir():
-                for pid in procs.job_pids(job_dir.name):
-                    os.kill(pid, signal.SIGKILL)
+    """A 2-node cluster's service and a job that saved a tiny classifier."""
+    with trained_job(tmp_path_factory.mktemp("front"), nodes=2) as found:
+        yield found
 
 
 def _show(cli: CLI, dep_id: str) -> dict[str, Any]:
