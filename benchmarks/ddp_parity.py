@@ -11,7 +11,7 @@ over pairs of adjacent blocks of ringtrain's rate over DDP's, so that drifts of 
 speed cancel out, with a bootstrap 95% confidence interval of that median.
 
 On a shared machine the speed of adjacent blocks of one side drifts by more than the differences
-to be measured (benchmarks/RESULTS.md): short blocks (two steps) and many of them measure the
+to be measured (benchmarks/ARCHIVE.md): short blocks (two steps) and many of them measure the
 ratio far more precisely than a few long ones. Ranks meet at a barrier before each block, outside
 the timed span.
 """

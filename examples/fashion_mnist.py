@@ -77,7 +77,7 @@ def _warmup_cosine(total_steps: int, warmup_fraction: float = 0.05) -> Callable[
 
     The ramp is Horovod's advice for a rate scaled by the world size (large steps from random
     weights diverge); ending near zero gives a clearly better test accuracy than a constant rate
-    when there are only a few epochs (measured: benchmarks/RESULTS.md).
+    when there are only a few epochs (measured: benchmarks/ARCHIVE.md, "Fashion-MNIST example").
     """
     warmup = max(1, int(warmup_fraction * total_steps))
 

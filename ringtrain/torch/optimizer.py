@@ -402,7 +402,7 @@ def _buckets(params: list, bucket_bytes: int | None = None) -> list[list]:
 
     Why not one small first bucket, as DDP has: on CPUs that also compute, communication
     overlapped with backward competes with it, and each bucket is one more collective; measured
-    on the Fashion-MNIST CNN it gained nothing (benchmarks/RESULTS.md, "Tried and dropped").
+    on the Fashion-MNIST CNN it gained nothing (benchmarks/ARCHIVE.md, "Tried and dropped").
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(),
