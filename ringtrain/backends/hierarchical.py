@@ -112,9 +112,33 @@ class HierarchicalBackend:
         # With every rank on this host, negotiation goes through a segment of its own too (only
         # the engine thread calls the control channel, in the same order on every rank).
         self._control: ShmGroup | None = None
+        self._raw: list[Segment] = []  # segments mapped for others (the engine's doorbell)
         if len({p.host for p in self._places}) == 1:
             self._control = ShmGroup(self._map_segment(world, "control", CONTROL_SLOT_BYTES))
         self._add_shm(world)
+
+    @property
+    def one_host(self) -> bool:
+        """Whether every rank of the world is on this host (its control plane may then go
+        through shared memory)."""
+        return self._control is not None
+
+    def map_world_segment(self, key: str, data_bytes: int) -> Segment:
+        """Map a segment of every rank of the world with at least ``data_bytes`` of data and its
+        file descriptor kept open (collective: every rank calls it, in the same order). Closed
+        with the backend.
+
+        Raises:
+            ValueError: the world is not on one host (see :attr:`one_host`).
+            SharedMemorySpaceError: ``/dev/shm`` cannot hold it.
+        """
+        if not self.one_host:
+            raise ValueError("a world segment needs every rank on this host")
+        slot_bytes = _align(-(-data_bytes // (2 * self.size)))
+        check_space(self._directory, segment_bytes(self.size, slot_bytes))
+        segment = self._map_segment(tuple(range(self.size)), key, slot_bytes, keep_fd=True)
+        self._raw.append(segment)
+        return segment
 
     @property
     def shares_memory(self) -> bool:
@@ -147,17 +171,17 @@ class HierarchicalBackend:
                                      cross=cross if self.rank in leaders else None,
                                      leader=self.rank in leaders)
 
-    def _map_segment(self, local: tuple[int, ...], key: str,
-                     slot_bytes: int | None = None) -> Segment:
+    def _map_segment(self, local: tuple[int, ...], key: str, slot_bytes: int | None = None,
+                     keep_fd: bool = False) -> Segment:
         members = [Member(r, self._places[r].pid, self._places[r].start_ticks) for r in local]
         path = segment_path(self._run_id, self._token, key, self._directory)
         me = local.index(self.rank)
         slot_bytes = slot_bytes or self._slot_bytes
         if me == 0:
-            segment = Segment.create(path, members, slot_bytes, self._timeout_s)
+            segment = Segment.create(path, members, slot_bytes, self._timeout_s, keep_fd)
         else:
             segment = Segment.attach(path, members, me, slot_bytes, self._timeout_s,
-                                     self._setup_timeout_s)
+                                     self._setup_timeout_s, keep_fd)
         segment.mark_attached()
         if me == 0:
             try:
@@ -179,6 +203,9 @@ class HierarchicalBackend:
         if self._control is not None:
             self._control.close()
             self._control = None
+        for segment in self._raw:
+            segment.close()
+        self._raw.clear()
         for ranks in list(self._sets):
             comm = self._sets.pop(ranks)
             if comm.shm is not None:
@@ -293,3 +320,8 @@ def _guarded(shm: ShmGroup | None, call: Callable[..., None], *args: Any) -> Non
 
 def _done() -> None:
     pass
+
+
+def _align(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 64 (a slot's size)."""
+    return (nbytes + 63) // 64 * 64

@@ -114,16 +114,18 @@ class Segment:
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self.step = int(self._seq[me]) // 3  # the next step (0 in a fresh segment)
         self.attached = False
+        self.fd: int | None = None  # an open descriptor of the file, when asked to keep one
 
     # -- setting up -----------------------------------------------------------------------------
 
     @classmethod
     def create(cls, path: Path, members: Sequence[Member], slot_bytes: int,
-               timeout_s: float) -> Segment:
+               timeout_s: float, keep_fd: bool = False) -> Segment:
         """Create and map the segment file as its first member (index 0).
 
         The file appears under its name only complete (written under a temporary name, then
-        renamed), so a member that finds it may map it at once.
+        renamed), so a member that finds it may map it at once. ``keep_fd``: keep a descriptor
+        of the file open as :attr:`fd` (for ``flock``) until :meth:`close`.
 
         Raises:
             SharedMemorySpaceError: the file system cannot hold it (names the size and the
@@ -145,6 +147,7 @@ class Segment:
             header[:] = (_MAGIC, len(members), slot_bytes)
             del header  # (a live view would keep the mapping from closing)
             os.rename(tmp, path)
+            kept = os.dup(fd) if keep_fd else None
         except BaseException:
             os.unlink(tmp)
             raise
@@ -152,12 +155,14 @@ class Segment:
             os.close(fd)
         segment = cls(path, buf, members, 0, slot_bytes, timeout_s)
         segment.attached = True
+        segment.fd = kept
         return segment
 
     @classmethod
     def attach(cls, path: Path, members: Sequence[Member], me: int, slot_bytes: int,
-               timeout_s: float, setup_timeout_s: float) -> Segment:
-        """Map the segment member 0 creates, waiting for it to appear.
+               timeout_s: float, setup_timeout_s: float, keep_fd: bool = False) -> Segment:
+        """Map the segment member 0 creates, waiting for it to appear (``keep_fd``: as for
+        :meth:`create`).
 
         Raises:
             SharedMemoryError: member 0 died or did not create it within ``setup_timeout_s``.
@@ -187,11 +192,15 @@ class Segment:
                 raise SharedMemoryError(f"shared-memory segment {path} has the wrong size "
                                         "(another job's file under this job's name?)")
             buf = mmap.mmap(fd, size)
+            kept = os.dup(fd) if keep_fd else None
         finally:
             os.close(fd)
         segment = cls(path, buf, members, me, slot_bytes, timeout_s)
         if tuple(segment._header) != (_MAGIC, len(members), slot_bytes):
+            if kept is not None:
+                os.close(kept)
             raise SharedMemoryError(f"shared-memory segment {path} has a foreign header")
+        segment.fd = kept
         segment.attached = True
         return segment
 
@@ -221,6 +230,9 @@ class Segment:
         if self._mmap.closed:
             return
         self._state[self.me] = _ABORTED if aborted else _CLOSED
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         self._typed.clear()
         del self._data, self._seq, self._state, self.splits, self._header
         try:
@@ -236,6 +248,12 @@ class Segment:
         if typed is None:
             typed = self._typed[dtype] = self._data.view(dtype).view(2, self.n, -1)
         return list(typed[buffer])
+
+    def data_bytes(self) -> np.ndarray:
+        """The whole data area (both buffers) as bytes, for a segment that holds something
+        other than collectives' slots (the doorbell's). Delete the view before :meth:`close`."""
+        return np.ndarray((2 * self.n * self.slot_bytes,), np.uint8, buffer=self._mmap,
+                          offset=_data_offset(self.n))
 
     def slot_elements(self, dtype: torch.dtype) -> int:
         return self.slot_bytes // torch.empty((), dtype=dtype).element_size()

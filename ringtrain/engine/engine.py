@@ -657,6 +657,8 @@ def _reach_store(call, *args):
     """``call(*args)`` on the rendezvous store, whose loss means a peer (its host) died."""
     try:
         return call(*args)
+    except HorovodInternalError:  # the shared-memory doorbell's own, naming the rank at fault
+        raise
     except Exception as exc:
         raise HorovodInternalError(
             f"cannot reach the job's rendezvous store; another rank or the launcher has "
