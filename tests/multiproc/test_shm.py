@@ -100,6 +100,33 @@ def test_ranks_on_two_hosts_allreduce_within_each_then_across(hierarchical):
         world.close()
 
 
+def _gather_across_hosts() -> tuple[list, list, int]:
+    backend = runtime.current().backend
+    calls: list[int] = []
+    across = backend._allgather_across
+
+    def counted(*args):
+        calls.append(1)
+        return across(*args)
+
+    backend._allgather_across = counted
+    r = hvd.rank()
+    rows = hvd.allgather(torch.full((r + 1, 2), r, dtype=torch.int16), name="across.rows")
+    flags = hvd.allgather(torch.tensor([r % 2 == 0]), name="across.flags")
+    return rows.tolist(), flags.tolist(), len(calls)
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_allgather_across_interleaved_hosts_goes_through_the_leaders_in_rank_order():
+    # hosts a, b, a: ranks 0 and 2 share a segment, rank 1 is alone on its host
+    world = World(3, rank_env=[{"HOROVOD_HOSTNAME": h} for h in ("hosta", "hostb", "hosta")])
+    try:
+        rows = [[r, r] for r in range(3) for _ in range(r + 1)]
+        assert world.run(_gather_across_hosts) == [(rows, [True, False, True], 2)] * 3
+    finally:
+        world.close()
+
+
 def _die_in_the_middle(kind: str) -> str:
     """Rank 1 SIGKILLs itself inside the shared-memory collective, just before it would tell
     the others it has copied its data in; rank 0 reports what its operation raised."""
