@@ -95,6 +95,7 @@ class ShmDoorbell:
         self._me = segment.me
         self._fallback = fallback
         self._thread_lock = threading.Lock()
+        self._deferred = threading.local()  # depth of deferring_wakes blocks, a wake owed
         self._word = data[:4].view(np.uint32)
         self._word_address = self._word.__array_interface__["data"][0]
         self._header = data[:_LINE].view(np.int64)
@@ -192,8 +193,24 @@ class ShmDoorbell:
                     f"rank(s) {slow} have not finished round {held} within "
                     f"{_REUSE_TIMEOUT_S:g} s, {_ROUNDS} rounds earlier")
             time.sleep(1e-3)
-        futex.wake(self._word_address)
+        if getattr(self._deferred, "depth", 0):
+            self._deferred.owed = True
+        else:
+            futex.wake(self._word_address)
         return bell
+
+    @contextmanager
+    def deferring_wakes(self) -> Iterator[None]:
+        deferred = self._deferred
+        depth = getattr(deferred, "depth", 0)
+        deferred.depth = depth + 1
+        try:
+            yield
+        finally:
+            deferred.depth = depth
+            if not depth and getattr(deferred, "owed", False):
+                deferred.owed = False
+                futex.wake(self._word_address)
 
     def wait(self, round_: int, timeout_s: float) -> bytes | None:
         deadline = time.monotonic() + timeout_s
