@@ -124,6 +124,27 @@ def test_a_waiter_on_shared_memory_sleeps_until_a_ring_wakes_it(tmp_path):
     assert woke == [b"unit@7"]
 
 
+def test_rings_in_a_deferring_block_wake_the_engines_once_when_it_ends(tmp_path, monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes: list[int] = []
+    wake = shm_doorbell.futex.wake
+    monkeypatch.setattr(shm_doorbell.futex, "wake", lambda address: (wakes.append(address),
+                                                                     wake(address))[1])
+    woke: list[bytes | None] = []
+    waiter = threading.Thread(target=lambda: woke.append(first.wait(1, 30.0)))
+    waiter.start()
+    with second.deferring_wakes():
+        with second.deferring_wakes():  # nested: still owed to the outermost block
+            assert second.ring(0, NEGOTIATE) == NEGOTIATE
+            assert second.ring(1, b"unit@1") == b"unit@1"
+        assert wakes == []
+    assert len(wakes) == 1
+    waiter.join(10.0)
+    assert woke == [b"unit@1"]
+    second.ring(2, NEGOTIATE)  # outside a block: at once
+    assert len(wakes) == 2
+
+
 def test_a_shared_memory_lock_held_too_long_names_its_holder(tmp_path, monkeypatch):
     monkeypatch.setattr(shm_doorbell, "_LOCK_TIMEOUT_S", 0.3)
     first, second = shm_doorbells(tmp_path)
