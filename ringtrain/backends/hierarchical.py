@@ -4,9 +4,10 @@ For each process set, the members on one host (the same host name on the same ru
 share a segment (see :mod:`ringtrain.backends.shm`). A set that lies on one host runs every
 collective through it. A set spread over hosts allreduces hierarchically, as Horovod's
 ``HOROVOD_HIERARCHICAL_ALLREDUCE``: within each host through shared memory, across hosts between
-one leader per host (the lowest rank there) on Gloo, then from each leader to its host; its other
-collectives, and every CUDA tensor, go through the wrapped :class:`TorchDistributedBackend` as
-before.
+one leader per host (the lowest rank there) on Gloo, then from each leader to its host; it
+allgathers hierarchically too (within each host, then between the leaders, then from each leader
+to its host); its other collectives, and every CUDA tensor, go through the wrapped
+:class:`TorchDistributedBackend` as before.
 
 Segments are named after the launch and a token drawn at construction, and unlinked as soon as
 every member has mapped them (see :mod:`ringtrain.shm_names`).
@@ -26,7 +27,11 @@ import torch.distributed as dist
 
 from ringtrain.backends.shm import ShmGroup
 from ringtrain.backends.shm_segment import Member, Segment, check_space, segment_bytes
-from ringtrain.backends.torch_dist import TorchDistributedBackend, start_allreduce_on
+from ringtrain.backends.torch_dist import (
+    TorchDistributedBackend,
+    allgather_on,
+    start_allreduce_on,
+)
 from ringtrain.op_types import ReduceOp
 from ringtrain.shm_names import SHM_DIR, segment_path
 
@@ -56,6 +61,7 @@ class RankPlace:
 @dataclass
 class _SetComm:
     local: tuple[int, ...]  # the set's members on this rank's host, in rank order
+    hosts: tuple[tuple[int, ...], ...]  # the set's members by host, hosts in leader order
     shm: ShmGroup | None  # None: this rank alone on its host in the set
     whole: bool  # every member of the set is on this host
     cross: Any  # the Gloo group of the hosts' leaders (hierarchical allreduce), or None
@@ -112,9 +118,33 @@ class HierarchicalBackend:
         # With every rank on this host, negotiation goes through a segment of its own too (only
         # the engine thread calls the control channel, in the same order on every rank).
         self._control: ShmGroup | None = None
+        self._raw: list[Segment] = []  # segments mapped for others (the engine's doorbell)
         if len({p.host for p in self._places}) == 1:
             self._control = ShmGroup(self._map_segment(world, "control", CONTROL_SLOT_BYTES))
         self._add_shm(world)
+
+    @property
+    def one_host(self) -> bool:
+        """Whether every rank of the world is on this host (its control plane may then go
+        through shared memory)."""
+        return self._control is not None
+
+    def map_world_segment(self, key: str, data_bytes: int) -> Segment:
+        """Map a segment of every rank of the world with at least ``data_bytes`` of data and its
+        file descriptor kept open (collective: every rank calls it, in the same order). Closed
+        with the backend.
+
+        Raises:
+            ValueError: the world is not on one host (see :attr:`one_host`).
+            SharedMemorySpaceError: ``/dev/shm`` cannot hold it.
+        """
+        if not self.one_host:
+            raise ValueError("a world segment needs every rank on this host")
+        slot_bytes = _align(-(-data_bytes // (2 * self.size)))
+        check_space(self._directory, segment_bytes(self.size, slot_bytes))
+        segment = self._map_segment(tuple(range(self.size)), key, slot_bytes, keep_fd=True)
+        self._raw.append(segment)
+        return segment
 
     @property
     def shares_memory(self) -> bool:
@@ -143,21 +173,22 @@ class HierarchicalBackend:
         shm = None
         if len(local) > 1:
             shm = ShmGroup(self._map_segment(local, f"s{self._added}-r{local[0]}"))
-        self._sets[ranks] = _SetComm(local=local, shm=shm, whole=len(hosts) == 1,
+        self._sets[ranks] = _SetComm(local=local, hosts=tuple(map(tuple, hosts.values())),
+                                     shm=shm, whole=len(hosts) == 1,
                                      cross=cross if self.rank in leaders else None,
                                      leader=self.rank in leaders)
 
-    def _map_segment(self, local: tuple[int, ...], key: str,
-                     slot_bytes: int | None = None) -> Segment:
+    def _map_segment(self, local: tuple[int, ...], key: str, slot_bytes: int | None = None,
+                     keep_fd: bool = False) -> Segment:
         members = [Member(r, self._places[r].pid, self._places[r].start_ticks) for r in local]
         path = segment_path(self._run_id, self._token, key, self._directory)
         me = local.index(self.rank)
         slot_bytes = slot_bytes or self._slot_bytes
         if me == 0:
-            segment = Segment.create(path, members, slot_bytes, self._timeout_s)
+            segment = Segment.create(path, members, slot_bytes, self._timeout_s, keep_fd)
         else:
             segment = Segment.attach(path, members, me, slot_bytes, self._timeout_s,
-                                     self._setup_timeout_s)
+                                     self._setup_timeout_s, keep_fd)
         segment.mark_attached()
         if me == 0:
             try:
@@ -179,6 +210,9 @@ class HierarchicalBackend:
         if self._control is not None:
             self._control.close()
             self._control = None
+        for segment in self._raw:
+            segment.close()
+        self._raw.clear()
         for ranks in list(self._sets):
             comm = self._sets.pop(ranks)
             if comm.shm is not None:
@@ -247,10 +281,39 @@ class HierarchicalBackend:
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         local = self._local(tensor, ranks)
-        if local is None:
+        if local is not None:
+            shm = local[1]
+            _guarded(shm, shm.allgather, output, tensor)
+            return
+        comm = self._sets.get(ranks)
+        if comm is None or tensor.is_cuda or comm.whole or not self._hierarchical:
             return self._gloo.allgather(output, tensor, ranks)
-        shm = local[1]
-        _guarded(shm, shm.allgather, output, tensor)
+        self._allgather_across(comm, output, tensor, ranks)
+
+    def _allgather_across(self, comm: _SetComm, output: torch.Tensor, tensor: torch.Tensor,
+                          ranks: tuple[int, ...]) -> None:
+        """Allgather over hosts: each host's inputs through its segment, the hosts' blocks
+        between the leaders on Gloo (padded to the largest host), all of it from each leader to
+        its host, then into set order (a host's members need not be consecutive ranks)."""
+        flat = tensor.reshape(-1)
+        length = flat.numel()
+        widest = max(len(members) for members in comm.hosts)
+        block = torch.empty(widest * length, dtype=flat.dtype)
+        if comm.shm is not None:
+            _guarded(comm.shm, comm.shm.allgather, block[:len(comm.local) * length], flat)
+        else:
+            block[:length].copy_(flat)
+        everything = torch.empty(len(comm.hosts) * widest * length, dtype=flat.dtype)
+        if comm.leader:
+            allgather_on(comm.cross, everything, block)
+        if comm.shm is not None:
+            _guarded(comm.shm, comm.shm.broadcast_, everything, 0)
+        out = output.view(-1)
+        index = {rank: i for i, rank in enumerate(ranks)}
+        for h, members in enumerate(comm.hosts):
+            for i, rank in enumerate(members):
+                at = index[rank] * length
+                out[at:at + length].copy_(everything[(h * widest + i) * length:][:length])
 
     def broadcast_(self, tensor: torch.Tensor, root: int, ranks: tuple[int, ...]) -> None:
         local = self._local(tensor, ranks)
@@ -293,3 +356,8 @@ def _guarded(shm: ShmGroup | None, call: Callable[..., None], *args: Any) -> Non
 
 def _done() -> None:
     pass
+
+
+def _align(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 64 (a slot's size)."""
+    return (nbytes + 63) // 64 * 64

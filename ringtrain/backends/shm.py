@@ -12,6 +12,11 @@ An allreduce step is a reduce-scatter then an all-gather through the segment:
 So every byte is copied in once and out once, each member reduces 1/n of the data, and the copies
 and reductions are torch's own kernels (multithreaded where the calling thread allows it).
 
+A small allreduce (up to :data:`ONE_STEP_BYTES`) instead takes one wait: each member copies its
+whole tensor into its slot, waits for everyone, and reduces all the slots into its tensor itself,
+in member order (so every member gets the same bits). Each member then reduces everything, but
+for a few KiB that costs less than a second wait for the slowest member.
+
 No member leaves a collective before every member has entered it (an empty tensor still takes a
 step, a broadcast's root waits for the others to arrive): the engine counts on a collective of
 all ranks meaning that all have read the round's bell (see ``Engine._forget_rounds``).
@@ -27,6 +32,8 @@ from ringtrain.backends.shm_segment import Segment
 from ringtrain.op_types import ReduceOp
 
 _HALF = (torch.float16, torch.bfloat16)
+#: Allreduces up to this size take one wait, every member reducing the whole tensor.
+ONE_STEP_BYTES = 64 << 10
 
 
 class ShmGroup:
@@ -51,7 +58,17 @@ class ShmGroup:
         seg, n, me = self.segment, self.n, self.me
         flat = tensor.view(-1)
         cap = seg.slot_elements(flat.dtype)
-        for start in _starts(flat.numel(), cap):
+        m = flat.numel()
+        if m <= cap and m * flat.element_size() <= ONE_STEP_BYTES:
+            step, buf = seg.begin("allreduce")
+            slots = seg.slots(flat.dtype, buf)
+            slots[me][:m].copy_(flat)
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "allreduce")
+            _reduce_into(flat, slots[0][:m], [slot[:m] for slot in slots[1:]], op)
+            seg.publish(step, 3)
+            return
+        for start in _starts(m, cap):
             chunk = flat[start:start + cap]
             m = chunk.numel()
             bounds = [k * m // n for k in range(n + 1)]

@@ -14,8 +14,10 @@ numbers reach the same value. Aligned 8-byte stores are atomic on the CPUs torch
 keeps stores in order, so data written before a sequence number is visible to whoever reads that
 number.
 
-A waiting member spins briefly, then yields its core, then sleeps in growing naps: on a machine
-with as many ranks as cores the peer it waits for needs that core. While it waits it checks, a
+A waiting member spins briefly, yields its core a little, then sleeps on a futex (see
+:mod:`ringtrain.backends.futex`): the low 32 bits of the sequence number of a member it waits
+for, which that member wakes after every publish. On a machine with as many ranks as cores the
+peer it waits for needs that core, and a sleeper is woken at once. While it waits it checks, a
 few times a second, that the members it waits for are alive and have not given up, so a rank
 killed in the middle of a collective fails the others' operations within a fraction of a second,
 naming it.
@@ -27,6 +29,7 @@ import errno
 import mmap
 import os
 import secrets
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,20 +38,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ringtrain.backends import futex
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.proc_stat import is_alive
 
 _MAGIC = 0x52494E47_53484D31  # "RINGSHM1"
 _LINE = 64
 _OK, _ABORTED, _CLOSED = 0, 1, 2
-#: Pure spinning this long before yielding the core: a peer already in the collective arrives
-#: within microseconds.
+#: Pure spinning this long before sleeping: a peer already in the collective arrives within
+#: microseconds. Then the waiter sleeps on the futex of the member it waits for, which that
+#: member's next publish wakes: a waiter that spun or napped instead would use up its share of
+#: a loaded machine's cores and be scheduled late when its peer is done.
 _SPIN_S = 20e-6
-#: Yielding (sched_yield) this long before sleeping; naps then grow to _MAX_NAP_S. Short: a
-#: yielding waiter still competes for its core with the threads the peer needs (its engine, the
-#: store); measured on 2 shared cores, 0.2 ms / 0.2 ms did no worse than 2 ms / 1 ms anywhere.
+#: Then yielding the core (sched_yield) this long before sleeping: measured on 2 loaded cores, a
+#: waiter that went to sleep at once made a back-to-back 4 KiB allreduce 5x slower.
 _YIELD_S = 2e-4
-_MAX_NAP_S = 2e-4
 #: How often a waiting member checks that the members it waits for still live.
 _CHECK_S = 0.1
 
@@ -107,23 +111,32 @@ class Segment:
         self._header = np.ndarray((3,), np.int64, buffer=buf, offset=0)
         lines = np.ndarray((n, _LINE // 8), np.int64, buffer=buf, offset=_LINE)
         self._seq = lines[:, 0]
+        # The low 32 bits of each member's sequence number: the futex its publishes wake.
+        low = 0 if sys.byteorder == "little" else 4
+        base = lines.__array_interface__["data"][0]
+        self._seq_addresses = [base + j * _LINE + low for j in range(n)]
         self._state = lines[:, 1]
         self.splits = np.ndarray((2, n, n), np.int64, buffer=buf, offset=_splits_offset(n))
         self._data = torch.frombuffer(buf, dtype=torch.uint8, offset=_data_offset(n),
                                       count=2 * n * slot_bytes)
-        self._typed: dict[torch.dtype, torch.Tensor] = {}
+        # Per dtype: both buffers' slots as flat tensors, and a slot's element count (made once:
+        # a small collective's own Python is its cost).
+        self._typed: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._elements: dict[torch.dtype, int] = {}
         self.step = int(self._seq[me]) // 3  # the next step (0 in a fresh segment)
         self.attached = False
+        self.fd: int | None = None  # an open descriptor of the file, when asked to keep one
 
     # -- setting up -----------------------------------------------------------------------------
 
     @classmethod
     def create(cls, path: Path, members: Sequence[Member], slot_bytes: int,
-               timeout_s: float) -> Segment:
+               timeout_s: float, keep_fd: bool = False) -> Segment:
         """Create and map the segment file as its first member (index 0).
 
         The file appears under its name only complete (written under a temporary name, then
-        renamed), so a member that finds it may map it at once.
+        renamed), so a member that finds it may map it at once. ``keep_fd``: keep a descriptor
+        of the file open as :attr:`fd` (for ``flock``) until :meth:`close`.
 
         Raises:
             SharedMemorySpaceError: the file system cannot hold it (names the size and the
@@ -145,6 +158,7 @@ class Segment:
             header[:] = (_MAGIC, len(members), slot_bytes)
             del header  # (a live view would keep the mapping from closing)
             os.rename(tmp, path)
+            kept = os.dup(fd) if keep_fd else None
         except BaseException:
             os.unlink(tmp)
             raise
@@ -152,12 +166,14 @@ class Segment:
             os.close(fd)
         segment = cls(path, buf, members, 0, slot_bytes, timeout_s)
         segment.attached = True
+        segment.fd = kept
         return segment
 
     @classmethod
     def attach(cls, path: Path, members: Sequence[Member], me: int, slot_bytes: int,
-               timeout_s: float, setup_timeout_s: float) -> Segment:
-        """Map the segment member 0 creates, waiting for it to appear.
+               timeout_s: float, setup_timeout_s: float, keep_fd: bool = False) -> Segment:
+        """Map the segment member 0 creates, waiting for it to appear (``keep_fd``: as for
+        :meth:`create`).
 
         Raises:
             SharedMemoryError: member 0 died or did not create it within ``setup_timeout_s``.
@@ -187,11 +203,15 @@ class Segment:
                 raise SharedMemoryError(f"shared-memory segment {path} has the wrong size "
                                         "(another job's file under this job's name?)")
             buf = mmap.mmap(fd, size)
+            kept = os.dup(fd) if keep_fd else None
         finally:
             os.close(fd)
         segment = cls(path, buf, members, me, slot_bytes, timeout_s)
         if tuple(segment._header) != (_MAGIC, len(members), slot_bytes):
+            if kept is not None:
+                os.close(kept)
             raise SharedMemoryError(f"shared-memory segment {path} has a foreign header")
+        segment.fd = kept
         segment.attached = True
         return segment
 
@@ -215,12 +235,17 @@ class Segment:
         """Say this member gave up in the middle of a collective: peers waiting for it fail."""
         if not self._mmap.closed:
             self._state[self.me] = _ABORTED
+            futex.wake(self._seq_addresses[self.me])  # waiters see the state at once
 
     def close(self, aborted: bool = False) -> None:
         """Say this member is gone (a peer still waiting for it fails at once) and unmap."""
         if self._mmap.closed:
             return
         self._state[self.me] = _ABORTED if aborted else _CLOSED
+        futex.wake(self._seq_addresses[self.me])
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         self._typed.clear()
         del self._data, self._seq, self._state, self.splits, self._header
         try:
@@ -231,20 +256,33 @@ class Segment:
     # -- data ------------------------------------------------------------------------------------
 
     def slots(self, dtype: torch.dtype, buffer: int) -> list[torch.Tensor]:
-        """Every member's slot of ``buffer`` (0 or 1) as flat tensors of ``dtype``."""
+        """Every member's slot of ``buffer`` (0 or 1) as flat tensors of ``dtype`` (a list kept
+        for the next call: read it, do not change it)."""
         typed = self._typed.get(dtype)
         if typed is None:
-            typed = self._typed[dtype] = self._data.view(dtype).view(2, self.n, -1)
-        return list(typed[buffer])
+            both = self._data.view(dtype).view(2, self.n, -1)
+            typed = self._typed[dtype] = (list(both[0]), list(both[1]))
+        return typed[buffer]
+
+    def data_bytes(self) -> np.ndarray:
+        """The whole data area (both buffers) as bytes, for a segment that holds something
+        other than collectives' slots (the doorbell's). Delete the view before :meth:`close`."""
+        return np.ndarray((2 * self.n * self.slot_bytes,), np.uint8, buffer=self._mmap,
+                          offset=_data_offset(self.n))
 
     def slot_elements(self, dtype: torch.dtype) -> int:
-        return self.slot_bytes // torch.empty((), dtype=dtype).element_size()
+        count = self._elements.get(dtype)
+        if count is None:
+            count = self._elements[dtype] = (
+                self.slot_bytes // torch.empty((), dtype=dtype).element_size())
+        return count
 
     # -- synchronisation -------------------------------------------------------------------------
 
     def publish(self, step: int, phase: int) -> None:
-        """This member finished ``phase`` (1..3) of ``step``."""
+        """This member finished ``phase`` (1..3) of ``step``; wake the members waiting for it."""
         self._seq[self.me] = 3 * step + phase
+        futex.wake(self._seq_addresses[self.me])
 
     def begin(self, what: str) -> tuple[int, int]:
         """Start the next step: wait until every member is done reading the buffer it will
@@ -269,22 +307,27 @@ class Segment:
 
     def _wait(self, ready, among: Sequence[int], target: int, what: str) -> None:
         start = last_check = time.monotonic()
-        nap = 2e-5
-        while True:
-            now = time.monotonic()
-            waited = now - start
-            if waited < _SPIN_S:
-                pass
-            elif waited < _YIELD_S:
-                os.sched_yield()
-            else:
-                time.sleep(nap)
-                nap = min(nap * 1.5, _MAX_NAP_S)
+        while (waited := time.monotonic() - start) < _YIELD_S:
             if ready():
                 return
+            if waited >= _SPIN_S:
+                os.sched_yield()
+        while True:
+            # Sleep on the first late member's number: its next publish wakes this waiter.
+            late = next((j for j in among if self._seq[j] < target), None)
+            if late is None:
+                return
+            seen = int(self._seq[late]) & 0xFFFFFFFF
+            if ready():
+                return
+            now = time.monotonic()
+            futex.wait(self._seq_addresses[late], seen, max(last_check + _CHECK_S - now, 1e-4))
+            if ready():
+                return
+            now = time.monotonic()
             if now - last_check >= _CHECK_S:
                 last_check = now
-                self._check_members(ready, among, target, what, waited)
+                self._check_members(ready, among, target, what, now - start)
 
     def _check_members(self, ready, among: Sequence[int], target: int, what: str,
                        waited: float) -> None:

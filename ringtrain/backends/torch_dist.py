@@ -79,10 +79,7 @@ class TorchDistributedBackend:
 
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
-        wire_out, wire_in = _widen(output), _widen(tensor)
-        dist.all_gather_single(wire_out, wire_in, group=self._group(tensor, ranks))
-        if wire_out is not output:
-            output.copy_(wire_out)
+        allgather_on(self._group(tensor, ranks), output, tensor)
 
     def broadcast_(self, tensor: torch.Tensor, root: int, ranks: tuple[int, ...]) -> None:
         wire = _widen(tensor)
@@ -134,6 +131,15 @@ def start_allreduce_on(group: Any, tensor: torch.Tensor, op: ReduceOp) -> Callab
             tensor.copy_(wire)
 
     return wait
+
+
+def allgather_on(group: Any, output: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Gather equal-sized tensors over a torch.distributed group: member j's lands at
+    ``output[j]`` (flattened; every member calls this in the same order)."""
+    wire_out, wire_in = _widen(output), _widen(tensor)
+    dist.all_gather_single(wire_out, wire_in, group=group)
+    if wire_out is not output:
+        output.copy_(wire_out)
 
 
 def _widen(tensor: torch.Tensor) -> torch.Tensor:

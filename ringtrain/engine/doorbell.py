@@ -15,6 +15,7 @@ every rank reads the same bell:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from datetime import timedelta
 from typing import Protocol
@@ -43,6 +44,11 @@ class Doorbell(Protocol):
 
     def read(self, key: str) -> int:
         """The shared counter ``key`` (0 if nobody counted it yet)."""
+
+    def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose rings by this thread wake the waiters only when it ends (re-entrant):
+        a thread that rings while holding a lock the woken engine needs at once lets it go
+        first, instead of waking an engine that would only block on that lock."""
 
 
 class StoreDoorbell:
@@ -82,6 +88,9 @@ class StoreDoorbell:
         with self._ring_lock:
             return self._ring_store.add(f"n/{key}", 0)
 
+    def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the store server wakes its waiters itself
+
 
 class LocalDoorbell:
     """Bells in this process's memory, for every engine that shares the object: the engine of a
@@ -115,3 +124,6 @@ class LocalDoorbell:
     def read(self, key: str) -> int:
         with self._cond:
             return self._counts.get(key, 0)
+
+    def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()

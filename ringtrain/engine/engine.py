@@ -200,7 +200,8 @@ class Engine:
             ValueError: an operation of the same name is already in flight on this rank.
             HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
         """
-        with self._lock:
+        # The engine woken by a ring here needs the lock first thing: wake it once it is free.
+        with self._doorbell.deferring_wakes(), self._lock:
             if self._failure is not None:
                 raise self._failure
             if request.name in self._names:
@@ -325,7 +326,7 @@ class Engine:
         finally:
             batch, self._batch.requests = self._batch.requests, None
             if batch:
-                with self._lock:
+                with self._doorbell.deferring_wakes(), self._lock:
                     self._queue_unit_locked(batch)
 
     def _queue_unit_locked(self, batch: list[Request]) -> None:
@@ -657,6 +658,8 @@ def _reach_store(call, *args):
     """``call(*args)`` on the rendezvous store, whose loss means a peer (its host) died."""
     try:
         return call(*args)
+    except HorovodInternalError:  # the shared-memory doorbell's own, naming the rank at fault
+        raise
     except Exception as exc:
         raise HorovodInternalError(
             f"cannot reach the job's rendezvous store; another rank or the launcher has "

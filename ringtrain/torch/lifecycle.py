@@ -30,6 +30,7 @@ from ringtrain.contract.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.engine.peers import PeerProcess
+from ringtrain.engine.shm_doorbell import ShmDoorbell, bytes_needed
 from ringtrain.errors import HorovodInternalError
 from ringtrain.log_level import apply_log_level
 from ringtrain.torch import runtime
@@ -96,6 +97,11 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
             doorbell = _store_doorbell(env, prefix)
             processes = backend.control_allgather(PeerProcess.this(env.hostname))
             backend = _cpu_backend(backend, env, processes)
+            if isinstance(backend, HierarchicalBackend) and backend.one_host:
+                # Every rank on this host: bells and counters in shared memory, the store only
+                # for counters once the segment's table is full.
+                doorbell = ShmDoorbell(backend.map_world_segment("bells", bytes_needed(size)),
+                                       fallback=doorbell)
         topology = _topology(env, rank, [p.host for p in processes])
         shm = isinstance(backend, HierarchicalBackend) and backend.shares_memory
         engine = Engine(backend, env.knobs, doorbell, backend_name="SHM" if shm else "GLOO",

@@ -100,6 +100,35 @@ def test_ranks_on_two_hosts_allreduce_within_each_then_across(hierarchical):
         world.close()
 
 
+def _gather_across_hosts() -> tuple[list, list, int]:
+    backend = runtime.current().backend
+    calls: list[int] = []
+    across = backend._allgather_across
+
+    def counted(*args):
+        calls.append(1)
+        return across(*args)
+
+    backend._allgather_across = counted
+    r = hvd.rank()
+    rows = hvd.allgather(torch.full((r + 1, 2), r, dtype=torch.int16), name="across.rows")
+    flags = hvd.allgather(torch.tensor([r % 2 == 0]), name="across.flags")
+    return rows.tolist(), flags.tolist(), len(calls)
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_allgather_across_interleaved_hosts_goes_through_the_leaders_in_rank_order():
+    # hosts a, b, a: ranks 0 and 2 share a segment, rank 1 is alone on its host
+    world = World(3, rank_env=[{"HOROVOD_HOSTNAME": h} for h in ("hosta", "hostb", "hosta")])
+    try:
+        rows = [[r, r] for r in range(3) for _ in range(r + 1)]
+        assert world.run(_gather_across_hosts) == [(rows, [True, False, True], 2)] * 3
+        # a world over two hosts keeps its doorbell in the launcher's store
+        assert world.run(_doorbell_name) == ["StoreDoorbell"] * 3
+    finally:
+        world.close()
+
+
 def _die_in_the_middle(kind: str) -> str:
     """Rank 1 SIGKILLs itself inside the shared-memory collective, just before it would tell
     the others it has copied its data in; rank 0 reports what its operation raised."""
@@ -126,6 +155,41 @@ def _die_in_the_middle(kind: str) -> str:
     except RuntimeError as exc:
         outcome = f"{type(exc).__name__}: {exc}"
     return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+def _doorbell_name() -> str:
+    return type(runtime.current().engine._doorbell).__name__
+
+
+def _die_before_submitting() -> str:
+    """Rank 1 SIGKILLs itself before its peer's allreduce: rank 0 counts it, sleeps on the
+    shared-memory doorbell for a ring that never comes, and must still fail, naming rank 1."""
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)  # rank 1 is gone before rank 0 submits
+    started = time.monotonic()
+    try:
+        hvd.allreduce(torch.ones(4), name="never.counted.by.rank1")
+        outcome = "no error"
+    except RuntimeError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_an_operation_waiting_on_the_shared_memory_doorbell_for_a_dead_rank_fails():
+    world = World(2)
+    try:
+        assert world.run(_doorbell_name) == ["ShmDoorbell"] * 2
+        world.send(_die_before_submitting)
+        status, survivor = world.receive(0, timeout=60)
+        assert world.receive(1, timeout=10) == ("err", "the process exited")
+    finally:
+        world.close()
+    assert status == "ok", survivor
+    seconds, outcome = survivor.split(" s: ", 1)
+    assert float(seconds) < 5.0, survivor
+    assert "rank 1 (host " in outcome and " died (its process is gone" in outcome, outcome
 
 
 def _token() -> str:

@@ -1,15 +1,19 @@
 """Doorbells: the first ring of a round decides its bell, for every rank that reads it; on a real
-TCPStore on loopback and on the in-process doorbell."""
+TCPStore on loopback, on a real shared-memory segment and on the in-process doorbell."""
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
+from ringtrain.backends.shm_segment import Member, Segment
+from ringtrain.engine import shm_doorbell
 from ringtrain.engine.doorbell import NEGOTIATE, LocalDoorbell, StoreDoorbell
+from ringtrain.engine.shm_doorbell import ShmDoorbell
 
 
 def _store_doorbell(server: dist.TCPStore) -> StoreDoorbell:
@@ -21,12 +25,27 @@ def _store_doorbell(server: dist.TCPStore) -> StoreDoorbell:
     return StoreDoorbell(wait_store=client(), ring_store=client())
 
 
-@pytest.fixture(params=["store", "local"])
-def bells(request):
+def shm_doorbells(tmp_path, fallback=None) -> tuple[ShmDoorbell, ShmDoorbell]:
+    """Two ranks' doorbells on one real segment (each its own mapping and descriptor)."""
+    members = [Member(r, os.getpid(), -1) for r in range(2)]
+    slot = (shm_doorbell.bytes_needed(2) // 4 + 63) // 64 * 64
+    path = tmp_path / "bells"
+    first = Segment.create(path, members, slot, 10, keep_fd=True)
+    second = Segment.attach(path, members, 1, slot, 10, 10, keep_fd=True)
+    path.unlink()
+    fallback = fallback or LocalDoorbell()
+    return ShmDoorbell(first, fallback), ShmDoorbell(second, fallback)
+
+
+@pytest.fixture(params=["store", "local", "shm"])
+def bells(request, tmp_path):
     """Two ranks' doorbells on the same bells."""
     if request.param == "local":
         local = LocalDoorbell()
         yield local, local
+        return
+    if request.param == "shm":
+        yield shm_doorbells(tmp_path)
         return
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=10))
@@ -55,6 +74,8 @@ def test_a_waiter_wakes_on_the_ring_and_times_out_without_one(bells):
 
 def test_a_forgotten_round_no_longer_holds_its_bell(bells):
     first, second = bells
+    if isinstance(first, ShmDoorbell):
+        pytest.skip("shared-memory bells are reused by progress, not forgotten (tested below)")
     first.ring(7, NEGOTIATE)
     second.forget(7)
     assert first.wait(7, 0.05) is None
@@ -63,3 +84,108 @@ def test_a_forgotten_round_no_longer_holds_its_bell(bells):
 def test_counters_are_shared(bells):
     first, second = bells
     assert [first.count("k"), second.count("k"), first.count("j")] == [1, 2, 1]
+
+
+def test_a_shared_memory_round_entry_is_reused_only_once_every_engine_is_past_it(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(shm_doorbell, "_REUSE_TIMEOUT_S", 0.2)
+    first, second = shm_doorbells(tmp_path)
+    later = 5 + shm_doorbell._ROUNDS  # the same entry as round 5
+    first.ring(5, b"unit@1")
+    assert first.wait(5, 0.0) == second.wait(5, 0.0) == b"unit@1"
+    assert first.wait(6, 0.0) is None  # rank 0 waits for round 6: past round 5
+    with pytest.raises(Exception, match=r"rank\(s\) \[1\] have not finished round 5"):
+        first.ring(later, NEGOTIATE)
+    assert second.wait(later, 0.0) is None  # rank 1 is past round 5 too
+    assert first.ring(later, NEGOTIATE) == NEGOTIATE
+    assert second.wait(later, 1.0) == NEGOTIATE
+
+
+def test_shared_memory_counters_overflow_into_the_fallback_alike_on_every_rank(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(shm_doorbell, "_COUNTERS_USED_MAX", 2)
+    fallback = LocalDoorbell()
+    first, second = shm_doorbells(tmp_path, fallback)
+    assert [first.count("a"), second.count("b"), second.count("a")] == [1, 1, 2]
+    assert [first.count("c"), second.count("c"), first.read("c")] == [1, 2, 2]
+    assert fallback.read("c") == 2 and fallback.read("a") == 0  # "c" found the table full
+    assert second.read("a") == 2 and first.read("never") == 0
+
+
+def test_a_waiter_on_shared_memory_sleeps_until_a_ring_wakes_it(tmp_path):
+    first, second = shm_doorbells(tmp_path)
+    woke: list[bytes | None] = []
+    waiter = threading.Thread(target=lambda: woke.append(first.wait(2, 30.0)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and woke == []  # nothing rang round 2 yet
+    second.ring(2, b"unit@7")
+    waiter.join(10.0)
+    assert woke == [b"unit@7"]
+
+
+def test_rings_in_a_deferring_block_wake_the_engines_once_when_it_ends(tmp_path, monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes: list[int] = []
+    wake = shm_doorbell.futex.wake
+    monkeypatch.setattr(shm_doorbell.futex, "wake", lambda address: (wakes.append(address),
+                                                                     wake(address))[1])
+    woke: list[bytes | None] = []
+    waiter = threading.Thread(target=lambda: woke.append(first.wait(1, 30.0)))
+    waiter.start()
+    with second.deferring_wakes():
+        with second.deferring_wakes():  # nested: still owed to the outermost block
+            assert second.ring(0, NEGOTIATE) == NEGOTIATE
+            assert second.ring(1, b"unit@1") == b"unit@1"
+        assert wakes == []
+    assert len(wakes) == 1
+    waiter.join(10.0)
+    assert woke == [b"unit@1"]
+    second.ring(2, NEGOTIATE)  # outside a block: at once
+    assert len(wakes) == 2
+
+
+def test_a_shared_memory_lock_held_too_long_names_its_holder(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm_doorbell, "_LOCK_TIMEOUT_S", 0.3)
+    first, second = shm_doorbells(tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with first._locked():
+            held.set()
+            release.wait(10.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10.0)
+    try:
+        with pytest.raises(Exception, match=rf"rank 0 \(pid {os.getpid()}\) has held the "
+                           r"shared-memory doorbell's lock for \d+ s while rank 1 waited"):
+            second.count("k")
+    finally:
+        release.set()
+        holder.join(10.0)
+    assert second.count("k") == 1  # free again
+
+
+def test_a_killed_holder_does_not_block_the_shared_memory_lock(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    first, second = shm_doorbells(tmp_path)
+    # Another process opens the same (unlinked) file through /proc and takes its flock.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open('/proc/{os.getpid()}/fd/{first._fd}', os.O_RDWR)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "locked"
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert first.ring(0, NEGOTIATE) == NEGOTIATE  # the kernel dropped the dead holder's lock
+    assert second.wait(0, 1.0) == NEGOTIATE

@@ -73,14 +73,14 @@ def _together(n: int, fn) -> list:
     return results
 
 
-def _input(dtype: torch.dtype, member: int) -> torch.Tensor:
+def _input(dtype: torch.dtype, member: int, length: int = 1000) -> torch.Tensor:
     if dtype is torch.bool:
-        return torch.arange(1000) % (member + 2) == 0
-    return (torch.arange(1000) % 5 + member + 1).to(dtype)
+        return torch.arange(length) % (member + 2) == 0
+    return (torch.arange(length) % 5 + member + 1).to(dtype)
 
 
-def _expected(dtype: torch.dtype, op: ReduceOp, n: int) -> torch.Tensor:
-    inputs = [_input(dtype, i) for i in range(n)]
+def _expected(dtype: torch.dtype, op: ReduceOp, n: int, length: int = 1000) -> torch.Tensor:
+    inputs = [_input(dtype, i, length) for i in range(n)]
     if dtype is torch.bool:
         out = inputs[0]
         for x in inputs[1:]:
@@ -94,15 +94,18 @@ def _expected(dtype: torch.dtype, op: ReduceOp, n: int) -> torch.Tensor:
     return out
 
 
+# 1000 elements take several steps of reduce-scatter and all-gather; 7 fit one slot in every
+# dtype and take the one-wait path where each member reduces all slots.
+@pytest.mark.parametrize("length", [1000, 7])
 @pytest.mark.parametrize("n", [2, 3])
-def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n):
+def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n, length):
     groups = [ShmGroup(s) for s in _segments(tmp_path, n)]
 
     def work(i: int) -> dict:
         out = {}
         for dtype in _DTYPES:
             for op in _OPS:
-                t = _input(dtype, i)
+                t = _input(dtype, i, length)
                 groups[i].allreduce_(t, op)
                 out[dtype, op] = t
         return out
@@ -110,7 +113,7 @@ def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n):
     results = _together(n, work)
     for dtype in _DTYPES:
         for op in _OPS:
-            want = _expected(dtype, op, n)
+            want = _expected(dtype, op, n, length)
             for i in range(n):
                 assert torch.equal(results[i][dtype, op], want), (dtype, op, i)
 

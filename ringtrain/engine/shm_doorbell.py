@@ -1,0 +1,275 @@
+"""The doorbell and the readiness counters in shared memory, for a world on one host.
+
+The same contract as :class:`~ringtrain.engine.doorbell.StoreDoorbell` (the first ring of a
+round decides its bell; counters add atomically), without a round trip to the launcher's TCP
+store: a ring or a count is a few microseconds under a lock, and an engine waiting for a round
+sleeps on a futex (see :mod:`ringtrain.backends.futex`) that every ring wakes.
+
+Layout of the segment's data area::
+
+    header    [0] the ring word (32 bits, the futex: bumped by every ring)
+              [1] the lock's holder (rank + 1; 0 when free), [2] counters in use
+    progress  one int64 per rank: the round its engine waits for (rounds before it are done)
+    bells     _ROUNDS entries of (round + 1, length, bytes): round r lives in entry r % _ROUNDS
+    counters  _COUNTERS entries of (16-byte key digest, value), open addressing
+
+Every access to the tables takes the lock: a ``threading.Lock`` between this process's threads
+and ``flock`` on the segment's file between processes. The kernel drops a dead process's
+``flock``, so a rank killed in the middle of a ring cannot block the others, and the system calls
+order memory on every CPU (no reliance on x86's store order). A lock held too long (a rank
+stopped with SIGSTOP while it held it) fails with an error that names the holder.
+
+Bells are not deleted (:meth:`ShmDoorbell.forget` does nothing): a round's entry is reused once
+every engine waits for a later round. Counter keys are never removed, so that whether a key lives
+here or in the store is the same for every rank: once the table is three-quarters full, keys it
+does not hold yet are counted in the fallback doorbell (the TCP store) instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from ringtrain.backends import futex
+from ringtrain.backends.shm_segment import Segment
+from ringtrain.engine.doorbell import Doorbell
+from ringtrain.errors import HorovodInternalError
+from ringtrain.proc_stat import is_alive
+
+_LINE = 64
+_ROUNDS = 2048
+_BELL_ENTRY = 128  # round + 1, length, then the bell's bytes
+_MAX_BELL = _BELL_ENTRY - 16
+_COUNTERS = 16384
+_COUNTER_ENTRY = 32  # two uint64 of digest, the value, padding
+_COUNTERS_USED_MAX = _COUNTERS * 3 // 4
+#: How long a waiting engine polls the ring word before it sleeps on it: a peer that rings at
+#: once is seen without a system call, and the core is soon given back.
+_SPIN_S = 2e-5
+#: A lock held this long means its holder is stopped (a dead one has lost it).
+_LOCK_TIMEOUT_S = 30.0
+#: A ring whose round's entry still holds a round some engine has not passed waits this long.
+_REUSE_TIMEOUT_S = 60.0
+
+
+def bytes_needed(size: int) -> int:
+    """Bytes of a segment's data area that the doorbell of ``size`` ranks uses."""
+    return _counters_offset(size) + _COUNTERS * _COUNTER_ENTRY
+
+
+def _bells_offset(size: int) -> int:
+    return _LINE + (size * 8 + _LINE - 1) // _LINE * _LINE
+
+
+def _counters_offset(size: int) -> int:
+    return _bells_offset(size) + _ROUNDS * _BELL_ENTRY
+
+
+class ShmDoorbell:
+    """Bells and counters in a segment mapped by every rank of the world (all on this host).
+
+    Args:
+        segment: the segment, mapped with its file descriptor kept (``keep_fd``), whose data
+            area holds at least :func:`bytes_needed` bytes; its members are the world's ranks.
+        fallback: where counters go once the segment's table is full (the store's doorbell).
+    """
+
+    def __init__(self, segment: Segment, fallback: Doorbell):
+        if segment.fd is None:
+            raise ValueError("the doorbell's segment must keep its file descriptor (keep_fd)")
+        size = segment.n
+        data = segment.data_bytes()
+        if data.size < bytes_needed(size):
+            raise ValueError(f"the doorbell needs {bytes_needed(size)} bytes of data, the "
+                             f"segment has {data.size}")
+        self._segment = segment
+        self._fd = segment.fd
+        self._me = segment.me
+        self._fallback = fallback
+        self._thread_lock = threading.Lock()
+        self._deferred = threading.local()  # depth of deferring_wakes blocks, a wake owed
+        self._word = data[:4].view(np.uint32)
+        self._word_address = self._word.__array_interface__["data"][0]
+        self._header = data[:_LINE].view(np.int64)
+        self._progress = data[_LINE:_LINE + size * 8].view(np.int64)
+        bells = data[_bells_offset(size):_counters_offset(size)]
+        self._bells = bells.view(np.int64).reshape(_ROUNDS, _BELL_ENTRY // 8)
+        self._bell_bytes = bells.reshape(_ROUNDS, _BELL_ENTRY)
+        counters = data[_counters_offset(size):bytes_needed(size)]
+        self._counters = counters.view(np.uint64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
+        self._values = counters.view(np.int64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
+
+    # -- the lock --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock:
+            self._acquire()
+            try:
+                self._header[1] = self._me + 1
+                yield
+            finally:
+                self._header[1] = 0
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _acquire(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        start = time.monotonic()
+        nap = 1e-5
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # pragma: no cover - EINTR is retried by Python itself
+                if exc.errno != errno.EINTR:
+                    raise
+            waited = time.monotonic() - start
+            if waited > _LOCK_TIMEOUT_S:
+                raise HorovodInternalError(self._lock_stuck(waited))
+            if nap < 1e-4:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+            nap = min(nap * 2, 1e-3)
+
+    def _lock_stuck(self, waited: float) -> str:
+        holder = int(self._header[1]) - 1
+        me = self._segment.members[self._me].rank
+        if holder < 0 or holder >= self._segment.n:
+            return (f"rank {me} could not take the shared-memory doorbell's lock within "
+                    f"{waited:.0f} s")
+        member = self._segment.members[holder]
+        state = ("alive but not running (stopped or frozen?)"
+                 if is_alive(member.pid, None if member.start_ticks < 0 else member.start_ticks)
+                 else "gone")
+        return (f"rank {member.rank} (pid {member.pid}) has held the shared-memory doorbell's "
+                f"lock for {waited:.0f} s while rank {me} waited for it: its process is {state}")
+
+    # -- bells -----------------------------------------------------------------------------------
+
+    def _bell_locked(self, round_: int) -> bytes | None:
+        entry = self._bells[round_ % _ROUNDS]
+        if int(entry[0]) != round_ + 1:
+            return None
+        return self._bell_bytes[round_ % _ROUNDS, 16:16 + int(entry[1])].tobytes()
+
+    def ring(self, round_: int, bell: bytes) -> bytes:
+        if len(bell) > _MAX_BELL:
+            raise ValueError(f"a bell holds at most {_MAX_BELL} bytes, got {len(bell)}")
+        deadline = time.monotonic() + _REUSE_TIMEOUT_S
+        while True:
+            with self._locked():
+                entry = self._bells[round_ % _ROUNDS]
+                held = int(entry[0]) - 1
+                if held == round_:
+                    return self._bell_locked(round_)  # type: ignore[return-value]
+                lagging = int(self._progress.min())
+                if held < lagging:  # a free entry, or one of a round every engine is past
+                    entry[0] = round_ + 1
+                    entry[1] = len(bell)
+                    self._bell_bytes[round_ % _ROUNDS, 16:16 + len(bell)] = np.frombuffer(
+                        bell, np.uint8)
+                    self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
+                    break
+            if time.monotonic() > deadline:
+                slow = [self._segment.members[j].rank for j in range(self._segment.n)
+                        if int(self._progress[j]) <= held]
+                raise HorovodInternalError(
+                    f"rank {self._segment.members[self._me].rank} cannot ring round {round_}: "
+                    f"rank(s) {slow} have not finished round {held} within "
+                    f"{_REUSE_TIMEOUT_S:g} s, {_ROUNDS} rounds earlier")
+            time.sleep(1e-3)
+        if getattr(self._deferred, "depth", 0):
+            self._deferred.owed = True
+        else:
+            futex.wake(self._word_address)
+        return bell
+
+    @contextmanager
+    def deferring_wakes(self) -> Iterator[None]:
+        deferred = self._deferred
+        depth = getattr(deferred, "depth", 0)
+        deferred.depth = depth + 1
+        try:
+            yield
+        finally:
+            deferred.depth = depth
+            if not depth and getattr(deferred, "owed", False):
+                deferred.owed = False
+                futex.wake(self._word_address)
+
+    def wait(self, round_: int, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._locked():
+                self._progress[self._me] = round_
+                bell = self._bell_locked(round_)
+                if bell is not None:
+                    return bell
+                seen = int(self._word[0])
+            spin_until = time.monotonic() + _SPIN_S
+            while int(self._word[0]) == seen and time.monotonic() < spin_until:
+                pass
+            if int(self._word[0]) != seen:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            # Returns at once if a ring bumped the word since it was read.
+            futex.wait(self._word_address, seen, remaining)
+
+    def forget(self, round_: int) -> None:
+        """Nothing to release: an entry is reused once every engine waits for a later round."""
+
+    # -- counters --------------------------------------------------------------------------------
+
+    def _slot_locked(self, key: str, insert: bool) -> int | None:
+        """The table entry of ``key`` (inserting it when asked and there is room), or None."""
+        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        d0 = int.from_bytes(digest[:8], "little") | 1  # never 0: 0 marks an empty entry
+        d1 = int.from_bytes(digest[8:], "little")
+        i = d0 % _COUNTERS
+        counters = self._counters
+        while True:
+            first = int(counters[i, 0])
+            if first == 0:
+                if not insert or int(self._header[2]) >= _COUNTERS_USED_MAX:
+                    return None
+                counters[i, 0], counters[i, 1] = d0, d1
+                self._values[i, 2] = 0
+                self._header[2] += 1
+                return i
+            if first == d0 and int(counters[i, 1]) == d1:
+                return i
+            i = (i + 1) % _COUNTERS
+
+    def count(self, key: str) -> int:
+        with self._locked():
+            slot = self._slot_locked(key, insert=True)
+            if slot is not None:
+                self._values[slot, 2] += 1
+                return int(self._values[slot, 2])
+        return self._fallback.count(key)
+
+    def read(self, key: str) -> int:
+        with self._locked():
+            slot = self._slot_locked(key, insert=False)
+            if slot is not None:
+                return int(self._values[slot, 2])
+            if int(self._header[2]) < _COUNTERS_USED_MAX:
+                return 0  # the table had room all along: nobody counted it anywhere
+        return self._fallback.read(key)
