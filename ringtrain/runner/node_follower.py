@@ -19,7 +19,7 @@ from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.elastic_rendezvous import Store
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
-from ringtrain.runner.result import RankOutcome, RankState, RunResult
+from ringtrain.runner.result import RankOutcome, RunResult
 from ringtrain.runner.spawn import SpawnOptions
 
 log = logging.getLogger(__name__)
@@ -113,17 +113,8 @@ class FollowerAgent(Agent):
 
     def _result(self) -> RunResult:
         result = super()._result()
-        if self._done == 0:  # the job succeeded; ranks stopped here were left out of a world
-            return RunResult(
-                tuple(o for o in result.outcomes if o.state is RankState.SUCCEEDED), (),
-                result.interrupted_by, 0,
-                survived=tuple(o for o in result.outcomes if o.state is not RankState.SUCCEEDED))
-        error = self._error
-        if error is None and self._done is not None:
-            error = (f"the job failed (node 0 ended it with exit status {self._done}); node 0's "
-                     "result names the root cause")
         return RunResult(result.outcomes, result.root_causes, result.interrupted_by,
-                         result.stopped, error=error)
+                         result.stopped, error=self._error, followed=self._done)
 
 
 def wait_for_store(connect, timeout_s: float, what: str) -> Store:

@@ -272,7 +272,7 @@ def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
                            f"exec python -c 'import time; time.sleep(30)' {marker}")
     done = rays.run_to_end(job.id)
     assert done.state == JobState.FAILED and done.exit_code == 7
-    assert "rank 1 on node 1" in done.message and "stdouterr/rank.1/stderr" in done.message
+    assert "rank 1 on node1" in done.message and "stdouterr/rank.1/stderr" in done.message
     assert pids_running(marker) == []
 
 

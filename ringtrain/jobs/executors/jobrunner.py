@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +120,7 @@ class JobRunner:
         except OSError as e:
             return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
         self._children = [proc]
-        code = proc.wait()
-        if code == 0:
-            return 0, ""
-        try:
-            outcome = RunOutcome.read(self.job_dir)
-        except RecordError as e:
-            print(f"job runner: {e}", file=sys.stderr)
-            outcome = None
-        if outcome is not None and outcome.cause_exit_code is not None:
-            # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
-            return outcome.cause_exit_code, (f"{outcome.message}; see "
-                                             f"stdouterr/rank.{outcome.cause_rank}/stderr")
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
+        return run_outcome(proc.wait(), self.job_dir)
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then
@@ -170,6 +158,41 @@ class JobRunner:
             print(f"job runner: killed {left} processes the job left running", file=sys.stderr)
         self.status(Phase.EXITED, code, message)
         return code
+
+
+def node_argv(runner: Sequence[str], job_dir: Path, node: int, node_count: int,
+              process_count_per_node: int, endpoint: str, command: str) -> list[str]:
+    """The command line that starts node ``node``'s ranks of an attempt: ``ringtrain run`` in
+    its per-node mode, the same for every executor. Node 0 serves the rendezvous at
+    ``endpoint`` and writes the attempt's result file; every node writes its ranks' logs into
+    ``job_dir/stdouterr``.
+    """
+    argv = [*runner, "--nnodes", str(node_count), "--node-rank", str(node),
+            "--nproc-per-node", str(process_count_per_node), "--rdzv-endpoint", endpoint,
+            "--node-name", f"node{node}", "--output-filename", str(job_dir / "stdouterr")]
+    if node == 0:
+        argv += ["--result-file", str(job_dir / RESULT_FILE)]
+    return [*argv, "sh", "-c", command]
+
+
+def run_outcome(code: int, job_dir: Path) -> tuple[int, str]:
+    """The attempt's exit code and message from ``ringtrain run``'s exit status ``code`` and
+    the result file it wrote into ``job_dir`` (a failing rank's own exit code, not 1)."""
+    if code == 0:
+        return 0, ""
+    try:
+        outcome = RunOutcome.read(job_dir)
+    except RecordError as e:
+        print(f"job runner: {e}", file=sys.stderr)
+        outcome = None
+    if outcome is not None and outcome.cause_exit_code is not None:
+        # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
+        return outcome.cause_exit_code, (f"{outcome.message}; see "
+                                         f"stdouterr/rank.{outcome.cause_rank}/stderr")
+    if outcome is not None and outcome.message:
+        return code, outcome.message
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
 
 
 def _not_started(what: str, e: OSError) -> str:
