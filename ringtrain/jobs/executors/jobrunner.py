@@ -19,6 +19,7 @@ import ctypes
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -99,18 +100,18 @@ class JobRunner:
         return 0, ""
 
     def run_workers(self) -> tuple[int, str]:
-        """Run ``ringtrain run`` with node_count × process_count_per_node ranks (elastic: from
-        min_nodes to max_nodes nodes, on the hosts the service offers)."""
+        """Run the ranks: one ``ringtrain run`` per node in its per-node mode, node 0 driving
+        (elastic: one ``ringtrain run`` from min_nodes to max_nodes nodes, on the hosts the
+        service offers)."""
         launch = self.launch
+        if launch.min_nodes is None or launch.max_nodes is None:
+            return self._run_nodes()
         per_node = launch.process_count_per_node
         total = launch.node_count * per_node
-        if launch.min_nodes is None or launch.max_nodes is None:
-            where = ["-H", f"localhost:{total}"]
-        else:
-            where = ["--min-np", str(launch.min_nodes * per_node),
-                     "--max-np", str(launch.max_nodes * per_node),
-                     "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
-                     "--world-file", str(self.job_dir / WORLD_FILE)]
+        where = ["--min-np", str(launch.min_nodes * per_node),
+                 "--max-np", str(launch.max_nodes * per_node),
+                 "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
+                 "--world-file", str(self.job_dir / WORLD_FILE)]
         argv = [*launch.runner, "-np", str(total), *where,
                 "--output-filename", str(self.job_dir / "stdouterr"),
                 "--result-file", str(self.job_dir / RESULT_FILE),
@@ -121,6 +122,31 @@ class JobRunner:
             return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
         self._children = [proc]
         return run_outcome(proc.wait(), self.job_dir)
+
+    def _run_nodes(self) -> tuple[int, str]:
+        """Every node's ``ringtrain run``, node 0 serving the rendezvous on loopback; node 0's
+        outcome is the attempt's, unless another node failed by itself."""
+        launch = self.launch
+        endpoint = f"127.0.0.1:{_free_port()}"
+        children = []
+        for k in range(launch.node_count):
+            argv = node_argv(launch.runner, self.job_dir, k, launch.node_count,
+                             launch.process_count_per_node, endpoint, launch.command)
+            try:
+                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+            except OSError as e:
+                for child in children:  # the nodes started so far wait for this one
+                    child.terminate()
+                    child.wait()
+                return EXIT_NOT_STARTED, f"{_not_started('`ringtrain run`', e)} (node {k})"
+            self._children = children
+        codes = [child.wait() for child in children]
+        code, message = run_outcome(codes[0], self.job_dir)
+        failed = next((k for k, c in enumerate(codes) if k and c), None)
+        if code == 0 and failed is not None:  # a node that could not join or lost node 0
+            return codes[failed], (f"`ringtrain run` of node {failed} exited with code "
+                                   f"{codes[failed]}; see launcher/launcher.log")
+        return code, message
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then
@@ -193,6 +219,13 @@ def run_outcome(code: int, job_dir: Path) -> tuple[int, str]:
         return code, outcome.message
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     return code, f"`ringtrain run` {how}; see stdouterr/rank.N/stderr"
+
+
+def _free_port() -> int:
+    """A TCP port free on loopback now (node 0 binds it with SO_REUSEADDR moments later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _not_started(what: str, e: OSError) -> str:
