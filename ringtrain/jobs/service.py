@@ -295,13 +295,6 @@ class JobService:
                            "message": f"{spec.node_count} nodes, but cluster {cluster} can have "
                                       f"at most {info.max_nodes} (max_nodes; it has "
                                       f"{info.target_nodes} now)"})
-        if spec.elastic and info.backend == "ray":
-            field = "min_nodes" if spec.min_nodes is not None else "max_nodes"
-            errors.append({"field": field,
-                           "message": f"cluster {cluster} is a Ray cluster, whose jobs run on a "
-                                      "fixed set of nodes: elastic jobs (min_nodes, max_nodes) "
-                                      "run on local clusters only; drop min_nodes and max_nodes "
-                                      "or submit to a local cluster"})
         if spec.process_count_per_node > info.slots:
             errors.append({"field": "process_count_per_node",
                            "message": f"at most {info.slots}, the slots per node of cluster "

@@ -602,3 +602,66 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
     assert [(n.state.value, n.job_id) for n in s.store.list_nodes("r")] == [("idle", None)] * 4
     assert _placement_groups(f"{retried.id}.") == []
     s.store.close()
+
+
+# After the lost-node test: it kills a worker machine of the shared Ray cluster too.
+@inside
+@pytest.mark.slow
+def test_elastic_job_goes_on_without_a_lost_node(ray_cluster, tmp_path: Path) -> None:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    script = ROOT / "tests" / "integration" / "elastic_train.py"
+    # The head's CPUs are held, so both nodes of the job land on worker machines, one of which
+    # can be killed: the one of node 1 (node 0 drives the job).
+    ray_cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1", object_store_memory=80 << 20)
+    ray_cluster.wait_for_nodes()
+    ray.init(address=ray_cluster.address, ignore_reinit_error=True)
+    head = ray_cluster.head_node.node_id
+    holder = ray.remote(num_cpus=2)(_Holder).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    s = RayService(tmp_path, placement_timeout_s=90.0)
+    s.service.create_cluster(ClusterSpec(name="r", nodes=2, slots=2, backend="ray",
+                                         address=ray_cluster.address))
+    # Two ranks a node: worker 2 (node 1's first) pauses in batch 6 of the first world, its
+    # peers waiting for it in that batch's allreduce, and its machine is killed there.
+    job = s.submit("r", "RINGTRAIN_TEST_PAUSE=2:0:6 RINGTRAIN_TEST_PAUSE_SIZE=4 "
+                        f"OMP_NUM_THREADS=1 exec python {script}",
+                   process_count_per_node=2, min_nodes=1, max_nodes=2)
+    running = s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    job_dir = Path(running.job_dir)
+    events = job_dir / "stdouterr" / "rank.2" / "stdout"
+    try:
+        s.tick_until(job.id, lambda j: events.exists() and '"pause"' in events.read_text(),
+                     timeout_s=120)
+    except BaseException:
+        logs = sorted((job_dir / "launcher").glob("*")) + sorted(job_dir.glob("stdouterr/*/*"))
+        raise AssertionError(f"{s.store.get_job(job.id)}\n" + "\n".join(
+            f"== {p}\n{p.read_text()[-3000:]}" for p in logs if p.is_file())) from None
+    (pg,) = _placement_groups(f"{job.id}.")
+    doomed = pg["bundles_to_node_id"][1]
+    (victim,) = [n for n in ray_cluster.worker_nodes if n.node_id == doomed]
+    ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL its raylet
+    done = s.run_to_end(job.id, timeout_s=180)
+    assert done.state == JobState.SUCCEEDED, done.message + "".join(
+        f"\n== {p}\n{p.read_text()[-4000:]}" for p in sorted(job_dir.glob("stdouterr/*/stderr"))
+        + sorted(job_dir.glob("launcher/node.0.log")))
+    lost = running.nodes[1]
+    assert f"lost node {lost}" in done.message and "stopped answering" in done.message, \
+        done.message
+    assert done.nodes == [running.nodes[0]]
+    survivor = [json.loads(line) for line in
+                (job_dir / "stdouterr" / "rank.0" / "stdout").read_text().splitlines()
+                if line.startswith("{")]
+    assert any(e["event"] == "batch" and e["size"] == 2 for e in survivor)
+    assert [e["epoch"] for e in survivor if e["event"] == "epoch"] == [0, 1, 2, 3]
+    ray.kill(holder)
+    s.store.close()
+
+
+class _Holder:
+    """An actor that only holds CPUs."""
+
+    def ready(self) -> bool:
+        return True

@@ -187,17 +187,29 @@ class JobRunner:
 
 
 def node_argv(runner: Sequence[str], job_dir: Path, node: int, node_count: int,
-              process_count_per_node: int, endpoint: str, command: str) -> list[str]:
+              process_count_per_node: int, endpoint: str, command: str,
+              node_range: tuple[int, int] | None = None, name: str | None = None) -> list[str]:
     """The command line that starts node ``node``'s ranks of an attempt: ``ringtrain run`` in
     its per-node mode, the same for every executor. Node 0 serves the rendezvous at
-    ``endpoint`` and writes the attempt's result file; every node writes its ranks' logs into
-    ``job_dir/stdouterr``.
+    ``endpoint`` and writes the attempt's result file (and an elastic attempt's world file);
+    every node writes its ranks' logs into ``job_dir/stdouterr``.
+
+    Args:
+        node_range: an elastic attempt's fewest and most nodes.
+        name: the host name of the node's ranks (default ``node<node>``); an elastic attempt
+            names its nodes after the cluster's, as its world file reports them.
     """
+    per_node = process_count_per_node
     argv = [*runner, "--nnodes", str(node_count), "--node-rank", str(node),
-            "--nproc-per-node", str(process_count_per_node), "--rdzv-endpoint", endpoint,
-            "--node-name", f"node{node}", "--output-filename", str(job_dir / "stdouterr")]
+            "--nproc-per-node", str(per_node), "--rdzv-endpoint", endpoint,
+            "--node-name", name or f"node{node}", "--output-filename", str(job_dir / "stdouterr")]
+    if node_range is not None:
+        argv += ["--min-np", str(node_range[0] * per_node),
+                 "--max-np", str(node_range[1] * per_node)]
     if node == 0:
         argv += ["--result-file", str(job_dir / RESULT_FILE)]
+        if node_range is not None:
+            argv += ["--world-file", str(job_dir / WORLD_FILE)]
     return [*argv, "sh", "-c", command]
 
 

@@ -46,7 +46,8 @@ DEFAULT_RUNNER = (sys.executable, "-m", "ringtrain.cli", "run")
 #: An elastic job's node N is the host ``nodeN.localhost`` of its launch: a name of this
 #: machine (RFC 6761) that keeps the nodes apart as the elastic driver's hosts.
 _NODE_HOST = "node{}.localhost"
-_NODE_HOST_PATTERN = re.compile(r"node(\d+)\.localhost")
+#: The hosts of an elastic attempt's world file: ``nodeN.localhost`` here, ``nodeN`` on Ray.
+_NODE_HOST_PATTERN = re.compile(r"node(\d+)(\.localhost)?")
 
 
 class LocalExecutor:
@@ -115,7 +116,7 @@ class LocalExecutor:
         if not job.spec.elastic or seen.phase is Phase.LOST:
             return seen
         try:
-            return self._with_world(job, seen)
+            return with_world(job, seen)
         except RecordError as e:  # the attempt goes on; only its world is not known
             log.warning("job %s: %s", job.id, e)
             return seen
@@ -186,23 +187,6 @@ class LocalExecutor:
             return None
         return Observation(status.phase, status.exit_code, status.message)
 
-    def _with_world(self, job: JobInfo, seen: Observation) -> Observation:
-        """``seen`` with the elastic attempt's current world and lost nodes.
-
-        Raises:
-            RecordError: the world file is malformed.
-        """
-        world = WorldRecord.read(Path(job.job_dir))
-        if world is None:
-            return seen
-        first_failure: dict[str, str] = {}
-        for worker in world.lost:
-            first_failure.setdefault(worker.host, worker.reason)
-        lost = tuple(NodeLoss(_node_of(h), first_failure[h]) for h in world.lost_hosts())
-        gone = {loss.node for loss in lost}
-        nodes = tuple(n for n in map(_node_of, world.hosts) if n not in gone)
-        return Observation(seen.phase, seen.exit_code, seen.message, nodes, lost)
-
     def _alive(self, job_id: str, launch: RunnerHandle) -> bool:
         proc = self._children.get(job_id)
         if proc is not None:
@@ -215,6 +199,24 @@ class LocalExecutor:
         if launch is not None and self._alive(job_id, launch):
             return launch.pid
         return None
+
+
+def with_world(job: JobInfo, seen: Observation) -> Observation:
+    """``seen`` with the elastic attempt's current world and lost nodes, from its world file.
+
+    Raises:
+        RecordError: the world file is malformed.
+    """
+    world = WorldRecord.read(Path(job.job_dir))
+    if world is None:
+        return seen
+    first_failure: dict[str, str] = {}
+    for worker in world.lost:
+        first_failure.setdefault(worker.host, worker.reason)
+    lost = tuple(NodeLoss(_node_of(h), first_failure[h]) for h in world.lost_hosts())
+    gone = {loss.node for loss in lost}
+    nodes = tuple(n for n in map(_node_of, world.hosts) if n not in gone)
+    return Observation(seen.phase, seen.exit_code, seen.message, nodes, lost)
 
 
 def _node_of(host: str) -> int:

@@ -36,6 +36,7 @@ from typing import Any
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.local import with_world
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
 from ringtrain.jobs.ray import transfer
@@ -163,6 +164,9 @@ class RayExecutor:
         # (the listing walks outputs/, which jobs on the share need not pay for every tick).
         self._private: set[str] = set()
         self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
+        # By placement group, for elastic attempts: nodes lost while the others go on without
+        # them (their driver re-forms the world), asked nothing any more.
+        self._shrunk: dict[str, set[int]] = {}
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
         if job.attempt > 0:
@@ -213,10 +217,11 @@ class RayExecutor:
                     ray, launch, self._dead_node(ray, launch), "Ray lost it"))
             if launch.placement_group not in self._failed:
                 node = self._dead_node(ray, launch)
-                self._fail(launch, _Failure(Phase.LOST, None,
-                                            self._lost(ray, launch, node, "Ray lost it"),
-                                            self.clock(), frozenset({node})))
-            return self._observe(ray, job, launch)
+                if not self._shrink(job, launch, node):
+                    self._fail(launch, _Failure(Phase.LOST, None,
+                                                self._lost(ray, launch, node, "Ray lost it"),
+                                                self.clock(), frozenset({node})))
+            return self._observe_world(ray, job, launch)
         if state != "CREATED":
             if job.state == JobState.TERMINATING:  # nothing of it runs yet
                 return Observation(Phase.LOST, message="stopped before Ray placed it")
@@ -225,7 +230,30 @@ class RayExecutor:
                 return Observation(Phase.LOST, message=self._unplaced(job, waited))
             return Observation(Phase.PREPARING)
         self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
-        return self._observe(ray, job, launch)
+        return self._observe_world(ray, job, launch)
+
+    def _observe_world(self, ray: Any, job: JobInfo, launch: RayHandle) -> Observation:
+        """:meth:`_observe`, with an elastic attempt's world from the world file node 0's
+        ``ringtrain run`` writes (when node 0 works on the share)."""
+        seen = self._observe(ray, job, launch)
+        if not job.spec.elastic or seen.phase is Phase.LOST:
+            return seen
+        try:
+            return with_world(job, seen)
+        except RecordError as e:  # the attempt goes on; only its world is not known
+            log.warning("job %s: %s", job.id, e)
+            return seen
+
+    def _shrink(self, job: JobInfo, launch: RayHandle, node: int) -> bool:
+        """Whether the attempt goes on without ``node`` (an elastic one's other node than node
+        0, which drives it): its driver re-forms the world without that node's ranks."""
+        if not job.spec.elastic or node == 0:
+            return False
+        lost = self._shrunk.setdefault(launch.placement_group, set())
+        if node not in lost:
+            log.warning("job %s: node %d lost; its other nodes go on without it", job.id, node)
+            lost.add(node)
+        return True
 
     def stop(self, job: JobInfo, launch: RayHandle | None, force: bool) -> None:
         handle = launch or self._guess(job)
@@ -234,8 +262,10 @@ class RayExecutor:
             agent.stop.remote(handle.key(k), force)
 
     def set_nodes(self, job: JobInfo, launch: RayHandle | None, nodes: list[int]) -> None:
-        # The service refuses elastic specs on Ray clusters at submit (JobService._check).
-        raise OSError(f"job {job.id}: the ray backend runs no elastic jobs")
+        # An attempt's nodes are its placement group's bundles: it shrinks when Ray loses one
+        # (its driver stops hearing the node), and grows only in its next attempt.
+        log.info("job %s: offered nodes %s; a Ray attempt keeps the nodes it was placed on",
+                 job.id, nodes)
 
     def release(self, job: JobInfo, launch: RayHandle | None) -> None:
         handle = launch or self._guess(job)
@@ -249,7 +279,8 @@ class RayExecutor:
             pass  # its agent is gone, and its ranks with it
         agents = self._found_agents(ray, handle)
         self._drop_copies(name)
-        for held in (self._placed, self._agents, self._asked, self._failed, self._pending):
+        for held in (self._placed, self._agents, self._asked, self._failed, self._pending,
+                     self._shrunk):
             held.pop(name, None)
         self._started.discard(name)
         self._private.discard(name)
@@ -283,7 +314,7 @@ class RayExecutor:
             del self._starting[name]
             self._started.add(name)
         failure = self._failed.get(name)
-        gone = failure.gone if failure else frozenset()
+        gone = (failure.gone if failure else frozenset()) | self._shrunk.get(name, set())
         refs = self._asked.get(name)
         if refs is None:
             # An attempt not yet known private is sent no sizes: a private node then sends from
@@ -306,6 +337,9 @@ class RayExecutor:
                 status = ray.get(ref)
             except ray.exceptions.RayError as e:  # its agent died (with its machine, say)
                 del self._asked[name]
+                if name not in self._failed and self._shrink(job, launch, k):
+                    return Observation(Phase.PREPARING if job.running_at is None
+                                       else Phase.RUNNING)
                 self._fail(launch, _Failure(
                     Phase.LOST, None, self._lost(ray, launch, k, _first_line(e)), self.clock(),
                     gone | {k}))
@@ -396,12 +430,16 @@ class RayExecutor:
         environ = self.share.job_environ(job)
         inputs = {n: path for n, path in spec.inputs.items() if "://" not in path}
         first_agent = agent_name(self._placed[name][0])
+        elastic = spec.node_range if spec.elastic else None
         self._starting[name] = [agent.start.remote(launch.key(k), NodePlan(
             job_dir=job.job_dir, node=k, node_count=spec.node_count,
             process_count_per_node=spec.process_count_per_node, command=spec.command,
             job_preparation=spec.job_preparation, environ=environ, inputs=inputs,
             placement_group=name, gpus=spec.process_count_per_node * spec.gpus_per_process,
-            first_agent=first_agent, first_key=launch.key(0))) for k, agent in enumerate(agents)]
+            first_agent=first_agent, first_key=launch.key(0), node_range=elastic,
+            # An elastic attempt's world file names the cluster's nodes the job holds.
+            name=f"node{job.nodes[k]}" if elastic and k < len(job.nodes) else None))
+            for k, agent in enumerate(agents)]
 
     def _take(self, job: JobInfo, launch: RayHandle, node: int,
               status: NodeStatus) -> str | None:

@@ -79,6 +79,8 @@ class NodePlan:
         gpus: GPUs of the node's bundle (0: none).
         first_agent: the actor name of node 0's agent, which serves the rendezvous address.
         first_key: node 0's key at that agent.
+        node_range: an elastic attempt's fewest and most nodes (``None``: a fixed one).
+        name: the host name of the node's ranks (an elastic attempt's world file names it).
     """
 
     job_dir: str
@@ -93,6 +95,8 @@ class NodePlan:
     gpus: int = 0
     first_agent: str = ""
     first_key: str = ""
+    node_range: tuple[int, int] | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,8 @@ class NodeRunner:
         gpus = {"CUDA_VISIBLE_DEVICES": self._gpu_ids()} if plan.gpus else {}
         argv = node_argv((sys.executable, "-m", "ringtrain.cli", "run"), self.work_dir,
                          plan.node, plan.node_count, plan.process_count_per_node,
-                         f"{master_addr}:{master_port}", plan.command)
+                         f"{master_addr}:{master_port}", plan.command, plan.node_range,
+                         plan.name)
         launcher_log = self.work_dir / "launcher" / f"node.{plan.node}.log"
         launcher_log.parent.mkdir(parents=True, exist_ok=True)
         try:
