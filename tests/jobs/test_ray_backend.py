@@ -214,6 +214,20 @@ def rays(ray_cluster, tmp_path: Path) -> Iterator[RayService]:
     end_unfinished_jobs(s)
 
 
+def _ranks_running(marker: str) -> list[int]:
+    """The ranks whose command line carries ``marker``: the ``python`` each rank's ``sh -c``
+    execs, not the ``ringtrain run`` or task wrapper whose arguments carry the command too."""
+    ranks = []
+    for pid in pids_running(marker):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0 == b"python":
+            ranks.append(pid)
+    return ranks
+
+
 def _placement_groups(prefix: str) -> list[dict]:
     from ray.util import placement_group_table
 
@@ -294,7 +308,7 @@ def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
     job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}",
                       process_count_per_node=2)
     rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
+    wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
     rays.service.terminate(job.id)
     done = rays.run_to_end(job.id, timeout_s=30)
     assert done.state == JobState.TERMINATED
@@ -316,7 +330,7 @@ def test_restarted_service_finds_the_running_job_again(rays: RayService, tmp_pat
         again.service.tick()
     assert again.store.get_job(job.id).state == JobState.RUNNING
     assert len(_placement_groups(f"{job.id}.")) == 1  # found, not started twice
-    assert len(pids_running(marker)) == 2
+    wait_for(lambda: len(_ranks_running(marker)) == 2, timeout_s=30)
     again.service.terminate(job.id)
     assert again.run_to_end(job.id).state == JobState.TERMINATED
     wait_for(lambda: pids_running(marker) == [], timeout_s=10)
@@ -576,7 +590,7 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
     retried = s.submit("r", once, max_retries=1)
     for job in (doomed, retried):
         s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
+    wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
     killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
