@@ -130,7 +130,8 @@ def test_stored_handles_go_back_to_their_backend(tmp_path: Path) -> None:
 
 
 def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
-    from ringtrain.jobs.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.ray.attempt import AttemptStage, Failure, RayAttempt
+    from ringtrain.jobs.ray.executor import _DRAIN_S
     from ringtrain.jobs.ray.node import NodeStatus
 
     # The executor's side of a node without the share, without Ray: what a node's answers carry
@@ -145,17 +146,23 @@ def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path
     launch = RayHandle("127.0.0.1:1", "j1.0", 2, 0, 0.0)
     partial = NodeStatus(Phase.EXITED, 137, chunks=(("outputs/model/big.1", 0, b"x" * 10),),
                          pending=("outputs/model/big.1",))
-    assert executor._take(job, launch, 1, partial) is None
+    attempt = RayAttempt({0: "a", 1: "b"}, AttemptStage.RUNNING)
+    assert executor._take(job, launch, attempt, 1, partial) is None
     assert (job_dir / "outputs" / "model" / "big.1").read_bytes() == b"x" * 10
-    executor._failed["j1.0"] = _Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0])
-    assert executor._draining(job, "j1.0").phase is Phase.RUNNING  # still waiting for it
+    assert attempt.fail(Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0]))
+    assert attempt.stage is AttemptStage.DRAINING
+    assert not attempt.fail(Failure(Phase.LOST, None, "later", now[0], frozenset({1})))
+    assert attempt.gone == {1} and attempt.failure.message == "rank 0 exited with code 5"
+    with pytest.raises(ValueError, match="cannot go from draining to running"):
+        attempt.move(AttemptStage.RUNNING)
+    assert executor._draining(job, attempt).phase is Phase.RUNNING  # still waiting for it
     now[0] += _DRAIN_S
-    ended = executor._draining(job, "j1.0")
+    ended = executor._draining(job, attempt)
     assert (ended.phase, ended.exit_code) == (Phase.EXITED, 5)
     assert ended.message == ("rank 0 exited with code 5; within 10 s these files did not reach "
                              "the share in full (node 1: outputs/model/big.1)")
     outside = NodeStatus(Phase.RUNNING, chunks=(("wd/train.py", 0, b"x"),))
-    assert executor._take(job, launch, 0, outside) == (
+    assert executor._take(job, launch, attempt, 0, outside) == (
         f"cannot write what node 0 sent into the job's folder {job_dir}: a Ray node sent a "
         "chunk for 'wd/train.py', outside the job's stdouterr and prep and outputs")
     assert not (job_dir / "wd").exists()
