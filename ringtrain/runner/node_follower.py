@@ -113,6 +113,14 @@ class FollowerAgent(Agent):
 
     def _result(self) -> RunResult:
         result = super()._result()
+        if self._error is None and self._done is None:  # stopped: leave, so no rank comes
+            try:
+                for rank in self._ranks:
+                    if rank.outcome is not None and rank.spec.number not in self._reported:
+                        nodes.report_outcome(self._store, rank.outcome)
+                nodes.say_bye(self._store, self._node.rank)
+            except Exception as e:  # the driver may be gone too
+                log.warning("node %d: cannot tell the driver it leaves (%s)", self._node.rank, e)
         return RunResult(result.outcomes, result.root_causes, result.interrupted_by,
                          result.stopped, error=self._error, followed=self._done)
 

@@ -104,14 +104,8 @@ def _drive(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: di
     run_id = secrets.token_hex(6)
     with server:
         registry = nodes.NodeRegistry(server.store, me)
-        names: dict[str, int] = {}
-
-        def node_of(hostname: str) -> int:
-            if hostname not in names:
-                names.update({n.name: k for k, n in registry.nodes().items()})
-            return names[hostname]
-
-        planner = RankPlanner(config, net, node.endpoint_port, run_id, environ, node_of)
+        planner = RankPlanner(config, net, node.endpoint_port, run_id, environ,
+                              registry.rank_of)
         if config.elastic is None:
             found = _wait_for_nodes(registry, node)
             if isinstance(found, RunResult):

@@ -15,8 +15,9 @@ own machine. Under ``ringtrain/nodes/`` of the store:
 - ``rank.<n>/started``, ``rank.<n>/outcome``: what the follower reports of the rank numbered
   ``n`` (that it reported in; how it ended);
 - ``rank.<n>/stop``: the driver's request to stop it (``term``, then ``kill``);
-- ``done``: the job's exit status, set by the driver once every rank has ended; ``node.<k>/bye``
-  is the follower's acknowledgement, after which the driver may close the store.
+- ``done``: the job's exit status, set by the driver once every rank has ended;
+- ``node.<k>/bye``: node ``k`` leaves (it read ``done``, or it was stopped and its ranks have
+  ended): the driver counts it gone at once, and may close the store once every node left.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def done(store: Store) -> int | None:
 
 
 def say_bye(store: Store, node_rank: int) -> None:
-    """Node ``node_rank`` read ``done`` and needs the store no more."""
+    """Node ``node_rank`` leaves: it read ``done``, or it was stopped, and starts no more
+    ranks."""
     store.set(f"{_node(node_rank)}bye", b"1")
 
 
@@ -167,6 +169,7 @@ class NodeRegistry:
         self._read = 0
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (last beat value, seen at)
         self._starts: dict[int, int] = {}  # node -> requests sent
+        self._left: set[int] = set()  # nodes that said goodbye
 
     def refresh(self) -> None:
         """Read new registrations and beats."""
@@ -180,7 +183,10 @@ class NodeRegistry:
             self._read = i + 1
         now = self._clock()
         for k in self._nodes:
-            if k == self._own.rank:
+            if k == self._own.rank or k in self._left:
+                continue
+            if self._store.check([f"{_node(k)}bye"]):
+                self._left.add(k)
                 continue
             value = self._store.add(f"{_node(k)}beat", 0)
             last = self._beats.get(k)
@@ -192,11 +198,24 @@ class NodeRegistry:
         return {self._own.rank: self._own, **self._nodes}
 
     def alive(self, node_rank: int) -> bool:
-        """Whether the node's beat moved within the timeout (as of the last refresh)."""
+        """Whether the node's beat moved within the timeout (as of the last refresh), and it
+        did not say goodbye."""
         if node_rank == self._own.rank:
             return True
         last = self._beats.get(node_rank)
-        return last is not None and self._clock() - last[1] <= self._timeout_s
+        return (last is not None and self._clock() - last[1] <= self._timeout_s
+                and node_rank not in self._left)
+
+    def rank_of(self, name: str) -> int:
+        """The live node named ``name`` (the latest to register, when one left and came back).
+
+        Raises:
+            KeyError: no live node has that name.
+        """
+        found = [k for k, n in self.nodes().items() if n.name == name and self.alive(k)]
+        if not found:
+            raise KeyError(name)
+        return max(found)
 
     def live_hosts(self) -> dict[str, int]:
         """The live nodes' names and slots, by node rank: an elastic launch's discovery."""
@@ -235,6 +254,5 @@ class NodeRegistry:
         waiting = [k for k in self._nodes if k != self._own.rank]
         while waiting and self._clock() < deadline:
             self.refresh()
-            waiting = [k for k in waiting if self.alive(k)
-                       and not self._store.check([f"{_node(k)}bye"])]
+            waiting = [k for k in waiting if self.alive(k)]
             time.sleep(0.05)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    DISCOVERY_FILE,
+    HOSTS_FILE,
     RESULT_FILE,
     WORLD_FILE,
     LaunchSpec,
@@ -40,6 +41,14 @@ from ringtrain.jobs.executors.records import (
 )
 
 _PR_SET_CHILD_SUBREAPER = 36
+#: An elastic attempt's node N is the host ``nodeN.localhost`` (a name of this machine, RFC 6761)
+#: of its ``ringtrain run`` processes; the service writes the offered ones to the hosts file.
+_NODE_HOST = "node{}.localhost"
+_NODE_HOST_LINE = re.compile(r"^node(\d+)\.localhost:\d+$", re.MULTILINE)
+#: How often an elastic attempt rereads the offered nodes; how long its followers may take to
+#: end after the driver did.
+_HOSTS_POLL_S = 0.5
+_FOLLOWER_WAIT_S = 20.0
 #: The exit code of an attempt whose command could not be started at all (as a shell's).
 EXIT_NOT_STARTED = 127
 
@@ -101,27 +110,10 @@ class JobRunner:
 
     def run_workers(self) -> tuple[int, str]:
         """Run the ranks: one ``ringtrain run`` per node in its per-node mode, node 0 driving
-        (elastic: one ``ringtrain run`` from min_nodes to max_nodes nodes, on the hosts the
-        service offers)."""
-        launch = self.launch
-        if launch.min_nodes is None or launch.max_nodes is None:
+        (elastic: the nodes the service offers, as they come and go)."""
+        if self.launch.min_nodes is None or self.launch.max_nodes is None:
             return self._run_nodes()
-        per_node = launch.process_count_per_node
-        total = launch.node_count * per_node
-        where = ["--min-np", str(launch.min_nodes * per_node),
-                 "--max-np", str(launch.max_nodes * per_node),
-                 "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
-                 "--world-file", str(self.job_dir / WORLD_FILE)]
-        argv = [*launch.runner, "-np", str(total), *where,
-                "--output-filename", str(self.job_dir / "stdouterr"),
-                "--result-file", str(self.job_dir / RESULT_FILE),
-                "sh", "-c", launch.command]
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        except OSError as e:
-            return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
-        self._children = [proc]
-        return run_outcome(proc.wait(), self.job_dir)
+        return self._run_elastic_nodes()
 
     def _run_nodes(self) -> tuple[int, str]:
         """Every node's ``ringtrain run``, node 0 serving the rendezvous on loopback; node 0's
@@ -147,6 +139,61 @@ class JobRunner:
             return codes[failed], (f"`ringtrain run` of node {failed} exited with code "
                                    f"{codes[failed]}; see launcher/launcher.log")
         return code, message
+
+    def _run_elastic_nodes(self) -> tuple[int, str]:
+        """An elastic attempt: a ``ringtrain run`` for each node the service offers (the hosts
+        file), started when it is offered and stopped when it is taken away; the first node's
+        drives, and the attempt ends with it."""
+        launch = self.launch
+        assert launch.min_nodes is not None and launch.max_nodes is not None
+        node_range = (launch.min_nodes, launch.max_nodes)
+        endpoint = f"127.0.0.1:{_free_port()}"
+        running: dict[int, subprocess.Popen] = {}  # by cluster node index
+        started = 0  # node ranks given so far: a node offered again joins as a new one
+
+        def start(index: int) -> None:
+            nonlocal started
+            argv = node_argv(launch.runner, self.job_dir, started, launch.node_count,
+                             launch.process_count_per_node, endpoint, launch.command,
+                             node_range, name=_NODE_HOST.format(index))
+            started += 1
+            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            self._children = list(running.values())
+
+        first = launch.nodes[0]
+        try:
+            for index in launch.nodes:
+                start(index)
+            driver = running[first]
+            while driver.poll() is None:
+                if not self.stopping:
+                    offered = self._offered_nodes()
+                    for index in offered - running.keys():
+                        start(index)
+                    for index in running.keys() - offered - {first}:
+                        running.pop(index).terminate()  # it says bye; the driver drops it
+                try:
+                    driver.wait(timeout=_HOSTS_POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+        except OSError as e:
+            self.on_signal(signal.SIGTERM, None)
+            return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
+        for child in self._children:  # followers end once the driver said the job is over
+            try:
+                child.wait(timeout=_FOLLOWER_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        return run_outcome(driver.returncode, self.job_dir)
+
+    def _offered_nodes(self) -> set[int]:
+        """The nodes the service offers the attempt now (the hosts file it rewrites)."""
+        try:
+            text = (self.job_dir / HOSTS_FILE).read_text()
+        except OSError:
+            return set(self.launch.nodes)
+        return {int(m.group(1)) for m in _NODE_HOST_LINE.finditer(text)}
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import NodeLoss, Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    DISCOVERY_FILE,
     HOSTS_FILE,
     LAUNCH_FILE,
     LaunchSpec,
@@ -76,11 +74,8 @@ class LocalExecutor:
         cgroup = self._create_cgroup(job)
         spec = job.spec
         min_nodes, max_nodes = spec.node_range if spec.elastic else (None, None)
-        if spec.elastic:
+        if spec.elastic:  # the job runner starts a node's `ringtrain run` once it is offered
             self._write_hosts(job, [n.index for n in nodes])
-            script = job_dir / DISCOVERY_FILE
-            script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(job_dir / HOSTS_FILE))}\n")
-            script.chmod(0o755)
         LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=spec.command,
                    node_count=spec.node_count,
                    process_count_per_node=spec.process_count_per_node,

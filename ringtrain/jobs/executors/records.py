@@ -33,10 +33,9 @@ from ringtrain.jobs.record_file import read_record_file
 LAUNCH_FILE = "launcher/launch.json"
 STATUS_FILE = "launcher/status.json"
 RESULT_FILE = "launcher/result.json"
-#: Elastic attempts: the hosts the service offers (what the discovery script prints), the
-#: discovery script, and the worlds ``ringtrain run --world-file`` writes as they form.
+#: Elastic attempts: the nodes the service offers (the job runner starts a node's
+#: ``ringtrain run`` for each), and the worlds ``ringtrain run --world-file`` writes as they form.
 HOSTS_FILE = "launcher/hosts.txt"
-DISCOVERY_FILE = "launcher/discover.sh"
 WORLD_FILE = "launcher/world.json"
 
 _REQUIRED = object()
