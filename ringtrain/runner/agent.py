@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 _LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
 _TAIL_LINES = 5  # stderr lines kept to explain a failure
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
+_RELAY_POLL_S = 0.1  # how often the driver reads what other nodes' followers reported
 
 
 class _Event(Enum):
@@ -112,6 +113,7 @@ class Agent:
         """
         self._plan = plan
         self._relay = relay
+        self._next_relay_poll = 0.0
         self._options = options
         self._sink = sink
         self._launcher_environ = launcher_environ
@@ -257,8 +259,9 @@ class Agent:
             elif kind is _Event.INTERRUPT:
                 self._on_interrupt(value)
             now = time.monotonic()
-            if self._relay is not None:
+            if self._relay is not None and now >= self._next_relay_poll:
                 self._poll_relayed()
+                self._next_relay_poll = now + _RELAY_POLL_S
             self._check_start_deadlines(now)
             self._kill_or_abandon_overdue(now)
             self._on_tick(now)

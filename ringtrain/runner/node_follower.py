@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.agent import Agent, SupervisedRank
@@ -49,11 +49,6 @@ class FollowerAgent(Agent):
         self._next_beat = 0.0
         self._done: int | None = None  # the job's exit status, once the driver ended it
         self._error: str | None = None
-
-    @property
-    def job_exit_code(self) -> int | None:
-        """The job's exit status as the driver published it (``None``: the driver was lost)."""
-        return self._done
 
     def _start(self) -> None:
         """Nothing yet: ranks start when the driver asks."""
@@ -93,7 +88,7 @@ class FollowerAgent(Agent):
             elif not rank.state.is_terminal:
                 asked = nodes.stop_request(self._store, number)
                 if asked == "kill" and rank.proc is not None and not rank.exited:
-                    rank.kill_at = min(rank.kill_at or now, now)
+                    rank.kill_at = now  # the monitor kills it at once
                     rank.stop_requested = True
                 elif asked is not None and not rank.stop_requested:
                     self._stop_rank(rank)
@@ -125,7 +120,7 @@ class FollowerAgent(Agent):
                          result.stopped, error=self._error, followed=self._done)
 
 
-def wait_for_store(connect, timeout_s: float, what: str) -> Store:
+def wait_for_store(connect: Callable[[], Store], timeout_s: float, what: str) -> Store:
     """Connect to the driver's store, retrying until ``timeout_s`` (node 0 may start later).
 
     Args:

@@ -20,6 +20,8 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 
 from ringtrain.errors import ConfigError
@@ -46,8 +48,11 @@ _BYE_WAIT_S = 10.0
 _DISCOVERY_INTERVAL_S = 0.5
 
 
+StopSignals = Callable[[Agent], AbstractContextManager[None]]
+
+
 def launch_node(config: LaunchConfig, environ: dict[str, str], cwd: str,
-                stop_signals) -> RunResult:
+                stop_signals: StopSignals) -> RunResult:
     """Run this node's part of a per-node launch and wait for the job to end.
 
     Args:
@@ -93,7 +98,7 @@ def _network(config: LaunchConfig, node: NodeSpec) -> NetworkPlan:
 
 
 def _drive(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: dict[str, str],
-           options: SpawnOptions, sink: OutputSink, stop_signals) -> RunResult:
+           options: SpawnOptions, sink: OutputSink, stop_signals: StopSignals) -> RunResult:
     net = _network(config, node)
     try:
         server = StoreServer(node.endpoint_host, config.start_timeout_s, port=node.endpoint_port)
@@ -181,7 +186,7 @@ class _RegisteredHosts:
 
 
 def _follow(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: dict[str, str],
-            options: SpawnOptions, sink: OutputSink, stop_signals) -> RunResult:
+            options: SpawnOptions, sink: OutputSink, stop_signals: StopSignals) -> RunResult:
     import torch.distributed as dist  # a follower needs torch only for the store's client
 
     def connect():
