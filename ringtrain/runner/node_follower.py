@@ -65,9 +65,9 @@ class FollowerAgent(Agent):
         try:
             self._talk(now)
         except Exception as e:  # the store's errors are RuntimeErrors or DistStoreErrors
+            # Reported once, as the result's message, after the ranks stopped.
             self._error = (f"node {self._node.rank}: lost the driver's store ({e}); stopping "
                            "this node's ranks")
-            log.error("%s", self._error)
             self._stop_all()
 
     def _talk(self, now: float) -> None:

@@ -3,7 +3,8 @@ machine, node 0 serving the rendezvous on loopback; real ranks on Gloo.
 
 Covers the fixed world (the ranks' places, every node's output files, node 0's result file),
 a failing rank on a follower named as the root cause by node 0, a follower whose machine dies
-(its beat stops), and an elastic world that re-forms without a killed node.
+(its beat stops), a follower whose node 0 dies, one that never finds node 0, and an elastic
+world that re-forms without a killed node.
 """
 
 from __future__ import annotations
@@ -110,6 +111,47 @@ def test_a_follower_that_dies_is_named_by_node_0(tmp_path: Path) -> None:
     assert rc0 == 1
     assert "rank 1 on node1 failed: node 1 (node1) stopped answering" in err0, err0
     follower.communicate()
+
+
+def test_a_follower_stops_its_ranks_when_node_0_dies(tmp_path: Path) -> None:
+    port = _port()
+    marker = f"ringtrain-node-orphan-{os.getpid()}"
+    command = [sys.executable, "-c", "import time, sys; time.sleep(120)", marker]
+    follower = _node(1, 2, port, tmp_path, command=command)
+    driver = _node(0, 2, port, tmp_path, command=command)
+    deadline = time.monotonic() + 90
+    while len(_running(marker)) < 2:  # both ranks run (and both launchers)
+        assert time.monotonic() < deadline and follower.poll() is None, "the ranks never ran"
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # node 0 and its rank; the store goes with it
+    rc1, _, err1 = _finish(follower, timeout_s=60)
+    assert rc1 == 1 and "node 1: lost the driver's store" in err1, err1
+    deadline = time.monotonic() + 30
+    while _running(marker):  # node 0's rank ends too: its wrapper lost its launcher
+        assert time.monotonic() < deadline, "a rank outlived its launcher"
+        time.sleep(0.2)
+    driver.communicate()
+
+
+def test_a_follower_without_node_0_gives_up_after_the_rendezvous_timeout(tmp_path: Path) -> None:
+    follower = _node(1, 2, _port(), tmp_path, "--rdzv-timeout", "2", command=["true"])
+    rc, _, err = _finish(follower, timeout_s=60)
+    assert rc == 2 and "the driver (node 0) did not answer at 127.0.0.1:" in err, err
+    assert "within 2 s (--rdzv-timeout)" in err
+
+
+def _running(marker: str) -> list[int]:
+    """The rank processes (``python -c ... MARKER``) alive now, launchers excluded."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in argv and argv[1:2] == [b"-c"]:
+                found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.slow
