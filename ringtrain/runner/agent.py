@@ -24,6 +24,7 @@ from enum import Enum
 from functools import partial
 from typing import IO
 
+from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.hints import failure_hint
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 _LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
 _TAIL_LINES = 5  # stderr lines kept to explain a failure
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
+_RELAY_POLL_S = 0.1  # how often the driver reads what other nodes' followers reported
 
 
 class _Event(Enum):
@@ -71,6 +73,7 @@ class SupervisedRank:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.stderr_thread: threading.Thread | None = None
         self.threads: list[threading.Thread] = []
+        self.relayed = False  # started by another node's follower (a per-node launch)
 
     def tail(self) -> str:
         return " / ".join(self.stderr_tail)
@@ -94,7 +97,8 @@ class Agent:
 
     def __init__(self, plan: LaunchPlan, options: SpawnOptions, sink: OutputSink,
                  start_timeout_s: float, launcher_environ: Mapping[str, str],
-                 stop_grace_s: float | None = None):
+                 stop_grace_s: float | None = None,
+                 relay: nodes.NodeRegistry | None = None):
         """Args:
             plan: the ranks to start.
             options: how to start them.
@@ -104,8 +108,12 @@ class Agent:
             stop_grace_s: after a stop request, how long before the ranks are killed; by
                 default a little longer than the wrapper's own grace, so the wrapper's orderly
                 SIGTERM-then-SIGKILL of the command runs first.
+            relay: in a per-node launch, the other nodes, whose followers start the ranks
+                planned on them (``RankSpec.node``).
         """
         self._plan = plan
+        self._relay = relay
+        self._next_relay_poll = 0.0
         self._options = options
         self._sink = sink
         self._launcher_environ = launcher_environ
@@ -164,6 +172,14 @@ class Agent:
         index = len(self._ranks)
         rank = SupervisedRank(spec)
         self._ranks.append(rank)
+        if spec.node is not None:
+            assert self._relay is not None  # only a per-node launch plans ranks on other nodes
+            rank.relayed = True
+            # The follower applies the start timeout; the driver watches the node's beat.
+            self._relay.request_start(spec.node, nodes.StartRequest(
+                spec.number, spec.slot, spec.env, spec.worker))
+            log.debug("rank %d: asked node %d to start it", spec.number, spec.node)
+            return True
         try:
             rank.proc = RankProcess(spec, self._plan.command, self._options,
                                     self._launcher_environ)
@@ -243,6 +259,9 @@ class Agent:
             elif kind is _Event.INTERRUPT:
                 self._on_interrupt(value)
             now = time.monotonic()
+            if self._relay is not None and now >= self._next_relay_poll:
+                self._poll_relayed()
+                self._next_relay_poll = now + _RELAY_POLL_S
             self._check_start_deadlines(now)
             self._kill_or_abandon_overdue(now)
             self._on_tick(now)
@@ -287,9 +306,46 @@ class Agent:
             self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
                                                    reason=hinted))
 
+    def _poll_relayed(self) -> None:
+        """Take in what the followers reported of their ranks, and fail those of lost nodes."""
+        assert self._relay is not None
+        self._relay.refresh()
+        for rank in self._ranks:
+            if not rank.relayed or rank.exited:
+                continue
+            number, node = rank.spec.number, rank.spec.node
+            assert node is not None  # a relayed rank runs on another node
+            if not rank.started and self._relay.started(number):
+                rank.started = True
+                if rank.state is RankState.STARTING:
+                    rank.state = check_transition(rank.state, RankState.RUNNING)
+            relayed = self._relay.outcome(number)
+            if relayed is None and not self._relay.alive(node):
+                relayed = nodes.RelayedOutcome(
+                    RankState.FAILED, None, None,
+                    f"node {node} ({rank.spec.hostname}) stopped answering: its machine or its "
+                    "`ringtrain run` is gone")
+            if relayed is not None:
+                rank.exited = True
+                self._on_relayed_end(rank, relayed)
+
+    def _on_relayed_end(self, rank: SupervisedRank, end: nodes.RelayedOutcome) -> None:
+        if rank.state.is_terminal:
+            return
+        details = {"exit_code": end.exit_code, "signal": end.signal, "reason": end.reason}
+        if end.state is RankState.SUCCEEDED:
+            rank.finish(RankState.SUCCEEDED, exit_code=0)
+            self._on_rank_succeeded(rank)
+        elif end.state is RankState.STOPPED or rank.stop_requested:
+            rank.finish(RankState.STOPPED, **details)
+        elif end.state is RankState.START_FAILED and rank.state is RankState.STARTING:
+            self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, **details))
+        else:
+            self._on_rank_failed(rank, rank.finish(RankState.FAILED, **details))
+
     def _check_start_deadlines(self, now: float) -> None:
         late = [r for r in self._ranks if r.state is RankState.STARTING and not r.exited
-                and not r.stop_requested and now >= r.deadline]
+                and not r.stop_requested and not r.relayed and now >= r.deadline]
         why = f"did not report in within {self._start_timeout_s:g} s (--start-timeout)"
         for rank in late:
             outcome = rank.finish(RankState.START_FAILED,
@@ -344,6 +400,10 @@ class Agent:
         """Ask one rank to stop (its exit is then no failure); SIGKILL follows after the grace."""
         if not rank.state.is_terminal:
             rank.stop_requested = True
+        if rank.relayed and not rank.exited and rank.kill_at is None:
+            assert self._relay is not None
+            self._relay.request_stop(rank.spec.number, kill=False)
+            rank.kill_at = time.monotonic() + self._stop_grace_s
         if rank.proc is not None and not rank.exited and rank.kill_at is None:
             rank.proc.request_stop()
             rank.kill_at = time.monotonic() + self._stop_grace_s
@@ -355,8 +415,12 @@ class Agent:
             if rank.abandon_at is None and rank.kill_at is not None and now >= rank.kill_at:
                 log.debug("rank %d did not stop within %g s; killing it", rank.spec.number,
                           self._stop_grace_s)
-                assert rank.proc is not None  # a rank that has not exited has a process
-                rank.proc.kill()
+                if rank.relayed:
+                    assert self._relay is not None
+                    self._relay.request_stop(rank.spec.number, kill=True)
+                else:
+                    assert rank.proc is not None  # a rank that has not exited has a process
+                    rank.proc.kill()
                 rank.abandon_at = now + _REAP_TIMEOUT_S
             elif rank.abandon_at is not None and now >= rank.abandon_at:
                 log.warning("rank %d on %s did not exit after SIGKILL; leaving it",

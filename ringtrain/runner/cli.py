@@ -57,6 +57,8 @@ def _most_ranks_per_host(config) -> int | None:
     """The most ranks the launch starts on one host (``None``: hosts found later, elastic)."""
     from ringtrain.runner.hosts import assign
 
+    if config.node is not None:
+        return config.node.nproc_per_node
     if not config.hosts:
         return None
     try:

@@ -59,6 +59,40 @@ class ElasticSpec:
 
 
 @dataclass(frozen=True)
+class NodeSpec:
+    """A per-node launch: this process starts one node's ranks of a job of several nodes.
+
+    Raises:
+        ConfigError: on construction, when a field is out of range; the message names the flag.
+    """
+
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    endpoint_host: str
+    endpoint_port: int
+    name: str
+    rdzv_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes: must be at least 1, not {self.nnodes}")
+        if self.node_rank < 0:
+            raise ConfigError(f"--node-rank: must not be negative, not {self.node_rank}")
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node: must be at least 1, not {self.nproc_per_node}")
+        if not 0 < self.endpoint_port < 65536:
+            raise ConfigError(f"--rdzv-endpoint: {self.endpoint_port} is not a TCP port (1-65535)")
+        if self.rdzv_timeout_s <= 0:
+            raise ConfigError(f"--rdzv-timeout: must be positive, not {self.rdzv_timeout_s}")
+
+    @property
+    def is_driver(self) -> bool:
+        """Whether this node serves the rendezvous and drives the job (node 0)."""
+        return self.node_rank == 0
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """A validated launch request.
 
@@ -82,12 +116,15 @@ class LaunchConfig:
     horovod_compat: bool = False
     #: Elastic training; ``num_proc`` is then the size of the first world.
     elastic: ElasticSpec | None = None
+    #: A per-node launch (``--nnodes``); ``hosts`` is then empty (the nodes register).
+    node: NodeSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ConfigError("no command given: put the program after the options, e.g. "
                               "`ringtrain run -np 2 python train.py`")
-        discovered = self.elastic is not None and self.elastic.discovery_script is not None
+        discovered = self.node is not None or (
+            self.elastic is not None and self.elastic.discovery_script is not None)
         if not self.hosts and not discovered:
             raise ConfigError("-H/--hosts: no host given")
         if self.num_proc < 1:
@@ -136,6 +173,9 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
                           "tensors). Drop --mpi, or pass --gloo")
     elastic = _elastic(values, environ)
     host_list = _hosts(values)
+    node = _node(values)
+    if node is not None:
+        values["num_proc"] = node.nnodes * node.nproc_per_node
     if elastic is not None and elastic.discovery_script is not None and host_list:
         raise ConfigError("--host-discovery-script and -H/--hosts or --hostfile both given; "
                           "the script says which hosts to use")
@@ -147,7 +187,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
                           "given, e.g. `ringtrain run -np 2 python train.py`")
     if num_proc is None:
         num_proc = hostlib.total_slots(host_list)
-    if not host_list and (elastic is None or elastic.discovery_script is None):
+    if not host_list and node is None and (elastic is None or elastic.discovery_script is None):
         host_list = [hostlib.HostInfo("localhost", max(num_proc, 1))]
     identity = values["ssh_identity_file"]
     if identity is not None and not Path(identity).is_file():
@@ -167,7 +207,42 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         knobs=_knobs(values, environ),
         horovod_compat=values["horovod_compat"],
         elastic=elastic,
+        node=node,
     )
+
+
+def _node(values: dict[str, Any]) -> NodeSpec | None:
+    """The per-node options, or ``None`` for a launch from one host.
+
+    Raises:
+        ConfigError: a per-node option without ``--nnodes``, a missing one, or one that
+            contradicts placing ranks from one host.
+    """
+    names = ("node_rank", "nproc_per_node", "rdzv_endpoint", "node_name")
+    if values["nnodes"] is None:
+        given = [BY_DEST[d].name for d in names if values[d] is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only for per-node launches; add --nnodes N")
+        return None
+    clash = [BY_DEST[d].name for d in ("num_proc", "hosts", "hostfile", "host_discovery_script")
+             if values[d] is not None]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)}: a per-node launch (--nnodes) places "
+                          "--nproc-per-node ranks on each node that joins; drop them")
+    for dest in ("node_rank", "rdzv_endpoint"):
+        if values[dest] is None:
+            raise ConfigError(f"--nnodes needs {BY_DEST[dest].name} too, e.g. `ringtrain run "
+                              "--nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 ...`")
+    endpoint = values["rdzv_endpoint"]
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--rdzv-endpoint: {endpoint!r} is not HOST:PORT, e.g. "
+                          "10.0.0.1:29400")
+    rank = values["node_rank"]
+    return NodeSpec(nnodes=values["nnodes"], node_rank=rank,
+                    nproc_per_node=values["nproc_per_node"] or 1, endpoint_host=host,
+                    endpoint_port=int(port), name=values["node_name"] or f"node{rank}",
+                    rdzv_timeout_s=values["rdzv_timeout"])
 
 
 def _hosts(values: dict[str, Any]) -> list[hostlib.HostInfo]:

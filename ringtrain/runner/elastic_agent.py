@@ -26,14 +26,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from ringtrain.contract import elastic_rendezvous as rdzv
 from ringtrain.contract.env import ElasticWorker
 from ringtrain.contract.slots import SlotInfo
 from ringtrain.run_files import LostWorker
+from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
-from ringtrain.runner.discovery import HostPoller
 from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
 from ringtrain.runner.hosts import HostInfo
 from ringtrain.runner.output import OutputSink
@@ -49,6 +50,15 @@ RESET_LIMIT_MESSAGE = ("the world must be re-formed again, but --reset-limit all
                        "re-forms; stopping the job")
 
 
+class HostSource(Protocol):
+    """Where the driver learns the hosts: a discovery script's poller, or a per-node launch's
+    registered nodes."""
+
+    def latest(self) -> dict[str, int]:
+        """The hosts and their slots now, in the order found."""
+        ...
+
+
 def _worker(rank: SupervisedRank) -> int:
     """The worker id of a rank of an elastic launch (each has one)."""
     assert rank.spec.worker is not None
@@ -59,8 +69,9 @@ class ElasticAgent(Agent):
     """Runs an elastic launch to completion."""
 
     def __init__(self, planner: RankPlanner, spec: ElasticSpec, initial_np: int,
-                 poller: HostPoller, store: rdzv.Store, run_id: str, options: SpawnOptions,
-                 sink: OutputSink, start_timeout_s: float, launcher_environ: Mapping[str, str]):
+                 poller: HostSource, store: rdzv.Store, run_id: str, options: SpawnOptions,
+                 sink: OutputSink, start_timeout_s: float, launcher_environ: Mapping[str, str],
+                 relay: nodes.NodeRegistry | None = None):
         """Args:
             planner: builds each worker's spec.
             spec: the elastic options.
@@ -68,10 +79,10 @@ class ElasticAgent(Agent):
             poller: the host discovery, started.
             store: the launcher's rendezvous store.
             run_id: this launch's id.
-            options, sink, start_timeout_s, launcher_environ: as for :class:`Agent`.
+            options, sink, start_timeout_s, launcher_environ, relay: as for :class:`Agent`.
         """
         super().__init__(planner.launch_plan([]), options, sink, start_timeout_s,
-                         launcher_environ)
+                         launcher_environ, relay=relay)
         self._planner = planner
         self._spec = spec
         self._initial_np = initial_np
@@ -219,13 +230,14 @@ class ElasticAgent(Agent):
             write_world(self._spec.world_file, self._generation, self._slots, self._lost)
 
     def _start_worker(self, worker: int, slot: SlotInfo, generation: int) -> None:
+        spec = self._planner.rank(slot, ElasticWorker(worker, generation, self._spec.timeout_s))
         try:
-            self._sink.open_rank(worker)
+            if spec.node is None:  # another node's follower writes the files of its workers
+                self._sink.open_rank(worker)
         except OSError as e:
             self._stop_job(f"--output-filename: cannot create the files of worker {worker} ({e})")
             return
-        self._start_rank(self._planner.rank(
-            slot, ElasticWorker(worker, generation, self._spec.timeout_s)))
+        self._start_rank(spec)
         self._workers[worker] = self._ranks[-1]
 
     def _notify_host_changes(self, hosts: list[HostInfo]) -> None:

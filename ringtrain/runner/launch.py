@@ -59,6 +59,10 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
     """
     environ = dict(os.environ if environ is None else environ)
     cwd = os.getcwd() if cwd is None else cwd
+    if config.node is not None:
+        from ringtrain.runner.node_launch import launch_node
+
+        return launch_node(config, environ, cwd, _stop_signals_to)
     poller = None
     if config.elastic is None:
         hostnames = used_hostnames(config)
@@ -134,6 +138,7 @@ def _host_poller(config: LaunchConfig, cwd: str) -> HostPoller:
 
 @contextmanager
 def _stop_signals_to(agent: Agent) -> Iterator[None]:
+    """Route SIGINT/SIGTERM/SIGHUP to ``agent`` while the block runs (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

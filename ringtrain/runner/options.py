@@ -43,8 +43,8 @@ def _opt(*flags: str, dest: str, help: str, group: str, type=None, default=None,
     return Option(tuple(flags), dest, help, group, type, default, metavar)
 
 
-_PLACE, _OUT, _TUNE, _TIMELINE, _STALL, _AUTOTUNE, _ELASTIC, _CTRL = (
-    "placement", "output", "tuning", "timeline", "stall check", "autotune",
+_PLACE, _NODE, _OUT, _TUNE, _TIMELINE, _STALL, _AUTOTUNE, _ELASTIC, _CTRL = (
+    "placement", "per-node launch", "output", "tuning", "timeline", "stall check", "autotune",
     "elastic", "controller")
 
 OPTIONS: tuple[Option, ...] = (
@@ -63,6 +63,22 @@ OPTIONS: tuple[Option, ...] = (
     _opt("--network-interfaces", "--network-interface", dest="network_interfaces", type=str,
          metavar="IF,...", group=_PLACE,
          help="interfaces for the rendezvous and the collectives, e.g. eth0"),
+    _opt("--nnodes", dest="nnodes", type=int, metavar="N", group=_NODE,
+         help="per-node launch: start only this node's ranks; the job has N nodes (elastic: "
+              "the first world's), each running `ringtrain run` with the same options"),
+    _opt("--node-rank", dest="node_rank", type=int, metavar="K", group=_NODE,
+         help="per-node launch: this node's rank; node 0 serves the rendezvous and drives "
+              "the job, the others start the ranks it places on them"),
+    _opt("--nproc-per-node", dest="nproc_per_node", type=int, metavar="P", group=_NODE,
+         help="per-node launch: ranks on this node (default 1)"),
+    _opt("--rdzv-endpoint", dest="rdzv_endpoint", type=str, metavar="HOST:PORT", group=_NODE,
+         help="per-node launch: where node 0 serves the rendezvous store (it binds HOST:PORT; "
+              "the ranks reach it there too)"),
+    _opt("--node-name", dest="node_name", type=str, metavar="NAME", group=_NODE,
+         help="per-node launch: the host name of this node's ranks (default: nodeK)"),
+    _opt("--rdzv-timeout", dest="rdzv_timeout", type=float, default=600.0, metavar="SECONDS",
+         group=_NODE, help="per-node launch: how long node 0 waits for the other nodes, and "
+                           "they for node 0 (default 600)"),
     _opt("--output-filename", dest="output_filename", type=str, metavar="DIR", group=_OUT,
          help="also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr"),
     _opt("--prefix-output-with-timestamp", dest="prefix_output_with_timestamp", group=_OUT,

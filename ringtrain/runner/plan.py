@@ -7,7 +7,7 @@ shim, and last the worker contract of ``env.worker_environ``, which nothing over
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,9 @@ class RankSpec:
     local: bool
     env: Mapping[str, str]
     worker: int | None = None  # an elastic launch's worker id
+    #: In a per-node launch, the node that runs it when that is not this launcher's node (the
+    #: driver asks that node's follower to start it); ``None``: this launcher starts it.
+    node: int | None = None
 
     @property
     def rank(self) -> int:
@@ -83,14 +86,19 @@ class RankPlanner:
     recipe for every rank; only the contract's values differ)."""
 
     def __init__(self, config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
-                 environ: Mapping[str, str]):
+                 environ: Mapping[str, str],
+                 node_of: Callable[[str], int] | None = None):
         """Args:
             config: the launch configuration.
             net: the addresses chosen by ``rendezvous.plan_network``.
             master_port: the port of the launcher's store.
             run_id: this launch's id (the store prefix of its workers).
             environ: the launcher's environment.
+            node_of: in a per-node launch, the node rank of a host; a rank on another node
+                than ``config.node`` is started by that node's follower, in that node's own
+                environment.
         """
+        self._node_of = node_of
         self._config = config
         self._net = net
         self._master_port = master_port
@@ -107,8 +115,16 @@ class RankPlanner:
 
     def rank(self, slot: SlotInfo, elastic: envlib.ElasticWorker | None = None) -> RankSpec:
         """The spec of the rank in ``slot`` (of an elastic worker, when ``elastic`` is given)."""
-        local = self._is_local(slot.hostname)
-        base = dict(self._environ) if local else envlib.remote_environ(self._environ)
+        node = None
+        if self._node_of is not None:
+            assert self._config.node is not None  # node_of is given for per-node launches only
+            node = self._node_of(slot.hostname)
+            local = node == self._config.node.node_rank
+            base = dict(self._environ) if local else {}  # the follower's own comes below it
+            node = None if local else node
+        else:
+            local = self._is_local(slot.hostname)
+            base = dict(self._environ) if local else envlib.remote_environ(self._environ)
         contract = envlib.worker_environ(
             rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
             local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
@@ -117,7 +133,7 @@ class RankPlanner:
             start_timeout_s=self._config.start_timeout_s, knobs=self._config.knobs,
             elastic=elastic)
         return RankSpec(slot, local, base | self._extras | contract,
-                        None if elastic is None else elastic.worker_id)
+                        None if elastic is None else elastic.worker_id, node)
 
     def _is_local(self, hostname: str) -> bool:
         # Hosts the network plan did not see (found by elastic discovery later) are looked up.

@@ -79,8 +79,8 @@ class StoreServer:
     Use as a context manager; the store stops when the block ends.
     """
 
-    def __init__(self, address: str, timeout_s: float):
-        """Start the store on a free port of ``address``.
+    def __init__(self, address: str, timeout_s: float, port: int = 0):
+        """Start the store on ``port`` of ``address`` (0: a free one).
 
         Raises:
             OSError: the address cannot be bound.
@@ -91,7 +91,8 @@ class StoreServer:
         # chosen here cannot be taken by someone else between choosing and binding.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.bind((address, 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
             sock.listen(1024)
         except OSError:
             sock.close()

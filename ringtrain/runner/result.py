@@ -98,6 +98,10 @@ class RunResult:
     survived: tuple[RankOutcome, ...] = ()
     #: Elastic: why the launcher ended the job itself (reset limit, too few slots in time).
     error: str | None = None
+    #: A follower node of a per-node launch: the exit status node 0 ended the job with. The
+    #: follower then exits 0 (it did its part; node 0's result is the job's), and non-zero only
+    #: when it failed itself (it lost node 0, or could not join).
+    followed: int | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -110,7 +114,7 @@ class RunResult:
         128 + the signal that interrupted the launcher."""
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
-        if self.succeeded:
+        if self.succeeded or (self.followed is not None and self.error is None):
             return 0
         if any(o.state is RankState.START_FAILED for o in self.root_causes):
             return EXIT_START_FAILED
@@ -128,6 +132,10 @@ class RunResult:
         """The one-line summary: the root cause and how many ranks were stopped."""
         if self.interrupted_by is not None:
             head = f"interrupted by signal {signal_name(self.interrupted_by)}"
+        elif self.followed is not None and self.error is None:
+            how = "succeeded" if self.followed == 0 else (
+                f"failed with exit status {self.followed} (node 0's result names the root cause)")
+            return f"the job {how}; {len(self.outcomes)} ranks ran on this node"
         elif self.succeeded:
             head = f"all {len(self.outcomes)} ranks succeeded"
             lost = [o.describe() for o in self.survived if o.state is not RankState.STOPPED]

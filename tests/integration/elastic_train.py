@@ -8,7 +8,8 @@ it does (start, batch, commit, reset, epoch, done); the state also carries ``tra
 samples of the committed batches of this epoch (all ranks'), so a test can check that no
 committed sample is trained twice. ``RINGTRAIN_TEST_PAUSE=WORKER:EPOCH:BATCH`` makes that
 worker of the first world announce itself and sleep there, so that a test can kill it at a
-known point (its peers then wait in that batch's allreduce).
+known point (its peers then wait in that batch's allreduce), in a world of 3 ranks
+(``RINGTRAIN_TEST_PAUSE_SIZE``: another size).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def report(event: str, **fields) -> None:
 def pause_here(epoch: int, batch: int) -> bool:
     target = os.environ.get("RINGTRAIN_TEST_PAUSE")
     return (target == f"{worker()}:{epoch}:{batch}"
-            and os.environ.get("RINGTRAIN_ELASTIC_GENERATION", "1") == "1" and hvd.size() == 3)
+            and os.environ.get("RINGTRAIN_ELASTIC_GENERATION", "1") == "1"
+            and hvd.size() == int(os.environ.get("RINGTRAIN_TEST_PAUSE_SIZE", "3")))
 
 
 def main() -> None:

@@ -135,7 +135,7 @@ def test_the_users_exit_code_is_the_jobs(home: Home, cli: CLI, tmp_path: Path) -
     job = wait_for(lambda: (j := json.loads(cli("job", "show", job_id, "-o", "json")[1]))[
         "state"] in ("succeeded", "failed") and j, timeout_s=90)
     assert (job["state"], job["exit_code"]) == ("failed", 7)
-    assert "rank 1 on localhost exited with code 7" in job["message"]
+    assert "rank 1 on node1 exited with code 7" in job["message"]
     assert "exit code:   7" in cli("job", "show", job_id)[1]
 
 

@@ -110,15 +110,10 @@ def test_the_node_range_defaults_to_node_count() -> None:
     assert (shrinks.elastic, shrinks.node_range) == (True, (1, 3))
 
 
-def test_ray_clusters_refuse_elastic_specs(store, share, fake_executor,
-                                           clock: FakeClock) -> None:
+def test_ray_clusters_take_elastic_specs(store, share, fake_executor, clock: FakeClock) -> None:
     store.add_cluster(ClusterSpec(name="r", nodes=2, backend="ray", address="127.0.0.1:6379"),
                       clock())
     ray = RayBackend(fake_executor, RayConnection(), share.root / "ray")
     service = JobService(store, share, [LocalBackend(fake_executor), ray], clock)
-    with pytest.raises(SpecError) as refused:
-        service.submit("r", parse_job_spec({"node_count": 2, "max_nodes": 3, "command": "x"}))
-    assert refused.value.errors == [{"field": "max_nodes", "message": (
-        "cluster r is a Ray cluster, whose jobs run on a fixed set of nodes: elastic jobs "
-        "(min_nodes, max_nodes) run on local clusters only; drop min_nodes and max_nodes or "
-        "submit to a local cluster")}]
+    job = service.submit("r", parse_job_spec({"node_count": 2, "min_nodes": 1, "command": "x"}))
+    assert job.spec.node_range == (1, 2)

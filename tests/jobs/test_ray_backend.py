@@ -150,7 +150,8 @@ def test_stored_handles_go_back_to_their_backend_by_their_tag(tmp_path: Path) ->
 
 
 def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
-    from ringtrain.jobs.executors.ray.executor import _DRAIN_S, _Failure
+    from ringtrain.jobs.executors.ray.attempt import AttemptStage, Failure, RayAttempt
+    from ringtrain.jobs.executors.ray.executor import _DRAIN_S
     from ringtrain.jobs.executors.ray.node import NodeStatus
 
     # The executor's side of a node without the share, without Ray: what a node's answers carry
@@ -165,17 +166,23 @@ def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path
     launch = RayHandle("127.0.0.1:1", "j1.0", 2, 0, 0.0)
     partial = NodeStatus(Phase.EXITED, 137, chunks=(("outputs/model/big.1", 0, b"x" * 10),),
                          pending=("outputs/model/big.1",))
-    assert executor._take(job, launch, 1, partial) is None
+    attempt = RayAttempt({0: "a", 1: "b"}, AttemptStage.RUNNING)
+    assert executor._take(job, launch, attempt, 1, partial) is None
     assert (job_dir / "outputs" / "model" / "big.1").read_bytes() == b"x" * 10
-    executor._failed["j1.0"] = _Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0])
-    assert executor._draining(job, "j1.0").phase is Phase.RUNNING  # still waiting for it
+    assert attempt.fail(Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0]))
+    assert attempt.stage is AttemptStage.DRAINING
+    assert not attempt.fail(Failure(Phase.LOST, None, "later", now[0], frozenset({1})))
+    assert attempt.gone == {1} and attempt.failure.message == "rank 0 exited with code 5"
+    with pytest.raises(ValueError, match="cannot go from draining to running"):
+        attempt.move(AttemptStage.RUNNING)
+    assert executor._draining(job, attempt).phase is Phase.RUNNING  # still waiting for it
     now[0] += _DRAIN_S
-    ended = executor._draining(job, "j1.0")
+    ended = executor._draining(job, attempt)
     assert (ended.phase, ended.exit_code) == (Phase.EXITED, 5)
     assert ended.message == ("rank 0 exited with code 5; within 10 s these files did not reach "
                              "the share in full (node 1: outputs/model/big.1)")
     outside = NodeStatus(Phase.RUNNING, chunks=(("wd/train.py", 0, b"x"),))
-    assert executor._take(job, launch, 0, outside) == (
+    assert executor._take(job, launch, attempt, 0, outside) == (
         f"cannot write what node 0 sent into the job's folder {job_dir}: a Ray node sent a "
         "chunk for 'wd/train.py', outside the job's stdouterr and prep and outputs")
     assert not (job_dir / "wd").exists()
@@ -232,6 +239,20 @@ def rays(ray_cluster, tmp_path: Path) -> Iterator[RayService]:
                                          address=ray_cluster.address))
     yield s
     end_unfinished_jobs(s)
+
+
+def _ranks_running(marker: str) -> list[int]:
+    """The ranks whose command line carries ``marker``: the ``python`` each rank's ``sh -c``
+    execs, not the ``ringtrain run`` or task wrapper whose arguments carry the command too."""
+    ranks = []
+    for pid in pids_running(marker):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0 == b"python":
+            ranks.append(pid)
+    return ranks
 
 
 def _placement_groups(prefix: str) -> list[dict]:
@@ -292,7 +313,7 @@ def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
                            f"exec python -c 'import time; time.sleep(30)' {marker}")
     done = rays.run_to_end(job.id)
     assert done.state == JobState.FAILED and done.exit_code == 7
-    assert "rank 1 on node 1" in done.message and "stdouterr/rank.1/stderr" in done.message
+    assert "rank 1 on node1" in done.message and "stdouterr/rank.1/stderr" in done.message
     assert pids_running(marker) == []
 
 
@@ -314,7 +335,7 @@ def test_terminate_stops_every_rank_on_every_node(rays: RayService) -> None:
     job = rays.submit("r", f"exec python -c 'import time; time.sleep(300)' {marker}",
                       process_count_per_node=2)
     rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
+    wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
     rays.service.terminate(job.id)
     done = rays.run_to_end(job.id, timeout_s=30)
     assert done.state == JobState.TERMINATED
@@ -336,7 +357,7 @@ def test_restarted_service_finds_the_running_job_again(rays: RayService, tmp_pat
         again.service.tick()
     assert again.store.get_job(job.id).state == JobState.RUNNING
     assert len(_placement_groups(f"{job.id}.")) == 1  # found, not started twice
-    assert len(pids_running(marker)) == 2
+    wait_for(lambda: len(_ranks_running(marker)) == 2, timeout_s=30)
     again.service.terminate(job.id)
     assert again.run_to_end(job.id).state == JobState.TERMINATED
     wait_for(lambda: pids_running(marker) == [], timeout_s=10)
@@ -596,7 +617,7 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
     retried = s.submit("r", once, max_retries=1)
     for job in (doomed, retried):
         s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    wait_for(lambda: len(pids_running(marker)) == 4, timeout_s=30)
+    wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
     killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
@@ -622,3 +643,66 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
     assert [(n.state.value, n.job_id) for n in s.store.list_nodes("r")] == [("idle", None)] * 4
     assert _placement_groups(f"{retried.id}.") == []
     s.store.close()
+
+
+# After the lost-node test: it kills a worker machine of the shared Ray cluster too.
+@inside
+@pytest.mark.slow
+def test_elastic_job_goes_on_without_a_lost_node(ray_cluster, tmp_path: Path) -> None:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    script = ROOT / "tests" / "integration" / "elastic_train.py"
+    # The head's CPUs are held, so both nodes of the job land on worker machines, one of which
+    # can be killed: the one of node 1 (node 0 drives the job).
+    ray_cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1", object_store_memory=80 << 20)
+    ray_cluster.wait_for_nodes()
+    ray.init(address=ray_cluster.address, ignore_reinit_error=True)
+    head = ray_cluster.head_node.node_id
+    holder = ray.remote(num_cpus=2)(_Holder).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    s = RayService(tmp_path, placement_timeout_s=90.0)
+    s.service.create_cluster(ClusterSpec(name="r", nodes=2, slots=2, backend="ray",
+                                         address=ray_cluster.address))
+    # Two ranks a node: worker 2 (node 1's first) pauses in batch 6 of the first world, its
+    # peers waiting for it in that batch's allreduce, and its machine is killed there.
+    job = s.submit("r", "RINGTRAIN_TEST_PAUSE=2:0:6 RINGTRAIN_TEST_PAUSE_SIZE=4 "
+                        f"OMP_NUM_THREADS=1 exec python {script}",
+                   process_count_per_node=2, min_nodes=1, max_nodes=2)
+    running = s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
+    job_dir = Path(running.job_dir)
+    events = job_dir / "stdouterr" / "rank.2" / "stdout"
+    try:
+        s.tick_until(job.id, lambda j: events.exists() and '"pause"' in events.read_text(),
+                     timeout_s=120)
+    except BaseException:
+        logs = sorted((job_dir / "launcher").glob("*")) + sorted(job_dir.glob("stdouterr/*/*"))
+        raise AssertionError(f"{s.store.get_job(job.id)}\n" + "\n".join(
+            f"== {p}\n{p.read_text()[-3000:]}" for p in logs if p.is_file())) from None
+    (pg,) = _placement_groups(f"{job.id}.")
+    doomed = pg["bundles_to_node_id"][1]
+    (victim,) = [n for n in ray_cluster.worker_nodes if n.node_id == doomed]
+    ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL its raylet
+    done = s.run_to_end(job.id, timeout_s=180)
+    assert done.state == JobState.SUCCEEDED, done.message + "".join(
+        f"\n== {p}\n{p.read_text()[-4000:]}" for p in sorted(job_dir.glob("stdouterr/*/stderr"))
+        + sorted(job_dir.glob("launcher/node.0.log")))
+    lost = running.nodes[1]
+    assert f"lost node {lost}" in done.message and "stopped answering" in done.message, \
+        done.message
+    assert done.nodes == [running.nodes[0]]
+    survivor = [json.loads(line) for line in
+                (job_dir / "stdouterr" / "rank.0" / "stdout").read_text().splitlines()
+                if line.startswith("{")]
+    assert any(e["event"] == "batch" and e["size"] == 2 for e in survivor)
+    assert [e["epoch"] for e in survivor if e["event"] == "epoch"] == [0, 1, 2, 3]
+    ray.kill(holder)
+    s.store.close()
+
+
+class _Holder:
+    """An actor that only holds CPUs."""
+
+    def ready(self) -> bool:
+        return True

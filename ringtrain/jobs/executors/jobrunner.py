@@ -18,9 +18,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    DISCOVERY_FILE,
+    HOSTS_FILE,
     RESULT_FILE,
     WORLD_FILE,
     LaunchSpec,
@@ -39,6 +42,14 @@ from ringtrain.jobs.executors.records import (
 from ringtrain.jobs.job_folder import JobFolder, prep_log_path, rank_log_path
 
 _PR_SET_CHILD_SUBREAPER = 36
+#: An elastic attempt's node N is the host ``nodeN.localhost`` (a name of this machine, RFC 6761)
+#: of its ``ringtrain run`` processes; the service writes the offered ones to the hosts file.
+_NODE_HOST = "node{}.localhost"
+_NODE_HOST_LINE = re.compile(r"^node(\d+)\.localhost:\d+$", re.MULTILINE)
+#: How often an elastic attempt rereads the offered nodes; how long its followers may take to
+#: end after the driver did.
+_HOSTS_POLL_S = 0.5
+_FOLLOWER_WAIT_S = 20.0
 #: The exit code of an attempt whose command could not be started at all (as a shell's).
 EXIT_NOT_STARTED = 127
 
@@ -99,42 +110,91 @@ class JobRunner:
         return 0, ""
 
     def run_workers(self) -> tuple[int, str]:
-        """Run ``ringtrain run`` with node_count × process_count_per_node ranks (elastic: from
-        min_nodes to max_nodes nodes, on the hosts the service offers)."""
+        """Run the ranks: one ``ringtrain run`` per node in its per-node mode, node 0 driving
+        (elastic: the nodes the service offers, as they come and go)."""
+        if self.launch.min_nodes is None or self.launch.max_nodes is None:
+            return self._run_nodes()
+        return self._run_elastic_nodes()
+
+    def _run_nodes(self) -> tuple[int, str]:
+        """Every node's ``ringtrain run``, node 0 serving the rendezvous on loopback; node 0's
+        outcome is the attempt's, unless another node failed by itself."""
         launch = self.launch
-        per_node = launch.process_count_per_node
-        total = launch.node_count * per_node
-        if launch.min_nodes is None or launch.max_nodes is None:
-            where = ["-H", f"localhost:{total}"]
-        else:
-            where = ["--min-np", str(launch.min_nodes * per_node),
-                     "--max-np", str(launch.max_nodes * per_node),
-                     "--host-discovery-script", str(self.job_dir / DISCOVERY_FILE),
-                     "--world-file", str(self.job_dir / WORLD_FILE)]
-        argv = [*launch.runner, "-np", str(total), *where,
-                "--output-filename", str(JobFolder(self.job_dir).logs),
-                "--result-file", str(self.job_dir / RESULT_FILE),
-                "sh", "-c", launch.command]
+        endpoint = f"127.0.0.1:{_free_port()}"
+        children = []
+        for k in range(launch.node_count):
+            argv = node_argv(launch.runner, self.job_dir, k, launch.node_count,
+                             launch.process_count_per_node, endpoint, launch.command)
+            try:
+                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+            except OSError as e:
+                for child in children:  # the nodes started so far wait for this one
+                    child.terminate()
+                    child.wait()
+                return EXIT_NOT_STARTED, f"{_not_started('`ringtrain run`', e)} (node {k})"
+            self._children = children
+        codes = [child.wait() for child in children]
+        code, message = run_outcome(codes[0], self.job_dir)
+        failed = next((k for k, c in enumerate(codes) if k and c), None)
+        if code == 0 and failed is not None:  # a node that could not join or lost node 0
+            return codes[failed], (f"`ringtrain run` of node {failed} exited with code "
+                                   f"{codes[failed]}; see {RUNNER_LOG}")
+        return code, message
+
+    def _run_elastic_nodes(self) -> tuple[int, str]:
+        """An elastic attempt: a ``ringtrain run`` for each node the service offers (the hosts
+        file), started when it is offered and stopped when it is taken away; the first node's
+        drives, and the attempt ends with it."""
+        launch = self.launch
+        assert launch.min_nodes is not None and launch.max_nodes is not None
+        node_range = (launch.min_nodes, launch.max_nodes)
+        endpoint = f"127.0.0.1:{_free_port()}"
+        running: dict[int, subprocess.Popen] = {}  # by cluster node index
+        started = 0  # node ranks given so far: a node offered again joins as a new one
+
+        def start(index: int) -> None:
+            nonlocal started
+            argv = node_argv(launch.runner, self.job_dir, started, launch.node_count,
+                             launch.process_count_per_node, endpoint, launch.command,
+                             node_range, name=_NODE_HOST.format(index))
+            started += 1
+            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            self._children = list(running.values())
+
+        first = launch.nodes[0]
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            for index in launch.nodes:
+                start(index)
+            driver = running[first]
+            while driver.poll() is None:
+                if not self.stopping:
+                    offered = self._offered_nodes()
+                    for index in offered - running.keys():
+                        start(index)
+                    for index in running.keys() - offered - {first}:
+                        running.pop(index).terminate()  # it says bye; the driver drops it
+                try:
+                    driver.wait(timeout=_HOSTS_POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
         except OSError as e:
+            self.on_signal(signal.SIGTERM, None)
             return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
-        self._children = [proc]
-        code = proc.wait()
-        if code == 0:
-            return 0, ""
+        for child in self._children:  # followers end once the driver said the job is over
+            try:
+                child.wait(timeout=_FOLLOWER_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        return run_outcome(driver.returncode, self.job_dir)
+
+    def _offered_nodes(self) -> set[int]:
+        """The nodes the service offers the attempt now (the hosts file it rewrites)."""
         try:
-            report = read_result(self.job_dir)
-        except RecordError as e:
-            print(f"job runner: {e}", file=sys.stderr)
-            report = None
-        cause = report.root_causes[0] if report is not None and report.root_causes else None
-        if report is not None and cause is not None and cause.exit_status is not None:
-            # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
-            return cause.exit_status, (f"{report.message}; see "
-                                       f"{rank_log_path(cause.rank, 'stderr')}")
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return code, f"`ringtrain run` {how}; see {rank_log_path('N', 'stderr')}"
+            text = (self.job_dir / HOSTS_FILE).read_text()
+        except OSError:
+            return set(self.launch.nodes)
+        return {int(m.group(1)) for m in _NODE_HOST_LINE.finditer(text)}
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then
@@ -172,6 +232,60 @@ class JobRunner:
             print(f"job runner: killed {left} processes the job left running", file=sys.stderr)
         self.status(Phase.EXITED, code, message)
         return code
+
+
+def node_argv(runner: Sequence[str], job_dir: Path, node: int, node_count: int,
+              process_count_per_node: int, endpoint: str, command: str,
+              node_range: tuple[int, int] | None = None, name: str | None = None) -> list[str]:
+    """The command line that starts node ``node``'s ranks of an attempt: ``ringtrain run`` in
+    its per-node mode, the same for every executor. Node 0 serves the rendezvous at
+    ``endpoint`` and writes the attempt's result file (and an elastic attempt's world file);
+    every node writes its ranks' logs into ``job_dir/stdouterr``.
+
+    Args:
+        node_range: an elastic attempt's fewest and most nodes.
+        name: the host name of the node's ranks (default ``node<node>``); an elastic attempt
+            names its nodes after the cluster's, as its world file reports them.
+    """
+    per_node = process_count_per_node
+    argv = [*runner, "--nnodes", str(node_count), "--node-rank", str(node),
+            "--nproc-per-node", str(per_node), "--rdzv-endpoint", endpoint,
+            "--node-name", name or f"node{node}", "--output-filename", str(JobFolder(job_dir).logs)]
+    if node_range is not None:
+        argv += ["--min-np", str(node_range[0] * per_node),
+                 "--max-np", str(node_range[1] * per_node)]
+    if node == 0:
+        argv += ["--result-file", str(job_dir / RESULT_FILE)]
+        if node_range is not None:
+            argv += ["--world-file", str(job_dir / WORLD_FILE)]
+    return [*argv, "sh", "-c", command]
+
+
+def run_outcome(code: int, job_dir: Path) -> tuple[int, str]:
+    """The attempt's exit code and message from ``ringtrain run``'s exit status ``code`` and
+    the result file it wrote into ``job_dir`` (a failing rank's own exit code, not 1)."""
+    if code == 0:
+        return 0, ""
+    try:
+        report = read_result(job_dir)
+    except RecordError as e:
+        print(f"job runner: {e}", file=sys.stderr)
+        report = None
+    cause = report.root_causes[0] if report is not None and report.root_causes else None
+    if report is not None and cause is not None and cause.exit_status is not None:
+        # The user's own code, not `ringtrain run`'s 1 for "a rank failed".
+        return cause.exit_status, f"{report.message}; see {rank_log_path(cause.rank, 'stderr')}"
+    if report is not None and report.message:
+        return code, report.message
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return code, f"`ringtrain run` {how}; see {rank_log_path('N', 'stderr')}"
+
+
+def _free_port() -> int:
+    """A TCP port free on loopback now (node 0 binds it with SO_REUSEADDR moments later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _not_started(what: str, e: OSError) -> str:

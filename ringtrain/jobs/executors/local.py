@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.executors.base import NodeLoss, Observation
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
-    DISCOVERY_FILE,
     HOSTS_FILE,
     LAUNCH_FILE,
     RUNNER_LOG,
@@ -48,7 +46,8 @@ DEFAULT_RUNNER = (sys.executable, "-m", "ringtrain.cli", "run")
 #: An elastic job's node N is the host ``nodeN.localhost`` of its launch: a name of this
 #: machine (RFC 6761) that keeps the nodes apart as the elastic driver's hosts.
 _NODE_HOST = "node{}.localhost"
-_NODE_HOST_PATTERN = re.compile(r"node(\d+)\.localhost")
+#: The hosts of an elastic attempt's world file: ``nodeN.localhost`` here, ``nodeN`` on Ray.
+_NODE_HOST_PATTERN = re.compile(r"node(\d+)(\.localhost)?")
 
 
 class LocalExecutor:
@@ -77,11 +76,8 @@ class LocalExecutor:
         cgroup = self._create_cgroup(job)
         spec = job.spec
         min_nodes, max_nodes = spec.node_range if spec.elastic else (None, None)
-        if spec.elastic:
+        if spec.elastic:  # the job runner starts a node's `ringtrain run` once it is offered
             self._write_hosts(job, [n.index for n in nodes])
-            script = job_dir / DISCOVERY_FILE
-            script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(job_dir / HOSTS_FILE))}\n")
-            script.chmod(0o755)
         LaunchSpec(job_dir=str(job_dir), attempt=job.attempt, command=spec.command,
                    node_count=spec.node_count,
                    process_count_per_node=spec.process_count_per_node,
@@ -117,7 +113,7 @@ class LocalExecutor:
         if not job.spec.elastic or seen.phase is Phase.LOST:
             return seen
         try:
-            return self._with_world(job, seen)
+            return with_world(job, seen)
         except RecordError as e:  # the attempt goes on; only its world is not known
             log.warning("job %s: %s", job.id, e)
             return seen
@@ -188,23 +184,6 @@ class LocalExecutor:
             return None
         return Observation(status.phase, status.exit_code, status.message)
 
-    def _with_world(self, job: JobInfo, seen: Observation) -> Observation:
-        """``seen`` with the elastic attempt's current world and lost nodes.
-
-        Raises:
-            RecordError: the world file is malformed.
-        """
-        world = read_world(Path(job.job_dir))
-        if world is None:
-            return seen
-        first_failure: dict[str, str] = {}
-        for worker in world.lost:
-            first_failure.setdefault(worker.host, worker.reason)
-        lost = tuple(NodeLoss(_node_of(h), first_failure[h]) for h in world.lost_hosts())
-        gone = {loss.node for loss in lost}
-        nodes = tuple(n for n in map(_node_of, world.hosts) if n not in gone)
-        return Observation(seen.phase, seen.exit_code, seen.message, nodes, lost)
-
     def _alive(self, job_id: str, launch: RunnerHandle) -> bool:
         proc = self._children.get(job_id)
         if proc is not None:
@@ -217,6 +196,24 @@ class LocalExecutor:
         if launch is not None and self._alive(job_id, launch):
             return launch.pid
         return None
+
+
+def with_world(job: JobInfo, seen: Observation) -> Observation:
+    """``seen`` with the elastic attempt's current world and lost nodes, from its world file.
+
+    Raises:
+        RecordError: the world file is malformed.
+    """
+    world = read_world(Path(job.job_dir))
+    if world is None:
+        return seen
+    first_failure: dict[str, str] = {}
+    for worker in world.lost:
+        first_failure.setdefault(worker.host, worker.reason)
+    lost = tuple(NodeLoss(_node_of(h), first_failure[h]) for h in world.lost_hosts())
+    gone = {loss.node for loss in lost}
+    nodes = tuple(n for n in map(_node_of, world.hosts) if n not in gone)
+    return Observation(seen.phase, seen.exit_code, seen.message, nodes, lost)
 
 
 def _node_of(host: str) -> int:

@@ -41,10 +41,9 @@ STATUS_FILE = f"{LAUNCHER}/status.json"
 #: The job runner's own stdout and stderr (and ``ringtrain run``'s, which it does not redirect).
 RUNNER_LOG = f"{LAUNCHER}/launcher.log"
 RESULT_FILE = f"{LAUNCHER}/result.json"
-#: Elastic attempts: the hosts the service offers (what the discovery script prints), the
-#: discovery script, and the worlds ``ringtrain run --world-file`` writes as they form.
+#: Elastic attempts: the nodes the service offers (the job runner starts a node's
+#: ``ringtrain run`` for each), and the worlds ``ringtrain run --world-file`` writes as they form.
 HOSTS_FILE = f"{LAUNCHER}/hosts.txt"
-DISCOVERY_FILE = f"{LAUNCHER}/discover.sh"
 WORLD_FILE = f"{LAUNCHER}/world.json"
 
 _REQUIRED = object()

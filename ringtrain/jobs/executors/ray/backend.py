@@ -79,14 +79,9 @@ class RayBackend:
             return info
 
     def job_problems(self, info: ClusterInfo, spec: JobSpec) -> list[dict[str, str]]:
-        if not spec.elastic:
-            return []
-        field = "min_nodes" if spec.min_nodes is not None else "max_nodes"
-        return [{"field": field,
-                 "message": f"cluster {info.name} is a Ray cluster, whose jobs run on a fixed "
-                            "set of nodes: elastic jobs (min_nodes, max_nodes) run on local "
-                            "clusters only; drop min_nodes and max_nodes or submit to a local "
-                            "cluster"}]
+        # Every node runs `ringtrain run` in its per-node mode, elastic jobs included: nothing
+        # is refused that a local cluster runs.
+        return []
 
     def resize_problem(self, info: ClusterInfo) -> str | None:
         return (f"cluster {info.name} is a Ray cluster: its machines are Ray's to add or remove "

@@ -37,12 +37,14 @@ from typing import Any
 
 from ringtrain.jobs.errors import InvalidRequestError, RecordError
 from ringtrain.jobs.executors.base import Observation
+from ringtrain.jobs.executors.local import with_world
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.ray import transfer
 from ringtrain.jobs.executors.ray.agent import agent_name, ensure_agent, ensure_agents
 from ringtrain.jobs.executors.ray.connection import RayConnection
 from ringtrain.jobs.executors.ray.node import NodePlan, NodeStatus
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
+from ringtrain.jobs.executors.ray.attempt import AttemptStage, Failure, RayAttempt
 from ringtrain.jobs.share import Share
 
 log = logging.getLogger(__name__)
@@ -103,32 +105,12 @@ class RayHandle:
         return handle
 
 
-@dataclass(frozen=True)
-class _Failure:
-    """How an attempt ends (a node failed, or was lost), kept while its other nodes stop and
-    send their outputs.
-
-    Attributes:
-        phase: what the attempt ends as: exited (with ``exit_code``), or lost.
-        exit_code: the failed node's exit code.
-        message: what happened, naming the node.
-        since: when it was seen, against the drain's bound.
-        gone: nodes whose agents are gone, asked nothing any more.
-    """
-
-    phase: Phase
-    exit_code: int | None
-    message: str
-    since: float
-    gone: frozenset[int] = frozenset()
-
-    def observation(self) -> Observation:
-        """What the executor reports once the attempt ends."""
-        return Observation(self.phase, self.exit_code, self.message)
-
-
 class RayExecutor:
     """Runs attempts on Ray clusters.
+
+    It keeps one :class:`~ringtrain.jobs.ray.attempt.RayAttempt` per placed attempt it watches,
+    by placement group name, with the attempt's stage; a restarted service rebuilds them from
+    the stored handles and the agents' answers.
 
     Args:
         share: the share holding the job folders, at the same path on the Ray nodes that see it.
@@ -147,22 +129,7 @@ class RayExecutor:
         self.address_of = address_of
         self.placement_timeout_s = placement_timeout_s
         self.clock = clock
-        # By placement group: the Ray node of each bundle, and its agent.
-        self._placed: dict[str, dict[int, str]] = {}
-        self._agents: dict[str, list[Any]] = {}
-        # By placement group: start calls in flight; attempts known started at their agents;
-        # status calls in flight (asked again once every agent answered); a node's failure.
-        self._starting: dict[str, list[Any]] = {}
-        self._started: set[str] = set()
-        self._asked: dict[str, dict[int, Any]] = {}
-        self._failed: dict[str, _Failure] = {}
-        # By placement group, for nodes working in private copies: the tars of their working
-        # dirs (by the inputs sent with it), and the files each node had not sent in full yet.
-        self._copies: dict[str, dict[tuple[str, ...], transfer.PrivateCopy | str]] = {}
-        self._pending: dict[str, dict[int, tuple[str, ...]]] = {}
-        # Attempts with a node in a private copy: only their polls list the job's carried files
-        # (the listing walks outputs/, which jobs on the share need not pay for every tick).
-        self._private: set[str] = set()
+        self._attempts: dict[str, RayAttempt] = {}  # by placement group name
         self._warm: set[str] = set()  # Ray addresses whose agents this process made sure of
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> RayHandle:
@@ -208,16 +175,18 @@ class RayExecutor:
         if state == "RESCHEDULING":
             # Placed once, then a machine of it went: Ray would place that bundle anew, but
             # the ranks on the other machines cannot take a new peer.
-            if launch.placement_group not in self._agents:  # not watched by this process yet
-                self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
+            attempt = self._attempts.get(launch.placement_group)
+            if attempt is None or attempt.agents is None:  # not watched by this process yet
+                placed = attempt.placed if attempt else _bundle_nodes(table)
                 return Observation(Phase.LOST, message=self._lost(
-                    ray, launch, self._dead_node(ray, launch), "Ray lost it"))
-            if launch.placement_group not in self._failed:
-                node = self._dead_node(ray, launch)
-                self._fail(launch, _Failure(Phase.LOST, None,
-                                            self._lost(ray, launch, node, "Ray lost it"),
-                                            self.clock(), frozenset({node})))
-            return self._observe(ray, job, launch)
+                    ray, placed, _dead_node(ray, placed, launch.node_count), "Ray lost it"))
+            if attempt.failure is None:
+                node = _dead_node(ray, attempt.placed, launch.node_count)
+                if not self._shrink(job, attempt, node):
+                    self._fail(launch, attempt, Failure(
+                        Phase.LOST, None, self._lost(ray, attempt.placed, node, "Ray lost it"),
+                        self.clock(), frozenset({node})))
+            return self._observe_world(ray, job, launch, attempt)
         if state != "CREATED":
             if job.state == JobState.TERMINATING:  # nothing of it runs yet
                 return Observation(Phase.LOST, message="stopped before Ray placed it")
@@ -225,8 +194,32 @@ class RayExecutor:
             if waited > self.placement_timeout_s:
                 return Observation(Phase.LOST, message=self._unplaced(job, waited))
             return Observation(Phase.PREPARING)
-        self._placed.setdefault(launch.placement_group, _bundle_nodes(table))
-        return self._observe(ray, job, launch)
+        attempt = self._attempts.setdefault(launch.placement_group,
+                                            RayAttempt(_bundle_nodes(table)))
+        return self._observe_world(ray, job, launch, attempt)
+
+    def _observe_world(self, ray: Any, job: JobInfo, launch: RayHandle,
+                       attempt: RayAttempt) -> Observation:
+        """:meth:`_observe`, with an elastic attempt's world from the world file node 0's
+        ``ringtrain run`` writes (when node 0 works on the share)."""
+        seen = self._observe(ray, job, launch, attempt)
+        if not job.spec.elastic or seen.phase is Phase.LOST:
+            return seen
+        try:
+            return with_world(job, seen)
+        except RecordError as e:  # the attempt goes on; only its world is not known
+            log.warning("job %s: %s", job.id, e)
+            return seen
+
+    def _shrink(self, job: JobInfo, attempt: RayAttempt, node: int) -> bool:
+        """Whether the attempt goes on without ``node`` (an elastic one's other node than node
+        0, which drives it): its driver re-forms the world without that node's ranks."""
+        if not job.spec.elastic or node == 0:
+            return False
+        if node not in attempt.shrunk:
+            log.warning("job %s: node %d lost; its other nodes go on without it", job.id, node)
+            attempt.shrunk.add(node)
+        return True
 
     def stop(self, job: JobInfo, launch: RayHandle | None, force: bool) -> None:
         handle = launch or self._guess(job)
@@ -235,8 +228,10 @@ class RayExecutor:
             agent.stop.remote(handle.key(k), force)
 
     def set_nodes(self, job: JobInfo, launch: RayHandle | None, nodes: list[int]) -> None:
-        # The service refuses elastic specs on Ray clusters at submit (JobService._check).
-        raise OSError(f"job {job.id}: the ray backend runs no elastic jobs")
+        # An attempt's nodes are its placement group's bundles: it shrinks when Ray loses one
+        # (its driver stops hearing the node), and grows only in its next attempt.
+        log.info("job %s: offered nodes %s; a Ray attempt keeps the nodes it was placed on",
+                 job.id, nodes)
 
     def release(self, job: JobInfo, launch: RayHandle | None) -> None:
         handle = launch or self._guess(job)
@@ -244,16 +239,14 @@ class RayExecutor:
         from ray.util import get_placement_group, remove_placement_group
 
         name = handle.placement_group
-        try:  # a start still in flight lands before the node is forgotten
-            ray.get(self._starting.pop(name, []), timeout=_STOP_TIMEOUT_S)
-        except (ray.exceptions.RayError, TimeoutError):
-            pass  # its agent is gone, and its ranks with it
         agents = self._found_agents(ray, handle)
-        self._drop_copies(name)
-        for held in (self._placed, self._agents, self._asked, self._failed, self._pending):
-            held.pop(name, None)
-        self._started.discard(name)
-        self._private.discard(name)
+        attempt = self._attempts.pop(name, None)
+        if attempt is not None:
+            try:  # a start still in flight lands before the node is forgotten
+                ray.get(attempt.starting, timeout=_STOP_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass  # its agent is gone, and its ranks with it
+            attempt.drop_copies()
         try:  # kill the ranks' process groups, then free the resources they held
             ray.get([a.forget.remote(handle.key(k)) for k, a in agents], timeout=_STOP_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
@@ -263,15 +256,15 @@ class RayExecutor:
         except ValueError:
             pass  # never created, or removed already
 
-    def _observe(self, ray: Any, job: JobInfo, launch: RayHandle) -> Observation:
+    def _observe(self, ray: Any, job: JobInfo, launch: RayHandle,
+                 attempt: RayAttempt) -> Observation:
         """The attempt's phase from its nodes' answers, once Ray placed it."""
-        name = launch.placement_group
-        agents = self._agents.get(name)
-        if agents is None:  # found by name, or made on a machine that has none yet
-            agents = self._agents[name] = [ensure_agent(ray, self._placed[name][k])
-                                           for k in range(launch.node_count)]
-        if name in self._starting:
-            starting = self._starting[name]
+        if attempt.agents is None:  # found by name, or made on a machine that has none yet
+            attempt.agents = [ensure_agent(ray, attempt.placed[k])
+                              for k in range(launch.node_count)]
+        agents = attempt.agents
+        if attempt.stage is AttemptStage.STARTING:
+            starting = attempt.starting
             ready, _ = ray.wait(starting, num_returns=len(starting), timeout=_STATUS_WAIT_S)
             if len(ready) < len(starting):
                 return Observation(Phase.PREPARING)
@@ -280,22 +273,22 @@ class RayExecutor:
                     ray.get(ref)
                 except ray.exceptions.RayError as e:  # its agent died, or could not start
                     return Observation(Phase.LOST,
-                                       message=self._lost(ray, launch, k, _first_line(e)))
-            del self._starting[name]
-            self._started.add(name)
-        failure = self._failed.get(name)
-        gone = failure.gone if failure else frozenset()
-        refs = self._asked.get(name)
-        if refs is None:
+                                       message=self._lost(ray, attempt.placed, k, _first_line(e)))
+            attempt.starting = []
+            attempt.move(AttemptStage.RUNNING)
+        gone = attempt.gone
+        if attempt.asked is None:
             # An attempt not yet known private is sent no sizes: a private node then sends from
             # the start (after a service restart, say), which lands on the same bytes.
             offsets = (transfer.file_sizes(Path(job.job_dir), _CARRIED)
-                       if name in self._private else {})
-            refs = self._asked[name] = {k: agent.status.remote(launch.key(k), offsets)
-                                        for k, agent in enumerate(agents) if k not in gone}
+                       if attempt.private else {})
+            attempt.asked = {k: agent.status.remote(launch.key(k), offsets)
+                             for k, agent in enumerate(agents) if k not in gone}
+        refs = attempt.asked
         if not refs:  # every node's agent is gone
-            del self._asked[name]
-            return self._failed[name].observation()
+            attempt.asked = None
+            assert attempt.failure is not None  # nodes are gone only with a failure
+            return attempt.failure.observation()
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_STATUS_WAIT_S)
         answered = {ref.hex() for ref in ready}
         seen: dict[int, NodeStatus] = {}
@@ -306,85 +299,76 @@ class RayExecutor:
             try:
                 status = ray.get(ref)
             except ray.exceptions.RayError as e:  # its agent died (with its machine, say)
-                del self._asked[name]
-                self._fail(launch, _Failure(
-                    Phase.LOST, None, self._lost(ray, launch, k, _first_line(e)), self.clock(),
-                    gone | {k}))
-                return self._draining(job, name)
+                attempt.asked = None
+                if attempt.failure is None and self._shrink(job, attempt, k):
+                    return Observation(Phase.PREPARING if job.running_at is None
+                                       else Phase.RUNNING)
+                self._fail(launch, attempt, Failure(
+                    Phase.LOST, None, self._lost(ray, attempt.placed, k, _first_line(e)),
+                    self.clock(), gone | {k}))
+                return self._draining(job, attempt)
             if status is None:
                 unknown.append(k)
                 continue
-            problem = self._take(job, launch, k, status)
+            problem = self._take(job, launch, attempt, k, status)
             if problem:
-                del self._asked[name]
+                attempt.asked = None
                 return Observation(Phase.EXITED, 1, problem)
             seen[k] = status
-        if unknown and (seen or name in self._started):
-            del self._asked[name]
+        known_started = attempt.stage in (AttemptStage.RUNNING, AttemptStage.DRAINING)
+        if unknown and (seen or known_started):
+            attempt.asked = None
             return Observation(Phase.LOST, message=self._lost(
-                ray, launch, unknown[0], "its agent does not know it: the agent was restarted"))
+                ray, attempt.placed, unknown[0],
+                "its agent does not know it: the agent was restarted"))
         if len(seen) + len(unknown) < len(refs):  # an agent still starting, or busy
-            if name in self._failed:
-                return self._draining(job, name)
+            if attempt.stage is AttemptStage.DRAINING:
+                return self._draining(job, attempt)
             return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
-        del self._asked[name]
+        attempt.asked = None
         if unknown:  # no node of it started anywhere: start them all
             if job.state == JobState.TERMINATING:
                 return Observation(Phase.LOST, message="stopped before its nodes started")
-            self._start_nodes(job, launch, agents)
+            self._start_nodes(job, launch, attempt)
             return Observation(Phase.PREPARING)
-        self._started.add(name)
-        return self._outcome(job, launch, seen)
+        if attempt.stage is AttemptStage.PLACED:  # found started, after a service restart
+            attempt.move(AttemptStage.RUNNING)
+        return self._outcome(job, launch, attempt, seen)
 
-    def _outcome(self, job: JobInfo, launch: RayHandle,
+    def _outcome(self, job: JobInfo, launch: RayHandle, attempt: RayAttempt,
                  seen: dict[int, NodeStatus]) -> Observation:
         """The attempt's phase once every node still there answered."""
-        name = launch.placement_group
         failed = next((s for s in seen.values() if s.phase is Phase.EXITED and s.exit_code),
                       None)
-        if failed is not None and name not in self._failed:
-            self._fail(launch, _Failure(Phase.EXITED, failed.exit_code, failed.message,
-                                        self.clock()))
+        if failed is not None and attempt.failure is None:
+            self._fail(launch, attempt, Failure(Phase.EXITED, failed.exit_code, failed.message,
+                                                self.clock()))
         if all(s.phase is Phase.EXITED and not s.pending for s in seen.values()):
-            failure = self._failed.get(name)
-            return failure.observation() if failure else Observation(Phase.EXITED, 0)
-        if name in self._failed:
-            return self._draining(job, name)
+            return (attempt.failure.observation() if attempt.failure
+                    else Observation(Phase.EXITED, 0))
+        if attempt.stage is AttemptStage.DRAINING:
+            return self._draining(job, attempt)
         if any(s.phase is Phase.PREPARING for s in seen.values()):
             return Observation(Phase.PREPARING)
-        self._drop_copies(name)  # every node has its working dir
+        attempt.drop_copies()  # every node has its working dir
         return Observation(Phase.RUNNING)
 
-    def _drop_copies(self, name: str) -> None:
-        """Remove the attempt's private copy tars from the service's temporary folder."""
-        for copy in self._copies.pop(name, {}).values():
-            if isinstance(copy, transfer.PrivateCopy):
-                copy.close()
+    def _fail(self, launch: RayHandle, attempt: RayAttempt, failure: Failure) -> None:
+        """Note how the attempt ends and stop its other nodes; their outputs still come back."""
+        if attempt.fail(failure):
+            for k, agent in enumerate(attempt.agents or []):
+                if k not in failure.gone:
+                    agent.stop.remote(launch.key(k), True)
 
-    def _fail(self, launch: RayHandle, failure: _Failure) -> None:
-        """Note how the attempt ends and stop its other nodes; their outputs still come back.
-
-        A second failure while they stop only adds the nodes it lost to the first.
-        """
-        name = launch.placement_group
-        first = self._failed.get(name)
-        if first is not None:
-            self._failed[name] = _Failure(first.phase, first.exit_code, first.message,
-                                          first.since, first.gone | failure.gone)
-            return
-        self._failed[name] = failure
-        for k, agent in enumerate(self._agents[name]):
-            if k not in failure.gone:
-                agent.stop.remote(launch.key(k), True)
-
-    def _draining(self, job: JobInfo, name: str) -> Observation:
+    def _draining(self, job: JobInfo, attempt: RayAttempt) -> Observation:
         """A failed attempt's phase while its other nodes stop: where the job was, until they
         have all exited or the drain's bound passed."""
-        failure = self._failed[name]
+        failure = attempt.failure
+        assert failure is not None  # draining follows a failure
         if self.clock() - failure.since >= _DRAIN_S:
             ended = failure.observation()
             incomplete = "; ".join(f"node {k}: {_listed(files)}" for k, files in
-                                   sorted(self._pending.get(name, {}).items()) if files)
+                                   sorted(attempt.pending.items()) if files)
             if incomplete:
                 ended = Observation(ended.phase, ended.exit_code, (
                     f"{ended.message}; within {_DRAIN_S:g} s these files did not reach the "
@@ -392,19 +376,25 @@ class RayExecutor:
             return ended
         return Observation(Phase.PREPARING if job.running_at is None else Phase.RUNNING)
 
-    def _start_nodes(self, job: JobInfo, launch: RayHandle, agents: list[Any]) -> None:
-        spec, name = job.spec, launch.placement_group
+    def _start_nodes(self, job: JobInfo, launch: RayHandle, attempt: RayAttempt) -> None:
+        spec = job.spec
         environ = self.share.job_environ(job)
         inputs = {n: path for n, path in spec.inputs.items() if "://" not in path}
-        first_agent = agent_name(self._placed[name][0])
-        self._starting[name] = [agent.start.remote(launch.key(k), NodePlan(
+        first_agent = agent_name(attempt.placed[0])
+        elastic = spec.node_range if spec.elastic else None
+        attempt.starting = [agent.start.remote(launch.key(k), NodePlan(
             job_dir=job.job_dir, node=k, node_count=spec.node_count,
             process_count_per_node=spec.process_count_per_node, command=spec.command,
             job_preparation=spec.job_preparation, environ=environ, inputs=inputs,
-            placement_group=name, gpus=spec.process_count_per_node * spec.gpus_per_process,
-            first_agent=first_agent, first_key=launch.key(0))) for k, agent in enumerate(agents)]
+            placement_group=launch.placement_group,
+            gpus=spec.process_count_per_node * spec.gpus_per_process,
+            first_agent=first_agent, first_key=launch.key(0), node_range=elastic,
+            # An elastic attempt's world file names the cluster's nodes the job holds.
+            name=f"node{job.nodes[k]}" if elastic and k < len(job.nodes) else None))
+            for k, agent in enumerate(attempt.agents or [])]
+        attempt.move(AttemptStage.STARTING)
 
-    def _take(self, job: JobInfo, launch: RayHandle, node: int,
+    def _take(self, job: JobInfo, launch: RayHandle, attempt: RayAttempt, node: int,
               status: NodeStatus) -> str | None:
         """Serve a node working in a private copy: its working dir, its logs and outputs.
 
@@ -412,18 +402,16 @@ class RayExecutor:
             Why the share could not take what the node sent, if it could not.
         """
         job_dir = Path(job.job_dir)
-        name = launch.placement_group
         if status.needs_workdir or status.workdir_received:
-            self._private.add(name)
-        if status.needs_workdir:
-            copies = self._copies.setdefault(name, {})
-            copy = copies.get(status.missing_inputs)
+            attempt.private = True
+        if status.needs_workdir and attempt.agents is not None:
+            copy = attempt.copies.get(status.missing_inputs)
             if copy is None:
-                copy = copies[status.missing_inputs] = transfer.private_copy(
+                copy = attempt.copies[status.missing_inputs] = transfer.private_copy(
                     job_dir, {i: job.spec.inputs.get(i, "") for i in status.missing_inputs})
             piece = copy if isinstance(copy, str) else copy.piece(status.workdir_received)
-            self._agents[name][node].receive_workdir.remote(launch.key(node), piece)
-        self._pending.setdefault(name, {})[node] = status.pending
+            attempt.agents[node].receive_workdir.remote(launch.key(node), piece)
+        attempt.pending[node] = status.pending
         if not job_dir.is_dir():  # removed meanwhile: nothing to write into
             return None
         try:
@@ -432,15 +420,9 @@ class RayExecutor:
             return f"cannot write what node {node} sent into the job's folder {job_dir}: {e}"
         return None
 
-    def _dead_node(self, ray: Any, launch: RayHandle) -> int:
-        """The first node of the attempt whose Ray machine is no longer alive."""
-        placed = self._placed.get(launch.placement_group, {})
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return next((k for k in range(launch.node_count) if placed.get(k) not in alive), 0)
-
-    def _lost(self, ray: Any, launch: RayHandle, node: int, why: str) -> str:
+    def _lost(self, ray: Any, placed: dict[int, str], node: int, why: str) -> str:
         """A message naming the Ray node that held bundle ``node``."""
-        node_id = self._placed.get(launch.placement_group, {}).get(node, "")
+        node_id = placed.get(node, "")
         where = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
                      "?")
         return (f"node {node} of the job was lost: Ray node {node_id[:12]} at {where} ({why}); "
@@ -467,8 +449,9 @@ class RayExecutor:
 
     def _found_agents(self, ray: Any, handle: RayHandle) -> list[tuple[int, Any]]:
         """The agents that may run nodes of the attempt, by node: none before Ray placed it."""
-        if handle.placement_group in self._agents:
-            return list(enumerate(self._agents[handle.placement_group]))
+        attempt = self._attempts.get(handle.placement_group)
+        if attempt is not None and attempt.agents is not None:
+            return list(enumerate(attempt.agents))
         from ray.util import get_placement_group, placement_group_table
 
         try:
@@ -482,6 +465,12 @@ class RayExecutor:
             except ValueError:
                 continue  # gone with its machine
         return found
+
+
+def _dead_node(ray: Any, placed: dict[int, str], node_count: int) -> int:
+    """The first node of the attempt whose Ray machine is no longer alive."""
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return next((k for k in range(node_count) if placed.get(k) not in alive), 0)
 
 
 def _bundle_nodes(table: dict[str, Any]) -> dict[int, str]:

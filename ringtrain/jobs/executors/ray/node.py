@@ -1,14 +1,14 @@
 """One node of a job on Ray: what runs a node's preparation and its ranks.
 
 The Ray node's agent (:mod:`.agent`) holds one :class:`NodeRunner` per node of an attempt placed
-on its machine. Each runs the spec's ``job_preparation`` for its node, then starts its
-``process_count_per_node`` ranks with the torchrun-style variables that ``ringtrain.torch.init()``
-reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): rank 0 serves
-the rendezvous store at the first bundle's node address, on a port node 0's runner picks. A job
-asking for GPUs gets, in ``CUDA_VISIBLE_DEVICES`` of every rank of a node, the GPUs Ray assigned
-to the node's bundle (read by a task placed in the bundle). Logs go straight into the job's folder
-on the share (``stdouterr/rank.N/``, ``prep/node.K.*``), written line by line, so
-``job logs --follow`` reads them as they come.
+on its machine. Each runs the spec's ``job_preparation`` for its node, then its ranks through
+``ringtrain run`` in its per-node mode (:func:`~ringtrain.jobs.executors.jobrunner.node_argv`),
+the same launch as every executor's: node 0 serves the rendezvous at the first bundle's node
+address, on a port node 0's runner picks, drives the job and writes its result file; the other
+nodes' ``ringtrain run`` follow it. A job asking for GPUs gets, in ``CUDA_VISIBLE_DEVICES`` of
+every rank of a node, the GPUs Ray assigned to the node's bundle (read by a task placed in the
+bundle). Logs go straight into the job's folder on the share (``stdouterr/rank.N/``,
+``prep/node.K.*``), written line by line, so ``job logs --follow`` reads them as they come.
 
 A node that does not see the job's folder (no shared filesystem there), or whose machine sets
 ``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
@@ -42,10 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringtrain.jobs.envvars import NODE_INDEX, input_var
-from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED
+from ringtrain.jobs.executors.jobrunner import EXIT_NOT_STARTED, node_argv, run_outcome
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.ray import transfer
-from ringtrain.runner.threads import default_threads_environ
 
 #: Set on a Ray node's machine (in its raylet's environment): the folder its jobs work in, in
 #: private copies, even where it sees the service's share.
@@ -80,6 +79,8 @@ class NodePlan:
         gpus: GPUs of the node's bundle (0: none).
         first_agent: the actor name of node 0's agent, which serves the rendezvous address.
         first_key: node 0's key at that agent.
+        node_range: an elastic attempt's fewest and most nodes (``None``: a fixed one).
+        name: the host name of the node's ranks (an elastic attempt's world file names it).
     """
 
     job_dir: str
@@ -94,6 +95,8 @@ class NodePlan:
     gpus: int = 0
     first_agent: str = ""
     first_key: str = ""
+    node_range: tuple[int, int] | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,7 @@ class NodeRunner:
         if problem is None:
             try:
                 transfer.unpack(tar, self.work_dir)
-                for sub in ("wd", "prep", "stdouterr"):
+                for sub in ("wd", "prep", "stdouterr", "launcher"):
                     (self.work_dir / sub).mkdir(exist_ok=True)
                 for value in self._rebased().values():
                     if os.path.dirname(value) == str(self.work_dir / "outputs"):
@@ -313,27 +316,26 @@ class NodeRunner:
         return 0, ""
 
     def _ranks(self) -> tuple[int, str]:
+        """The node's ranks, through ``ringtrain run --nnodes ... --node-rank K``."""
         plan = self.plan
         master_addr, master_port = self._rendezvous()
         gpus = {"CUDA_VISIBLE_DEVICES": self._gpu_ids()} if plan.gpus else {}
-        ppn, size = plan.process_count_per_node, plan.node_count * plan.process_count_per_node
-        procs = []
-        for local in range(ppn):
-            rank = plan.node * ppn + local
-            env = {**self._base_env(), **gpus, "RANK": str(rank), "WORLD_SIZE": str(size),
-                   "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ppn),
-                   "GROUP_RANK": str(plan.node), "MASTER_ADDR": master_addr,
-                   "MASTER_PORT": str(master_port)}
-            env |= default_threads_environ(env)  # as `ringtrain run`'s task wrapper does
-            logs = self.work_dir / "stdouterr" / f"rank.{rank}"
-            logs.mkdir(parents=True, exist_ok=True)
-            try:
-                procs.append((rank, self._spawn(plan.command, env, logs / "stdout",
-                                                logs / "stderr")))
-            except OSError as e:
-                self._signal(signal.SIGKILL)
-                return EXIT_NOT_STARTED, f"could not start rank {rank}: {e.strerror}"
-        return self._wait(procs)
+        argv = node_argv((sys.executable, "-m", "ringtrain.cli", "run"), self.work_dir,
+                         plan.node, plan.node_count, plan.process_count_per_node,
+                         f"{master_addr}:{master_port}", plan.command, plan.node_range,
+                         plan.name)
+        launcher_log = self.work_dir / "launcher" / f"node.{plan.node}.log"
+        launcher_log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = self._spawn(argv, {**self._base_env(), **gpus}, launcher_log, launcher_log)
+        except OSError as e:
+            return EXIT_NOT_STARTED, f"could not start `ringtrain run` on node {plan.node}: " \
+                                     f"{e.strerror}"
+        code = proc.wait()
+        if plan.node != 0 and code != 0:  # a follower failed itself: lost node 0, say
+            return code, (f"node {plan.node} ({self.ip}): `ringtrain run` exited with code "
+                          f"{code}; see launcher/node.{plan.node}.log")
+        return run_outcome(code, self.work_dir)
 
     def _rendezvous(self) -> tuple[str, int]:
         """Node 0's rendezvous address; node 0 may start after this node.
@@ -365,35 +367,17 @@ class NodeRunner:
                                                   scheduling_strategy=where)
         return ",".join(str(i) for i in ray.get(task.remote(), timeout=_GPU_WAIT_S))
 
-    def _wait(self, procs: list[tuple[int, subprocess.Popen]]) -> tuple[int, str]:
-        """Wait for the node's ranks; the first to fail stops the others."""
-        pending = dict(procs)
-        while pending:
-            for rank, proc in list(pending.items()):
-                try:
-                    code = proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    continue
-                del pending[rank]
-                if code != 0:
-                    self._signal(signal.SIGKILL)
-                    for other in pending.values():
-                        other.wait()
-                    shown = 128 - code if code < 0 else code  # a signal, as a shell shows it
-                    return shown, (f"rank {rank} on node {self.plan.node} ({self.ip}) exited "
-                                   f"with code {shown}; see stdouterr/rank.{rank}/stderr")
-        return 0, ""
-
     def _base_env(self) -> dict[str, str]:
         bin_dir = os.path.dirname(sys.executable)  # `python` in a command is the agent's
         env = {**os.environ, **self._rebased(), "PYTHONUNBUFFERED": "1"}
         env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
         return env
 
-    def _spawn(self, command: str, env: dict[str, str], stdout: Path,
+    def _spawn(self, command: str | list[str], env: dict[str, str], stdout: Path,
                stderr: Path) -> subprocess.Popen:
+        argv = ["sh", "-c", command] if isinstance(command, str) else command
         with open(stdout, "ab") as out, open(stderr, "ab") as err:
-            proc = subprocess.Popen(["sh", "-c", command], cwd=self.work_dir / "wd",
+            proc = subprocess.Popen(argv, cwd=self.work_dir / "wd",
                                     env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True, preexec_fn=_die_with_parent)
         with self._lock:
