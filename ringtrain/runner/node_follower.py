@@ -14,9 +14,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from ringtrain.contract.elastic_rendezvous import Store
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.agent import Agent, SupervisedRank
-from ringtrain.runner.elastic_rendezvous import Store
 from ringtrain.runner.output import OutputSink
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import RankOutcome, RunResult

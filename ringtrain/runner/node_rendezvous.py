@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.runner.elastic_rendezvous import Store
-from ringtrain.runner.hosts import SlotInfo
+from ringtrain.contract.elastic_rendezvous import Store
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.runner.result import RankOutcome, RankState
 
 _BASE = "ringtrain/nodes/"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.errors import ConfigError
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.config import load_config
-from ringtrain.runner.hosts import SlotInfo
 from ringtrain.runner.result import RankOutcome, RankState
 
 

@@ -34,6 +34,7 @@ from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.records import (
     HOSTS_FILE,
     RESULT_FILE,
+    RUNNER_LOG,
     WORLD_FILE,
     LaunchSpec,
     RunnerStatus,

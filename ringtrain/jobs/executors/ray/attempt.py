@@ -21,7 +21,7 @@ from typing import Any
 
 from ringtrain.jobs.executors.base import Observation
 from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.ray import transfer
+from ringtrain.jobs.executors.ray import transfer
 
 
 class AttemptStage(enum.Enum):

@@ -41,10 +41,10 @@ from ringtrain.jobs.executors.local import with_world
 from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.executors.ray import transfer
 from ringtrain.jobs.executors.ray.agent import agent_name, ensure_agent, ensure_agents
+from ringtrain.jobs.executors.ray.attempt import AttemptStage, Failure, RayAttempt
 from ringtrain.jobs.executors.ray.connection import RayConnection
 from ringtrain.jobs.executors.ray.node import NodePlan, NodeStatus
 from ringtrain.jobs.models import JobInfo, JobState, NodeInfo
-from ringtrain.jobs.executors.ray.attempt import AttemptStage, Failure, RayAttempt
 from ringtrain.jobs.share import Share
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class RayHandle:
 class RayExecutor:
     """Runs attempts on Ray clusters.
 
-    It keeps one :class:`~ringtrain.jobs.ray.attempt.RayAttempt` per placed attempt it watches,
+    It keeps one :class:`~ringtrain.jobs.executors.ray.attempt.RayAttempt` per placed attempt it watches,
     by placement group name, with the attempt's stage; a restarted service rebuilds them from
     the stored handles and the agents' answers.
 
