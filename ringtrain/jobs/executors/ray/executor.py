@@ -108,8 +108,8 @@ class RayHandle:
 class RayExecutor:
     """Runs attempts on Ray clusters.
 
-    It keeps one :class:`~ringtrain.jobs.executors.ray.attempt.RayAttempt` per placed attempt it watches,
-    by placement group name, with the attempt's stage; a restarted service rebuilds them from
+    It keeps one :class:`~ringtrain.jobs.executors.ray.attempt.RayAttempt` per placed attempt it
+    watches, by placement group name, with the attempt's stage; a restarted service rebuilds them from
     the stored handles and the agents' answers.
 
     Args:
