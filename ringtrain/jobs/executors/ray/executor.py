@@ -109,8 +109,8 @@ class RayExecutor:
     """Runs attempts on Ray clusters.
 
     It keeps one :class:`~ringtrain.jobs.executors.ray.attempt.RayAttempt` per placed attempt it
-    watches, by placement group name, with the attempt's stage; a restarted service rebuilds them from
-    the stored handles and the agents' answers.
+    watches, by placement group name, with the attempt's stage; a restarted service rebuilds
+    them from the stored handles and the agents' answers.
 
     Args:
         share: the share holding the job folders, at the same path on the Ray nodes that see it.
