@@ -319,7 +319,11 @@ def test_failing_rank_fails_the_job_with_its_code(rays: RayService) -> None:
 
 @inside
 def test_failed_attempt_is_retried_under_a_new_placement_group(rays: RayService) -> None:
-    once = 'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || { touch $f; exit 3; }'
+    # The first attempt fails once both ranks marked themselves: the first failure stops the
+    # other rank at once, which must not be before it marked itself.
+    both = "[ -e $RINGTRAIN_JOB_DIR/tried.0 ] && [ -e $RINGTRAIN_JOB_DIR/tried.1 ]"
+    once = (f'f=$RINGTRAIN_JOB_DIR/tried.$RANK; [ -e $f ] && echo again || '
+            f'{{ touch $f; until {both}; do sleep 0.1; done; exit 3; }}')
     job = rays.submit("r", once, max_retries=1)
     done = rays.run_to_end(job.id)
     assert done.state == JobState.SUCCEEDED and done.attempt == 1, done.message
