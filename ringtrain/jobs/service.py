@@ -26,11 +26,10 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.executors.backend import ClusterBackend
-from ringtrain.jobs.executors.routing import TAG, Backends
+from ringtrain.jobs.executors.routing import Backends
 from ringtrain.jobs.job_folder import PREP_STREAMS, prep_log_path, rank_log_path
 from ringtrain.jobs.models import (
     AllocationState,
-    Backend,
     ClusterInfo,
     ClusterSpec,
     FileInfo,
@@ -403,27 +402,17 @@ class JobService:
             shown = rank if abs(rank) <= MAX_RANK else f"{str(rank)[:12]}..."
             raise InvalidRequestError(f"rank {shown} is out of range: job {job_id} has "
                                       f"{total} ranks (0..{total - 1})")
-        if stream == COMBINED_STREAM and not self._exists(job_id, rank_log_path(rank, stream)) \
-                and not self._writes_output_log(job):
-            return rank_log_path(rank, "stdout")  # the backend writes them apart
+        if stream == COMBINED_STREAM and job.state.is_terminal() \
+                and not self._exists(job_id, rank_log_path(rank, stream)) \
+                and self._exists(job_id, rank_log_path(rank, "stdout")):
+            # A job that ran before every node wrote the interleaved copy (Ray nodes wrote the
+            # streams apart): its stdout stands in.
+            return rank_log_path(rank, "stdout")
         return rank_log_path(rank, stream)
 
     def _exists(self, job_id: str, relpath: str) -> bool:
         # lexists: a name the job made a link or a pipe exists too (the open refuses it later)
         return os.path.lexists(self.share.job_dir(job_id) / relpath)
-
-    def _writes_output_log(self, job: JobInfo) -> bool:
-        """Whether the backend that runs (or ran) the job writes its ranks' ``output`` log."""
-        try:
-            kind = self.store.get_cluster(job.cluster).backend
-        except NotFoundError:  # the cluster is gone: the attempt's stored handle names it
-            launch = self.store.get_launch(job.id) or {}
-            try:
-                kind = Backend(launch.get(TAG))
-            except ValueError:  # it never started: it wrote no log at all
-                return True
-        backend = self.backends.find(kind)
-        return backend is None or backend.writes_output_log
 
     def log_ended(self, job_id: str, stream: str) -> bool:
         """Whether nothing will be written to the job's log ``stream`` any more: the job is

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.errors import InvalidRequestError, SpecError
+from ringtrain.jobs.errors import InvalidRequestError
 from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.executors.ray.backend import RayBackend
 from ringtrain.jobs.executors.ray.connection import RayConnection
@@ -53,7 +53,7 @@ def test_two_backends_of_one_kind_are_refused(fake_executor: FakeExecutor) -> No
                  lambda name: Backend.LOCAL)
 
 
-def test_a_ray_cluster_keeps_its_machines_and_runs_fixed_jobs_only(
+def test_a_ray_cluster_keeps_its_machines_and_runs_elastic_jobs_too(
         store: SQLiteStore, share: Share, fake_executor: FakeExecutor, clock: FakeClock,
         tmp_path: Path) -> None:
     service = _ray_service(store, share, fake_executor, clock, tmp_path)
@@ -65,13 +65,12 @@ def test_a_ray_cluster_keeps_its_machines_and_runs_fixed_jobs_only(
     assert service.resize_cluster("r", slots=2).slots == 2  # the CPUs a job may use: ours
     assert service.resize_cluster("l", nodes=3).target_nodes == 3
     elastic = parse_job_spec({"node_count": 2, "min_nodes": 1, "command": "true"})
-    with pytest.raises(SpecError) as refused:
-        service.submit("r", elastic)
-    assert [e["field"] for e in refused.value.errors] == ["min_nodes"]
-    assert service.submit("l", elastic).state in (JobState.STAGING, JobState.QUEUED)
+    # Every node runs `ringtrain run` in its per-node mode: what a local cluster runs, Ray does.
+    for cluster in ("r", "l"):
+        assert service.submit(cluster, elastic).state in (JobState.STAGING, JobState.QUEUED)
 
 
-def test_a_jobs_output_log_follows_the_backend_that_ran_it_even_after_its_cluster_is_gone(
+def test_a_jobs_handle_keeps_its_backend_after_its_cluster_is_gone(
         store: SQLiteStore, share: Share, fake_executor: FakeExecutor, clock: FakeClock,
         tmp_path: Path) -> None:
     service = _ray_service(store, share, fake_executor, clock, tmp_path)
@@ -79,9 +78,9 @@ def test_a_jobs_output_log_follows_the_backend_that_ran_it_even_after_its_cluste
     service.create_cluster(ClusterSpec(name="l", nodes=1))
     spec = parse_job_spec({"node_count": 1, "command": "true"})
     on_ray, on_local = service.submit("r", spec), service.submit("l", spec)
-    # The Ray backend writes no interleaved copy: its ranks' stdout stands in for it.
-    assert service.log_path(on_ray.id, 0, "output") == "stdouterr/rank.0/stdout"
-    assert service.log_path(on_local.id, 0, "output") == "stdouterr/rank.0/output"
+    # Every backend's nodes write the interleaved copy of a rank's streams.
+    for job in (on_ray, on_local):
+        assert service.log_path(job.id, 0, "output") == "stdouterr/rank.0/output"
     assert service.log_path(on_ray.id, 0, "prep.stderr") == "prep/node.0.stderr"
     service.tick()  # both start; their handles are stored with their backend's tag
     assert store.get_launch(on_ray.id)["backend"] == "ray"
@@ -93,4 +92,9 @@ def test_a_jobs_output_log_follows_the_backend_that_ran_it_even_after_its_cluste
     service.delete_cluster("r")
     service.tick()
     assert [c.name for c in store.list_clusters()] == ["l"]
+    # A job that ran before nodes wrote the interleaved copy: its stdout stands in.
+    stdout = share.job_dir(on_ray.id) / "stdouterr" / "rank.0" / "stdout"
+    stdout.parent.mkdir(parents=True, exist_ok=True)
+    stdout.write_text("trained\n")
     assert service.log_path(on_ray.id, 0, "output") == "stdouterr/rank.0/stdout"
+    assert service.log_path(on_local.id, 0, "output") == "stdouterr/rank.0/output"

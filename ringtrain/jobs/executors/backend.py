@@ -29,12 +29,6 @@ class ClusterBackend(Protocol):
         """Runs the attempts of jobs on this backend's clusters."""
         ...
 
-    @property
-    def writes_output_log(self) -> bool:
-        """Whether a rank's ``output`` log (its stdout and stderr as written) exists; where it
-        does not, the rank's stdout stands in for it."""
-        ...
-
     def attach(self, spec: ClusterSpec) -> ClusterSpec:
         """Make or reach the machines of a new cluster, before it is recorded.
 
@@ -80,7 +74,6 @@ class LocalBackend:
     """
 
     kind = Backend.LOCAL
-    writes_output_log = True  # `ringtrain run` writes it
 
     def __init__(self, executor: Executor[Any]):
         self.executor = executor

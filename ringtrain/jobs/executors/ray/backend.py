@@ -32,8 +32,6 @@ class RayBackend:
     """
 
     kind = Backend.RAY
-    # A Ray node writes a rank's stdout and stderr apart, with no interleaved copy.
-    writes_output_log = False
 
     def __init__(self, executor: Executor[Any], connection: RayConnection, private_dir: Path,
                  join_timeout_s: float = 60.0):
