@@ -575,10 +575,16 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
     assert rc == 0, err
     assert "ray nodes:" in out and out.count(" alive ") == 2
     spec = tmp_path / "job.yaml"
-    spec.write_text("node_count: 2\ncommand: echo rank $RANK of $WORLD_SIZE\n")
+    spec.write_text("node_count: 2\njob_preparation: echo preparing; echo prep-warning >&2\n"
+                    "command: echo rank $RANK of $WORLD_SIZE; sleep 0.3; echo progress $RANK >&2; "
+                    "sleep 0.3; echo done $RANK\n")
     rc, out, err = cli("job", "submit", str(spec), "--cluster", "r", "--follow")
     assert rc == 0, err
-    assert "rank 0 of 2" in out
+    # As on a local cluster: the preparation step, then rank 0's stdout and stderr as written
+    # (two pipes: lines written apart in time keep their order).
+    shown = [x for x in out.splitlines() if x.split(" ")[0] in
+             ("preparing", "prep-warning", "rank", "progress", "done")]
+    assert shown == ["preparing", "prep-warning", "rank 0 of 2", "progress 0", "done 0"], out
     rc, out, err = cli("cluster", "resize", "r", "--nodes", "3")
     assert rc != 0 and "is a Ray cluster" in err
 
