@@ -120,11 +120,12 @@ class FollowerAgent(Agent):
                          result.stopped, error=self._error, followed=self._done)
 
 
-def wait_for_store(connect: Callable[[], Store], timeout_s: float, what: str) -> Store:
+def wait_for_store(connect: Callable[[float], Store], timeout_s: float, what: str) -> Store:
     """Connect to the driver's store, retrying until ``timeout_s`` (node 0 may start later).
 
     Args:
-        connect: makes one client connection, raising when nobody answers.
+        connect: makes one client connection within the seconds it is given, raising when
+            nobody answered by then.
         timeout_s: how long to keep trying.
         what: the endpoint, for the error.
 
@@ -134,7 +135,7 @@ def wait_for_store(connect: Callable[[], Store], timeout_s: float, what: str) ->
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return connect()
+            return connect(max(0.5, min(5.0, deadline - time.monotonic())))
         except Exception as e:  # RuntimeError / DistNetworkError while node 0 is not up
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the driver (node 0) did not answer at {what} within "

@@ -189,9 +189,13 @@ def _follow(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: d
             options: SpawnOptions, sink: OutputSink, stop_signals: StopSignals) -> RunResult:
     import torch.distributed as dist  # a follower needs torch only for the store's client
 
-    def connect():
-        return dist.TCPStore(node.endpoint_host, node.endpoint_port, is_master=False,
-                             timeout=timedelta(seconds=max(config.start_timeout_s, 5.0)))
+    def connect(within_s: float):  # torch's TCPStore, which the Store protocol describes
+        # The client retries its connection for as long as its timeout: give it what is left
+        # of --rdzv-timeout, then the store's operations get the launch's own timeout.
+        store = dist.TCPStore(node.endpoint_host, node.endpoint_port, is_master=False,
+                              timeout=timedelta(seconds=within_s))
+        store.set_timeout(timedelta(seconds=max(config.start_timeout_s, 5.0)))
+        return store
 
     where = f"{node.endpoint_host}:{node.endpoint_port}"
     try:
