@@ -104,9 +104,10 @@ def trial_result(name: str, data: str, runs: list[ScriptRun], samples_known: boo
         count = min(WINDOWS, run.steps)
         if count < 2:
             raise ScriptRunError(
-                f"the {name} trial measured {run.steps} step(s) in one run: its noise comes "
-                "from windows of its steps, so it needs --steps of at least 2 (or --repeats "
-                "of at least 2)")
+                f"the {name} trial measured {run.steps} step(s) after the warm-up in one run "
+                "(the script ended, or --steps stopped it): its noise comes from windows of "
+                "its steps, so it needs 2 or more (a longer run or --steps >= 2), or "
+                "--repeats of at least 2")
         cuts = [round(i * run.steps / count) for i in range(count + 1)]
         measurements = [_measure(name, data, workers,
                                  [records[a:b] for records in run.ranks], samples_known)

@@ -85,9 +85,12 @@ def test_doctor_profiles_an_unchanged_script_on_two_ranks(tmp_path):
     """The script only uses DataLoader + DistributedOptimizer; the doctor stops it after
     warm-up + steps, and its synthetic run feeds the first batch again (no data wait)."""
     script = ROOT / "tests" / "integration" / "scripts" / "loader_train.py"
+    # One run a trial (its noise from windows of its steps), and a loader slow enough that its
+    # wait stands out of any noise a loaded machine adds.
     out = _run(["-m", "ringtrain.cli", "doctor", "-np", "2", "--steps", "4", "--warmup", "1",
-                "--work-dir", str(tmp_path / "doc"), "-o", "json", "--", sys.executable,
-                str(script), "--item-ms", "4", "--workers", "1", "--epochs", "50"], tmp_path)
+                "--repeats", "1", "--work-dir", str(tmp_path / "doc"), "-o", "json", "--",
+                sys.executable, str(script), "--item-ms", "20", "--workers", "1", "--epochs",
+                "50"], tmp_path)
     assert '"steps":' not in out.stdout  # stopped by the doctor, long before its 50 epochs
     report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
     synthetic, real = report["trials"]
@@ -99,7 +102,7 @@ def test_doctor_profiles_an_unchanged_script_on_two_ranks(tmp_path):
         assert abs(phases - trial["breakdown_ms"]["step"]) < 0.01 * trial["breakdown_ms"]["step"]
         assert trial["breakdown_ms"]["forward_backward"] > 0
         assert trial["breakdown_ms"]["communication"] > 0
-    # A batch of 8 items of 4 ms each from one worker: ~32 ms per batch to wait for.
+    # A batch of 8 items of 20 ms each from one worker: ~160 ms per batch to wait for.
     assert real["breakdown_ms"]["data"] > 10 > synthetic["breakdown_ms"]["data"]
     assert real["images_per_second"] < synthetic["images_per_second"]
     assert "data wait" in report["advice"][0]["message"]

@@ -96,7 +96,8 @@ def test_doctor_profiles_the_retinanet_example(tmp_path):
 
     data = tmp_path / "trees"
     assert data_main(["deepforest-coco", str(data), "--format", "jpeg", "--val", "OSBS_029"]) == 0
-    report = _doctor([str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "1",
+    # 2 epochs of 2 steps: 2 measured after the warm-up, the fewest a single run needs.
+    report = _doctor([str(EXAMPLES / "retinanet_coco.py"), "--data", str(data), "--epochs", "2",
                       "--limit-train", "4", "--image-size", "96", "--output-dir",
                       str(tmp_path / "out")], tmp_path, None)
     assert report["trials"] and all(t["breakdown_ms"]["step"] > 0 for t in report["trials"])
