@@ -93,7 +93,9 @@ class HealthProbe:
         self.samples: list[tuple[float, float]] = []
 
     def __enter__(self) -> HealthProbe:
-        self._proc = subprocess.Popen(self._args, stdout=subprocess.PIPE, text=True)
+        # A file, not a pipe: nobody reads until the end, and a full pipe would stop the probe.
+        self._out = tempfile.TemporaryFile("w+")
+        self._proc = subprocess.Popen(self._args, stdout=self._out, text=True)
         return self
 
     @contextlib.contextmanager
@@ -106,7 +108,10 @@ class HealthProbe:
 
     def __exit__(self, *exc: object) -> None:
         self._proc.terminate()
-        stdout, _ = self._proc.communicate(timeout=30)
+        self._proc.wait(timeout=30)
+        self._out.seek(0)
+        stdout = self._out.read()
+        self._out.close()
         for line in stdout.splitlines():
             at, took = line.split()
             self.samples.append((float(at), float(took)))
