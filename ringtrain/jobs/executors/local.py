@@ -109,14 +109,7 @@ class LocalExecutor:
         os.replace(tmp, path)  # the script never prints half a list
 
     def poll(self, job: JobInfo, launch: RunnerHandle | None) -> Observation:
-        seen = self._observe(job, launch)
-        if not job.spec.elastic or seen.phase is Phase.LOST:
-            return seen
-        try:
-            return with_world(job, seen)
-        except RecordError as e:  # the attempt goes on; only its world is not known
-            log.warning("job %s: %s", job.id, e)
-            return seen
+        return with_world(job, self._observe(job, launch))
 
     def _observe(self, job: JobInfo, launch: RunnerHandle | None) -> Observation:
         if launch is None:
@@ -199,12 +192,16 @@ class LocalExecutor:
 
 
 def with_world(job: JobInfo, seen: Observation) -> Observation:
-    """``seen`` with the elastic attempt's current world and lost nodes, from its world file.
-
-    Raises:
-        RecordError: the world file is malformed.
-    """
-    world = read_world(Path(job.job_dir))
+    """``seen`` with the elastic attempt's current world and lost nodes, from its world file;
+    ``seen`` itself for a fixed job, a lost attempt, or a world file that cannot be read (the
+    attempt goes on; only its world is not known, which is logged)."""
+    if not job.spec.elastic or seen.phase is Phase.LOST:
+        return seen
+    try:
+        world = read_world(Path(job.job_dir))
+    except RecordError as e:
+        log.warning("job %s: %s", job.id, e)
+        return seen
     if world is None:
         return seen
     first_failure: dict[str, str] = {}

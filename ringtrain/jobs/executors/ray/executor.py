@@ -202,14 +202,7 @@ class RayExecutor:
                        attempt: RayAttempt) -> Observation:
         """:meth:`_observe`, with an elastic attempt's world from the world file node 0's
         ``ringtrain run`` writes (when node 0 works on the share)."""
-        seen = self._observe(ray, job, launch, attempt)
-        if not job.spec.elastic or seen.phase is Phase.LOST:
-            return seen
-        try:
-            return with_world(job, seen)
-        except RecordError as e:  # the attempt goes on; only its world is not known
-            log.warning("job %s: %s", job.id, e)
-            return seen
+        return with_world(job, self._observe(ray, job, launch, attempt))
 
     def _shrink(self, job: JobInfo, attempt: RayAttempt, node: int) -> bool:
         """Whether the attempt goes on without ``node`` (an elastic one's other node than node
