@@ -131,10 +131,11 @@ class JobRunner:
             except OSError as e:
                 for child in children:  # the nodes started so far wait for this one
                     child.terminate()
-                    child.wait()
+                    _end(child)
                 return EXIT_NOT_STARTED, f"{_not_started('`ringtrain run`', e)} (node {k})"
             self._children = children
-        codes = [child.wait() for child in children]
+        driver = children[0].wait()  # the job itself: as long as it trains
+        codes = [driver, *(_end(child) for child in children[1:])]
         code, message = run_outcome(codes[0], self.job_dir)
         failed = next((k for k, c in enumerate(codes) if k and c), None)
         if code == 0 and failed is not None:  # a node that could not join or lost node 0
@@ -182,11 +183,7 @@ class JobRunner:
             self.on_signal(signal.SIGTERM, None)
             return EXIT_NOT_STARTED, _not_started("`ringtrain run`", e)
         for child in self._children:  # followers end once the driver said the job is over
-            try:
-                child.wait(timeout=_FOLLOWER_WAIT_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            _end(child)
         return run_outcome(driver.returncode, self.job_dir)
 
     def _offered_nodes(self) -> set[int]:
@@ -280,6 +277,16 @@ def run_outcome(code: int, job_dir: Path) -> tuple[int, str]:
         return code, report.message
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     return code, f"`ringtrain run` {how}; see {rank_log_path('N', 'stderr')}"
+
+
+def _end(child: subprocess.Popen) -> int:
+    """``child``'s exit code once it ended by itself within :data:`_FOLLOWER_WAIT_S`, or was
+    killed then (a node process ends soon after node 0 did, or after it was told to)."""
+    try:
+        return child.wait(timeout=_FOLLOWER_WAIT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
 
 
 def _free_port() -> int:
