@@ -485,6 +485,7 @@ class Engine:
         with self._lock:
             while self._queue:
                 request = self._queue.popleft()
+                request.offered_round = self._round
                 self._pending[request.name] = request
             shutting_down = self._shutdown_requested
             self._drained = True
@@ -557,6 +558,8 @@ class Engine:
                 self._queue = collections.deque(r for r in self._queue if r.counted != tag)
             unit += [r for r in self._pending.values() if r.counted == tag]
             for request in unit:
+                if request.offered_round < 0:
+                    request.offered_round = self._round
                 self._pending[request.name] = request
             if not self._queue:  # as in a negotiation round: a caller blocked later is news
                 self._caller_blocked.clear()
@@ -581,7 +584,8 @@ class Engine:
 
     def _full_exchange(self, awaited: set[str], blocked: list[int]) -> Decision:
         now = self._clock()
-        metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.name in awaited)
+        metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.name in awaited,
+                         offered_round=r.offered_round)
                  for r in self._pending.values()]
         gathered = self._backend.control_allgather(metas)
         decision = negotiation.decide(gathered)

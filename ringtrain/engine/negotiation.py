@@ -122,8 +122,10 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
             Response(name, first.op, dict(subs), joined=tuple(sorted(stand_ins)), error=error))
 
     if joins and len(joins) == world:
-        # The rank whose join waited least joined last; ties go to the higher rank.
-        decision.join_done = min(joins, key=lambda r: (joins[r].age_s, -r))
+        # The last join offered joined last: a rank that joined while another still trained
+        # offered its join rounds earlier. Joins offered in one round are simultaneous: the one
+        # that waited least, then the higher rank (ages come from different clocks).
+        decision.join_done = max(joins, key=lambda r: (joins[r].offered_round, -joins[r].age_s, r))
     return decision
 
 

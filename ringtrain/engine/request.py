@@ -52,6 +52,9 @@ class RequestMeta:
     #: Whether a thread of its rank is blocked waiting for it, for deadlock detection; not part
     #: of what peers must agree on either.
     waited: bool = field(default=False, compare=False)
+    #: The round in which its rank first offered it (rounds are counted alike on every rank):
+    #: orders joins by cause, where ages measured on different ranks' clocks cannot.
+    offered_round: int = field(default=-1, compare=False)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Request:
     ready_event: torch.cuda.Event | None = None  # a CUDA event recorded on the submitting stream
     grouped: bool = False  # complete with a list even when it holds one tensor
     counted: str | None = None  # the readiness counter this submission was added to, if any
+    offered_round: int = -1  # the round that first took it, once one did
 
     @property
     def name(self) -> str:

@@ -49,8 +49,16 @@ def test_joined_rank_stands_in_for_allreduce_but_not_broadcast():
 
 
 def test_join_completes_with_the_last_rank_to_join():
-    joins = [[RequestMeta("join", OpType.JOIN, r, (0, 1, 2), (), age_s=age)]
+    joins = [[RequestMeta("join", OpType.JOIN, r, (0, 1, 2), (), age_s=age, offered_round=7)]
              for r, age in enumerate([5.0, 0.1, 2.0])]
+    assert decide(joins).join_done == 1
+
+
+def test_the_join_offered_in_a_later_round_is_last_whatever_the_clocks_say():
+    # Rank 1 trained a step with rank 0 standing in, then joined: its join came rounds later,
+    # although a rank descheduled before it measured made its age look older.
+    joins = [[RequestMeta("join", OpType.JOIN, r, (0, 1), (), age_s=age, offered_round=rnd)]
+             for r, (age, rnd) in enumerate([(0.010, 40), (0.030, 43)])]
     assert decide(joins).join_done == 1
 
 
