@@ -50,6 +50,7 @@ from ringtrain.jobs.paging import FilePage
 
 _BY_STATUS: dict[int, type[JobsError]] = {
     400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
+    503: ServiceUnavailableError,  # busy: a download waits and asks again
 }
 T = TypeVar("T")
 #: Finds the server again after a lost connection: its url and token.

@@ -58,6 +58,17 @@ class ServiceUnavailableError(JobsError, ConnectionError):
     http_status = 503
 
 
+class BusyError(JobsError):
+    """The service runs as much of this kind of work as it takes; ask again later."""
+
+    http_status = 503
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        #: seconds the client should wait (the ``Retry-After`` header)
+        self.retry_after_s = retry_after_s
+
+
 class AuthError(JobsError, PermissionError):
     """A request lacked the bearer token the server was started with."""
 

@@ -138,9 +138,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     info.write(home.server_file)
     log.info("ringtrain job service at %s (home %s)", info.url, home.root)
     try:
-        # The event loop shares the GIL with the threads that stream archives and walk folders:
-        # at Python's default 5 ms interval a health check waits several such slices (300 ms
-        # with a million-file download on 2 cores), at 0.5 ms it waits a tenth of that.
+        # The event loop shares the GIL with the threads that walk folders and read logs: at
+        # Python's default 5 ms interval a health check waits several such slices (300 ms
+        # with a million-file download made in a thread, on 2 cores), at 0.5 ms a tenth.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
         uvicorn.Server(config).run(sockets=[sock])

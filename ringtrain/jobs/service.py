@@ -6,7 +6,6 @@ job's completion; the store still checks each transition on its own.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import secrets
@@ -15,7 +14,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
-from ringtrain.jobs.archive import tar_stream
 from ringtrain.jobs.errors import (
     ConflictError,
     InvalidRequestError,
@@ -344,11 +342,9 @@ class JobService:
         self.store.get_job(job_id)
         return self.share.iter_files(job_id, path)
 
-    def archive(self, job_id: str, path: str, after: str | None = None) -> Iterator[bytes]:
-        """The files under ``path`` as a tar stream, after the file ``after`` (see
-        :mod:`ringtrain.jobs.archive`).
-
-        The path is checked before this returns: errors are raised here, not by the stream.
+    def check_archive(self, job_id: str, path: str, after: str | None = None) -> None:
+        """Check what an archive of the files under ``path`` after ``after`` would read (see
+        :mod:`ringtrain.jobs.archive_process`), so that its errors come before its stream.
 
         Raises:
             NotFoundError: no such job, or nothing at the path.
@@ -356,9 +352,7 @@ class JobService:
                 folder, or goes through a symbolic link.
         """
         self.store.get_job(job_id)
-        files = self.share.iter_opened(job_id, path, after)
-        first = next(files, None)  # raises for a bad path
-        return tar_stream(itertools.chain([first] if first else [], files))
+        next(self.share.iter_opened(job_id, path, after), None)  # closed as soon as dropped
 
     def open_file(self, job_id: str, path: str) -> BinaryIO:
         """Open one file of a job for download (see :meth:`Share.open_file`).

@@ -4,6 +4,7 @@ named pipes and sockets on every route that reads there, unbounded offsets, huge
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -342,3 +343,29 @@ def test_a_followed_log_shorter_than_the_offset_is_read_from_its_start(
     assert r.status_code == 200 and r.text == "attempt 2\n"
     r = http.get(f"/v1/jobs/{job}/logs", params={"offset": 5000})
     assert r.status_code == 400
+
+
+def test_folder_downloads_beyond_the_limit_are_told_to_come_back(
+        http: httpx.Client, served: tuple[Home, str]) -> None:
+    from ringtrain.jobs.archive_process import MAX_PRODUCERS
+
+    job, folder = new_job(http, served)
+    (folder / "outputs" / "o").mkdir(parents=True, exist_ok=True)
+    (folder / "outputs" / "o" / "big.bin").write_bytes(bytes(8 << 20))  # more than a pipe holds
+    with contextlib.ExitStack() as open_streams:
+        for _ in range(MAX_PRODUCERS):  # started, not read
+            r = open_streams.enter_context(
+                http.stream("GET", f"/v1/jobs/{job}/archive", params={"path": "outputs"}))
+            assert r.status_code == 200
+        busy = http.get(f"/v1/jobs/{job}/archive", params={"path": "outputs"})
+        assert busy.status_code == 503, busy.text
+        assert int(busy.headers["Retry-After"]) > 0 and "folder downloads" in busy.json()["detail"]
+        assert http.get("/v1/health").status_code == 200
+    # The clients left: their producers went with them, and the next download is served.
+    for _ in range(100):
+        r = http.get(f"/v1/jobs/{job}/archive", params={"path": "outputs"})
+        if r.status_code == 200:
+            break
+        time.sleep(0.1)
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert tar.getnames() == ["outputs/o/big.bin"]

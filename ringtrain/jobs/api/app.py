@@ -8,8 +8,10 @@ allowed Host and carry ``Authorization: Bearer <token>``, or the dashboard's coo
 :mod:`ringtrain.jobs.api.dashboard`.
 
 Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
-worker threads too. What does run on the event loop, decoding and validating a body, is bounded
-by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no request stalls the others.
+worker threads too; a folder's archive is made by a process of its own
+(:mod:`ringtrain.jobs.archive_process`). What does run on the event loop, decoding and
+validating a body, is bounded by :class:`~ringtrain.jobs.api.limits.BodyLimit` and linear, so no
+request stalls the others.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Annotated, Any, BinaryIO
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from ringtrain import __version__
 from ringtrain.jobs.api.dashboard import add_dashboard_routes
@@ -39,8 +42,9 @@ from ringtrain.jobs.api.schemas import (
     ResizeRequest,
     SubmitRequest,
 )
+from ringtrain.jobs.archive_process import ArchiveProducers
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import JobsError, NotFoundError, SpecError, brief
+from ringtrain.jobs.errors import BusyError, JobsError, NotFoundError, SpecError, brief
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN, NAME_PATTERN
@@ -51,7 +55,7 @@ from ringtrain.jobs.service import JobService
 from ringtrain.web.offline_docs import add_offline_docs
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422)}
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 503)}
 
 ClusterName = Annotated[str, Path(pattern=NAME_PATTERN, description="A cluster's name.")]
 JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job's id.")]
@@ -86,6 +90,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
                   description="Clusters, training jobs, their logs and output files, and "
                               "deployments of their models.")
     metrics = ServiceMetrics(service)
+    producers = ArchiveProducers(str(service.share.root))
     add_offline_docs(app, "ringtrain job service")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
@@ -96,7 +101,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     @app.exception_handler(JobsError)
     async def _jobs_error(_request: Request, e: JobsError) -> JSONResponse:
         body = ErrorResponse(detail=str(e), errors=getattr(e, "errors", []))
-        return JSONResponse(body.model_dump(), status_code=e.http_status)
+        headers = {"Retry-After": str(e.retry_after_s)} if isinstance(e, BusyError) else None
+        return JSONResponse(body.model_dump(), status_code=e.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
@@ -176,10 +182,12 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
 
     @r.get("/jobs/{job_id}/archive", response_class=StreamingResponse,
            responses={200: {"content": {"application/x-tar": {}}}})
-    def archive(job_id: JobIdPath, path: FilePath = "", after: CursorQuery = None
-                ) -> StreamingResponse:
-        # Produced while sent; the path is checked (400/404) before the 200 is sent.
-        return StreamingResponse(service.archive(job_id, path, after),
+    async def archive(job_id: JobIdPath, path: FilePath = "", after: CursorQuery = None
+                      ) -> StreamingResponse:
+        # The path is checked (400/404) before the 200 is sent; the archive is made while it
+        # is sent, by a process of its own.
+        await run_in_threadpool(service.check_archive, job_id, path, after)
+        return StreamingResponse(await producers.start(job_id, path, after),
                                  media_type="application/x-tar")
 
     @r.get("/jobs/{job_id}/download", response_class=StreamingResponse,

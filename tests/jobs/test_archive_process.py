@@ -1,0 +1,110 @@
+"""Archives made by producer processes: bounded in number, killed when nobody reads them."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ringtrain.jobs.archive_process import ArchiveProducers
+from ringtrain.jobs.errors import BusyError
+
+
+def _job(root: Path, files: int, size: int) -> None:
+    outputs = root / "jobs" / "j1" / "outputs"
+    outputs.mkdir(parents=True)
+    for i in range(files):
+        (outputs / f"f{i:03d}").write_bytes(bytes([i % 256]) * size)
+
+
+def _children() -> list[int]:
+    """This process's child processes (from /proc)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
+
+
+async def _settled(producers: ArchiveProducers, timeout_s: float = 20.0) -> None:
+    """Until no producer runs (each reaped), or fail."""
+    for _ in range(int(timeout_s / 0.05)):
+        if producers.running == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{producers.running} producer(s) still running")
+
+
+def test_a_producer_writes_the_archive_and_is_reaped(tmp_path: Path) -> None:
+    _job(tmp_path, files=30, size=5000)
+
+    async def run() -> bytes:
+        producers = ArchiveProducers(str(tmp_path))
+        data = b"".join([chunk async for chunk in await producers.start("j1", "outputs",
+                                                                        "outputs/f009")])
+        await _settled(producers)
+        return data
+
+    with tarfile.open(fileobj=io.BytesIO(asyncio.run(run()))) as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == [f"outputs/f{i:03d}" for i in range(10, 30)]
+        f = tar.extractfile(members[0])
+        assert f is not None and f.read() == bytes([10]) * 5000
+
+
+def test_beyond_the_limit_a_request_is_busy_until_a_producer_ends(tmp_path: Path) -> None:
+    _job(tmp_path, files=3, size=10)
+
+    async def run() -> None:
+        producers = ArchiveProducers(str(tmp_path), limit=2)
+        first = await producers.start("j1", "outputs", None)
+        second = await producers.start("j1", "outputs", None)
+        with pytest.raises(BusyError, match="2 folder downloads are running") as busy:
+            await producers.start("j1", "outputs", None)
+        assert busy.value.http_status == 503 and busy.value.retry_after_s > 0
+        assert [c async for c in first]  # read to its end: its slot comes back
+        await _settled_until(producers, 1)
+        third = await producers.start("j1", "outputs", None)
+        for stream in (second, third):
+            assert [c async for c in stream]
+        await _settled(producers)
+
+    asyncio.run(run())
+
+
+async def _settled_until(producers: ArchiveProducers, running: int) -> None:
+    for _ in range(400):
+        if producers.running <= running:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{producers.running} producers running, expected {running}")
+
+
+def test_a_client_that_leaves_kills_its_producer(tmp_path: Path) -> None:
+    _job(tmp_path, files=40, size=1 << 20)  # 40 MiB: far more than a pipe holds
+
+    async def run() -> int:
+        producers = ArchiveProducers(str(tmp_path))
+        stream = await producers.start("j1", "outputs", None)
+        (pid,) = _children()
+        assert await stream.__anext__()
+        await stream.aclose()  # what the server does when the client disconnects
+        await _settled(producers)
+        return pid
+
+    pid = asyncio.run(run())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_producer_nobody_reads_is_killed_after_the_start_timeout(tmp_path: Path) -> None:
+    _job(tmp_path, files=40, size=1 << 20)
+
+    async def run() -> None:
+        producers = ArchiveProducers(str(tmp_path), start_timeout_s=0.5)
+        await producers.start("j1", "outputs", None)  # the response never starts
+        assert producers.running == 1
+        await _settled(producers)
+
+    asyncio.run(run())
