@@ -32,8 +32,6 @@ MAX_PRODUCERS = 8
 START_TIMEOUT_S = 30.0
 #: What a busy service asks a client to wait before asking again.
 RETRY_AFTER_S = 2
-#: Nice value of a producer: a bulk copy yields the CPU to requests when both want it.
-PRODUCER_NICE = 5
 
 
 class ArchiveProducers:
@@ -135,7 +133,6 @@ def main(argv: list[str]) -> int:
     from ringtrain.jobs.share import Share
 
     root, job_id, path, *after = argv
-    os.nice(PRODUCER_NICE)
     out = sys.stdout.buffer.fileno()
     try:
         for chunk in tar_stream(Share(root).iter_opened(job_id, path, after[0] if after else None)):
