@@ -84,15 +84,21 @@ class _DistributedOptimizer:
         world: the handles, counts and bucket contents of a step begun in the old one belong
         to an engine that is gone, and the new world may be of another size. Every rank of
         the new world, survivor or newcomer, starts it from an empty step, so their counts
-        agree.
+        agree. Between ``shutdown()`` and ``init()`` there is no world: the old one's step is
+        dropped, and the first call after ``init()`` adapts to the new one.
         """
-        world = runtime.current()
+        world = runtime.current() if runtime.is_initialized() else None
         if world is self._world:
             return
-        if self._world is not None:
-            self._forget_step(wait=False)  # the old engine failed whatever was in flight
+        if self._world is not None:  # the world of the last call is gone
+            self._forget_step(wait=False)  # its engine failed whatever was in flight
             self._synchronized = False
+            if self._autotuner is not None:
+                self._autotuner.close()
+                self._autotuner = None
         self._world = world
+        if world is None:
+            return
         # At size 1 the local gradient is the average: nothing is copied or submitted.
         self._reduces = self._process_set.size() > 1
         # As Horovod: hooks in a world of several ranks and in any elastic one, which may grow
@@ -104,11 +110,9 @@ class _DistributedOptimizer:
         # --autotune tunes this optimizer's buckets (and the engine's knobs) between steps,
         # counting steps in lockstep with the peers: each world starts a tuning of its own, as
         # Horovod's init() does.
-        if self._autotuner is not None:
-            self._autotuner.close()
         knobs = world.env.knobs
-        self._autotuner = (Autotuner(self, knobs) if knobs.autotune is not None
-                           and self._process_set is global_process_set else None)
+        if knobs.autotune is not None and self._process_set is global_process_set:
+            self._autotuner = Autotuner(self, knobs)
 
     def _plan_units(self) -> None:
         """Plan the units of gradients submitted together: the user's groups (each one grouped

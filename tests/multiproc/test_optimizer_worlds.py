@@ -40,6 +40,7 @@ def _shrink_to_one_and_grow_back(passes: int) -> dict:
     for _ in range(passes):
         model(x).sum().backward()
     hvd.shutdown()
+    optimizer.zero_grad()  # between worlds: the old world's step is gone, nothing is refused
     hvd.init(comm=[rank])  # a world of this rank alone
     try:
         out["size"] = hvd.size()
