@@ -39,9 +39,15 @@ class _DistributedState:
         self.process_set = process_set
         self.counter = 0  # backward passes accumulated since the last reduction
         self.accumulated: list[torch.Tensor | None] = []
+        self.world = runtime.current()  # the world whose passes are accumulated
 
     def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any] | None,
               base_apply: Callable[[Sequence, Sequence | None], Any]) -> Any:
+        world = runtime.current()
+        if world is not self.world:
+            # A new world (an elastic reset): passes of the old one are dropped, so that
+            # survivors and newcomers count this world's passes alike and reduce together.
+            self.world, self.accumulated, self.counter = world, [], 0
         if len(grads) == 0:
             return base_apply(list(grads), variables)
         if self.passes == 1 and self.process_set.size() == 1:

@@ -107,6 +107,13 @@ class Autotuner:
             self._finish()
         self._start = None
 
+    def close(self) -> None:
+        """Stop tuning (the world it tuned is gone): close rank 0's log; nothing is written."""
+        self.done = True
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     def _decide(self, score: float) -> tuple[Setting, bool]:
         """Rank 0: record the sample, then the next setting, or the best when the search is
         over."""

@@ -63,8 +63,7 @@ class _DistributedOptimizer:
         # SparseAdam refuses dense gradients)
         self._densified: dict[torch.nn.Parameter, int] = {}
         self._groups = _parameter_groups(self.param_groups, groups)
-        knobs = runtime.current().env.knobs
-        self._bucket_bytes = knobs.bucket_bytes
+        self._bucket_bytes = runtime.current().env.knobs.bucket_bytes
         self._plan_units()
         self._put: set[torch.nn.Parameter] = set()  # gradients in their buckets this step
         self._unit_counts: dict[int, int] = {}
@@ -74,13 +73,46 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._hook_handles = []
-        if process_set.size() > 1:
+        self._autotuner: Autotuner | None = None
+        self._world: runtime.Runtime | None = None
+        self._follow_world()
+
+    def _follow_world(self) -> None:
+        """Adapt to the world this process is in now, if it changed since the last call.
+
+        An elastic reset (``shutdown()``, ``init()``) keeps the optimizer but replaces the
+        world: the handles, counts and bucket contents of a step begun in the old one belong
+        to an engine that is gone, and the new world may be of another size. Every rank of
+        the new world, survivor or newcomer, starts it from an empty step, so their counts
+        agree. Between ``shutdown()`` and ``init()`` there is no world: the old one's step is
+        dropped, and the first call after ``init()`` adapts to the new one.
+        """
+        world = runtime.current() if runtime.is_initialized() else None
+        if world is self._world:
+            return
+        if self._world is not None:  # the world of the last call is gone
+            self._forget_step(wait=False)  # its engine failed whatever was in flight
+            self._synchronized = False
+            if self._autotuner is not None:
+                self._autotuner.close()
+                self._autotuner = None
+        self._world = world
+        if world is None:
+            return
+        # At size 1 the local gradient is the average: nothing is copied or submitted.
+        self._reduces = self._process_set.size() > 1
+        # As Horovod: hooks in a world of several ranks and in any elastic one, which may grow
+        # (they count passes at size 1). Hooks stay once registered: at size 1 they only count.
+        if not self._hook_handles and (self._reduces or runtime.is_elastic()):
             for p in self._names:
                 if p.requires_grad:
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
-        # --autotune: tunes this optimizer's buckets (and the engine's knobs) between steps.
-        self._autotuner = (Autotuner(self, knobs) if knobs.autotune is not None
-                           and process_set is global_process_set else None)
+        # --autotune tunes this optimizer's buckets (and the engine's knobs) between steps,
+        # counting steps in lockstep with the peers: each world starts a tuning of its own, as
+        # Horovod's init() does.
+        knobs = world.env.knobs
+        if knobs.autotune is not None and self._process_set is global_process_set:
+            self._autotuner = Autotuner(self, knobs)
 
     def _plan_units(self) -> None:
         """Plan the units of gradients submitted together: the user's groups (each one grouped
@@ -108,6 +140,7 @@ class _DistributedOptimizer:
     def _hook(self, p: torch.nn.Parameter) -> None:
         # Autograd may run this on a thread of its own (CUDA): that thread is no submitter
         # whose waits say whether the rank is blocked (see engine.deadlock).
+        self._follow_world()
         with runtime.current().engine.submitting_for_autograd():
             self._gradient_ready(p)
 
@@ -117,7 +150,7 @@ class _DistributedOptimizer:
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
-        if self._delay[p] > 0:
+        if self._delay[p] > 0 or not self._reduces:
             return
         if self._sparse is not None and p in self._sparse.params:
             self._sparse.submit(p)
@@ -160,7 +193,9 @@ class _DistributedOptimizer:
 
     def synchronize(self) -> None:
         """Wait until every gradient has been averaged across ranks (and write it back)."""
-        if self._process_set.size() == 1:
+        self._follow_world()
+        if not self._reduces:
+            self._forget_step()  # the hooks' pass counts: the next step starts afresh
             self._synchronized = True
             return
         # Every unit, whole: peers may have gradients where this rank has none, and they count
@@ -187,10 +222,11 @@ class _DistributedOptimizer:
             self._forget_step()
         self._synchronized = True
 
-    def _forget_step(self) -> None:
+    def _forget_step(self, wait: bool = True) -> None:
         """Drop this step's bucket state: nothing submitted, nothing put, full delays; plan the
-        buckets again if gradients turned out sparse."""
-        if self._sparse is not None and self._sparse.forget_step():
+        buckets again if gradients turned out sparse. ``wait=False``: do not wait for sparse
+        reductions still in flight (their engine is gone)."""
+        if self._sparse is not None and self._sparse.forget_step(wait):
             self._plan_units()
         self._inflight.clear()
         self._unit_counts.clear()
@@ -221,6 +257,7 @@ class _DistributedOptimizer:
         """
         if nbytes < 1:
             raise ValueError(f"bucket size must be positive, got {nbytes}")
+        self._follow_world()
         if self._inflight or self._put:
             raise RuntimeError("set_bucket_bytes() during a step: call it after step()")
         self._bucket_bytes = nbytes
@@ -248,6 +285,7 @@ class _DistributedOptimizer:
     def load_state_dict(self, state_dict):
         """Load the state and forget the gradients of a step that did not finish (an elastic
         restore after a failure mid-step), as Horovod's optimizer does."""
+        self._follow_world()
         for submitted in self._inflight.values():
             for _, handle, _ in submitted:
                 try:
@@ -260,6 +298,7 @@ class _DistributedOptimizer:
         return super(self.__class__, self).load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True):
+        self._follow_world()
         if self._inflight:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "

@@ -70,10 +70,11 @@ class SparseGradients:
         for p, handle in self._inflight.items():
             p.grad = handle()
 
-    def forget_step(self) -> bool:
+    def forget_step(self, wait: bool = True) -> bool:
         """Drop this step's reductions (waiting for them first: their names must be free for
-        the next step). Returns whether the buckets must be planned again."""
-        for handle in self._inflight.values():
+        the next step; ``wait=False`` where their engine is gone). Returns whether the buckets
+        must be planned again."""
+        for handle in self._inflight.values() if wait else ():
             try:
                 handle.wait()
             except RuntimeError:

@@ -9,7 +9,8 @@ samples of the committed batches of this epoch (all ranks'), so a test can check
 committed sample is trained twice. ``RINGTRAIN_TEST_PAUSE=WORKER:EPOCH:BATCH`` makes that
 worker of the first world announce itself and sleep there, so that a test can kill it at a
 known point (its peers then wait in that batch's allreduce), in a world of 3 ranks
-(``RINGTRAIN_TEST_PAUSE_SIZE``: another size).
+(``RINGTRAIN_TEST_PAUSE_SIZE``: another size). ``RINGTRAIN_TEST_PACE_ONE=1`` paces a world of
+one rank too, so that a test can grow it back before training ends.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main() -> None:
                 state.trained += tuple(i for part in hvd.allgather_object(idx) for i in part)
                 report("batch", rank=hvd.rank(), size=hvd.size(), epoch=state.epoch,
                        commits=state.commits, indices=idx)
-                if hvd.size() > 1:
+                if hvd.size() > 1 or os.environ.get("RINGTRAIN_TEST_PACE_ONE") == "1":
                     time.sleep(PACE_S)
                 if (b + 1) % COMMIT == 0:
                     state.commits += 1

@@ -209,3 +209,33 @@ def test_reduced_gradients(world2, kwargs, scale):
         # zeros, and both apply the reduced one: the replicas stay equal
         np.testing.assert_allclose(a, np.array([3.0, 6.0, 9.0]) * scale, rtol=1e-3)
         np.testing.assert_allclose(b, np.full((2, 2), 4.0 * scale), rtol=1e-3)
+
+
+def _passes_across_worlds() -> list:
+    """backward_passes_per_step=2: one pass in a world of 2, then two in a world of one."""
+    import torch
+
+    r = hvd.rank()
+    a = keras.Variable(np.zeros(2, np.float32), name="a")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0),
+                                   backward_passes_per_step=2)
+    grad = torch.tensor([1.0, 2.0]) * (r + 1)
+    opt.apply([grad * 10], [a])  # half a step, never finished in this world
+    hvd.shutdown()
+    hvd.init(comm=[r])
+    try:
+        opt.apply([grad], [a])
+        after_one = (-a.numpy()).tolist()
+        opt.apply([grad], [a])
+        after_two = (-a.numpy()).tolist()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    return [after_one, after_two]
+
+
+def test_accumulated_passes_restart_in_a_new_world(world2):
+    for r, (after_one, after_two) in enumerate(world2.run(_passes_across_worlds)):
+        assert after_one == [0.0, 0.0]  # the first pass of the new world: counted only
+        # the two passes of the new world, reduced over its one rank; the old pass dropped
+        assert after_two == [2.0 * (r + 1), 4.0 * (r + 1)]
