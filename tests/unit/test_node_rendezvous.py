@@ -48,7 +48,7 @@ def test_nodes_register_beat_and_leave(store) -> None:
 
 
 def test_a_name_that_comes_back_maps_to_its_new_node(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "a", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "a", 1), timeout_s=5.0)
     nodes.register(store, nodes.NodeInfo(1, "b", 1))
     registry.refresh()
     assert registry.rank_of("b") == 1
@@ -59,7 +59,7 @@ def test_a_name_that_comes_back_maps_to_its_new_node(store) -> None:
 
 
 def test_start_requests_and_outcomes_round_trip(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1), timeout_s=5.0)
     slot = SlotInfo("node1", 1, 0, 2, 1, 1, 2)
     registry.request_start(1, nodes.StartRequest(1, slot, {"RANK": "1"}))
     registry.request_start(1, nodes.StartRequest(3, slot, {"RANK": "1"}, worker=3))
@@ -81,7 +81,7 @@ def test_start_requests_and_outcomes_round_trip(store) -> None:
 
 
 def test_the_driver_ends_the_job_once(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1), timeout_s=5.0)
     assert nodes.done(store) is None
     registry.finish(3, wait_s=0.0)
     assert nodes.done(store) == 3
