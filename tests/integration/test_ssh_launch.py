@@ -13,6 +13,7 @@ import pytest
 from launcher_workers import CONTROLLED, ENV_DUMP, cli, read_pids, run_job, wait_dead, write_script
 from sshd import REMOTE_HOST, sshd_server  # noqa: F401 - the fixture is used by name
 
+from ringtrain.runner.plan import compat_shim_dir
 from ringtrain.runner.result import RankState
 
 PY = sys.executable
@@ -274,3 +275,20 @@ def test_an_elastic_world_re_forms_without_a_worker_killed_on_a_remote_host(tmp_
     assert (f"worker 2 on {REMOTE_HOST} was killed by signal SIGKILL; re-forming the world "
             "without it") in err
     assert not _followers_in(tmp_path)
+
+
+def test_horovod_compat_puts_each_host_s_shim_first_once(tmp_path, sshd_server):  # noqa: F811
+    # The follower adds the shim of its own host's ringtrain before the PYTHONPATH it was
+    # given; the launcher adds nothing of its machine's for remote ranks.
+    probe = ("import os, horovod; print('shim', horovod.__file__); "
+             "print('path', os.environ['PYTHONPATH'])")
+    proc = cli(["-np", "2", "-H", f"localhost:1,{REMOTE_HOST}:1", "--horovod-compat",
+                *sshd_server.launcher_flags(), PY, "-c", probe], tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    shim = compat_shim_dir()
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:shim {shim}/horovod/__init__.py" in out
+        path = next(line.split("path ", 1)[1] for line in out.splitlines()
+                    if line.startswith(f"[{rank}]<stdout>:path "))
+        assert path.split(os.pathsep) == [shim, *os.environ["PYTHONPATH"].split(os.pathsep)]
