@@ -19,14 +19,13 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Mapping
 from enum import Enum
 from functools import partial
 from typing import IO
 
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.hints import failure_hint
-from ringtrain.runner.output import OutputSink
+from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import (
     RankOutcome,
@@ -73,7 +72,7 @@ class SupervisedRank:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.stderr_thread: threading.Thread | None = None
         self.threads: list[threading.Thread] = []
-        self.relayed = False  # started by another node's follower (a per-node launch)
+        self.relayed = False  # started by another node's follower
 
     def tail(self) -> str:
         return " / ".join(self.stderr_tail)
@@ -95,28 +94,26 @@ class SupervisedRank:
 class Agent:
     """Runs one launch plan to completion."""
 
-    def __init__(self, plan: LaunchPlan, options: SpawnOptions, sink: OutputSink,
-                 start_timeout_s: float, launcher_environ: Mapping[str, str],
-                 stop_grace_s: float | None = None,
-                 relay: nodes.NodeRegistry | None = None):
+    def __init__(self, plan: LaunchPlan, options: SpawnOptions, sink: RankOutput,
+                 start_timeout_s: float, stop_grace_s: float | None = None,
+                 relay: nodes.NodeRelay | None = None):
         """Args:
             plan: the ranks to start.
             options: how to start them.
-            sink: where their output goes.
+            sink: where their output goes (its owner closes it).
             start_timeout_s: how long a rank may take to report in.
-            launcher_environ: the launcher's environment (ssh runs with it).
             stop_grace_s: after a stop request, how long before the ranks are killed; by
                 default a little longer than the wrapper's own grace, so the wrapper's orderly
                 SIGTERM-then-SIGKILL of the command runs first.
-            relay: in a per-node launch, the other nodes, whose followers start the ranks
-                planned on them (``RankSpec.node``).
+            relay: the other nodes, whose followers start the ranks planned on them
+                (``RankSpec.node``): the remote hosts of an ssh launch, the other nodes of a
+                per-node launch.
         """
         self._plan = plan
         self._relay = relay
         self._next_relay_poll = 0.0
         self._options = options
         self._sink = sink
-        self._launcher_environ = launcher_environ
         self._ranks: list[SupervisedRank] = []  # every rank started so far, in start order
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
@@ -173,23 +170,22 @@ class Agent:
         rank = SupervisedRank(spec)
         self._ranks.append(rank)
         if spec.node is not None:
-            assert self._relay is not None  # only a per-node launch plans ranks on other nodes
+            assert self._relay is not None  # ranks are planned on other nodes only with a relay
             rank.relayed = True
-            # The follower applies the start timeout; the driver watches the node's beat.
+            # The follower applies the start timeout; the relay watches the node.
             self._relay.request_start(spec.node, nodes.StartRequest(
                 spec.number, spec.slot, spec.env, spec.worker))
             log.debug("rank %d: asked node %d to start it", spec.number, spec.node)
             return True
         try:
-            rank.proc = RankProcess(spec, self._plan.command, self._options,
-                                    self._launcher_environ)
+            rank.proc = RankProcess(spec, self._plan.command, self._options)
         except OSError as e:
             rank.exited = True
             self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, reason=str(e)))
             return False
         rank.deadline = time.monotonic() + self._start_timeout_s
-        log.debug("rank %d on %s: started %s (pid %d)", spec.number, spec.hostname,
-                  "locally" if spec.local else "over ssh", rank.proc.popen.pid)
+        log.debug("rank %d on %s: started (pid %d)", spec.number, spec.hostname,
+                  rank.proc.popen.pid)
         popen = rank.proc.popen
         rank.stderr_thread = _thread(f"rank{spec.number}-stderr", self._pump_stderr,
                                      index, popen.stderr)
@@ -228,9 +224,8 @@ class Agent:
     def _on_marker(self, rank: SupervisedRank, marker: Marker) -> None:
         if marker.event is MarkerEvent.STARTED:
             rank.started = True
-            if rank.spec.local:
-                assert rank.proc is not None  # markers come from its process
-                rank.proc.child_pid = marker.pid
+            assert rank.proc is not None  # markers come from its process
+            rank.proc.child_pid = marker.pid
         elif marker.event is MarkerEvent.FAILED:
             rank.failed_reason = marker.detail
         elif marker.event is MarkerEvent.EXIT:
@@ -294,11 +289,6 @@ class Agent:
             self._on_rank_succeeded(rank)
         elif rank.stop_requested:
             rank.finish(RankState.STOPPED, exit_code=code, signal=sig)
-        elif rank.exit_marker is None and not rank.spec.local:
-            reason = f"the ssh connection ended (ssh exit code {returncode})"
-            tail = rank.tail()
-            self._on_rank_failed(rank, rank.finish(RankState.FAILED, exit_code=code, signal=sig,
-                                                   reason=f"{reason}: {tail}" if tail else reason))
         else:
             hint = failure_hint(rank.stderr_tail)
             hinted = None if hint is None else (
@@ -307,24 +297,19 @@ class Agent:
                                                    reason=hinted))
 
     def _poll_relayed(self) -> None:
-        """Take in what the followers reported of their ranks, and fail those of lost nodes."""
+        """Take in what the followers reported of their ranks (the relay fails those of lost
+        nodes)."""
         assert self._relay is not None
         self._relay.refresh()
         for rank in self._ranks:
             if not rank.relayed or rank.exited:
                 continue
-            number, node = rank.spec.number, rank.spec.node
-            assert node is not None  # a relayed rank runs on another node
+            number = rank.spec.number
             if not rank.started and self._relay.started(number):
                 rank.started = True
                 if rank.state is RankState.STARTING:
                     rank.state = check_transition(rank.state, RankState.RUNNING)
             relayed = self._relay.outcome(number)
-            if relayed is None and not self._relay.alive(node):
-                relayed = nodes.RelayedOutcome(
-                    RankState.FAILED, None, None,
-                    f"node {node} ({rank.spec.hostname}) stopped answering: its machine or its "
-                    "`ringtrain run` is gone")
             if relayed is not None:
                 rank.exited = True
                 self._on_relayed_end(rank, relayed)
@@ -336,10 +321,12 @@ class Agent:
         if end.state is RankState.SUCCEEDED:
             rank.finish(RankState.SUCCEEDED, exit_code=0)
             self._on_rank_succeeded(rank)
+        elif end.state is RankState.START_FAILED and rank.state is RankState.STARTING:
+            # As for a rank of this machine: one that could not start is a start failure even
+            # after a stop request (its node may be unreachable, and every such rank is named).
+            self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, **details))
         elif end.state is RankState.STOPPED or rank.stop_requested:
             rank.finish(RankState.STOPPED, **details)
-        elif end.state is RankState.START_FAILED and rank.state is RankState.STARTING:
-            self._on_rank_failed(rank, rank.finish(RankState.START_FAILED, **details))
         else:
             self._on_rank_failed(rank, rank.finish(RankState.FAILED, **details))
 
@@ -441,7 +428,6 @@ class Agent:
         for rank in self._ranks:
             for thread in rank.threads:
                 thread.join(timeout=1.0)  # a process that escaped its group may hold a pipe
-        self._sink.close()
 
 
 def _thread(name: str, target, *args) -> threading.Thread:

@@ -36,7 +36,9 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_START_FAILED
     if config.verbose:
         logging.getLogger("ringtrain").setLevel(logging.DEBUG)
-    note = threads_note(os.environ, _most_ranks_per_host(config))
+    # A follower of the ssh launch speaks only of its own failures: the launcher says the rest.
+    relayed = config.node is not None and config.node.stdio
+    note = None if relayed else threads_note(os.environ, _most_ranks_per_host(config))
     if note:
         print(f"ringtrain run: {note}", file=sys.stderr, flush=True)
     try:
@@ -46,7 +48,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_START_FAILED
     if config.result_file:
         _write_result(config.result_file, result)
-    if result.succeeded:
+    if result.succeeded or (relayed and result.exit_code == 0):
         log.info("%s", result.message)
     else:
         print(f"ringtrain run: {result.message}", file=sys.stderr)

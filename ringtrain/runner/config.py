@@ -73,6 +73,8 @@ class NodeSpec:
     endpoint_port: int
     name: str
     rdzv_timeout_s: float = 600.0
+    #: Started by the ssh launcher: output goes framed to stdout, stdin closing stops the node.
+    stdio: bool = False
 
     def __post_init__(self) -> None:
         if self.nnodes < 1:
@@ -85,6 +87,9 @@ class NodeSpec:
             raise ConfigError(f"--rdzv-endpoint: {self.endpoint_port} is not a TCP port (1-65535)")
         if self.rdzv_timeout_s <= 0:
             raise ConfigError(f"--rdzv-timeout: must be positive, not {self.rdzv_timeout_s}")
+        if self.stdio and self.node_rank == 0:
+            raise ConfigError("--node-stdio: node 0 drives the job and prints its output itself; "
+                              "give it to the other nodes only")
 
     @property
     def is_driver(self) -> bool:
@@ -106,6 +111,8 @@ class LaunchConfig:
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     start_timeout_s: float = 30.0
+    #: How long another node may go without a sign of life (``--node-timeout``).
+    node_timeout_s: float = 10.0
     network_interfaces: tuple[str, ...] = ()
     output_filename: str | None = None
     result_file: str | None = None
@@ -142,6 +149,8 @@ class LaunchConfig:
             raise ConfigError(f"-p/--ssh-port: {self.ssh_port} is not a TCP port (1-65535)")
         if self.start_timeout_s <= 0:
             raise ConfigError(f"--start-timeout: must be positive, not {self.start_timeout_s}")
+        if self.node_timeout_s <= 0:
+            raise ConfigError(f"--node-timeout: must be positive, not {self.node_timeout_s}")
         if self.output_filename and Path(self.output_filename).is_file():
             raise ConfigError(f"--output-filename: {self.output_filename} is a file; give a "
                               "directory (each rank writes rank.N/stdout and rank.N/stderr)")
@@ -199,6 +208,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         ssh_port=values["ssh_port"],
         ssh_identity_file=identity,
         start_timeout_s=values["start_timeout"],
+        node_timeout_s=values["node_timeout"],
         network_interfaces=_interfaces(values["network_interfaces"]),
         output_filename=values["output_filename"],
         result_file=values["result_file"],
@@ -218,9 +228,9 @@ def _node(values: dict[str, Any]) -> NodeSpec | None:
         ConfigError: a per-node option without ``--nnodes``, a missing one, or one that
             contradicts placing ranks from one host.
     """
-    names = ("node_rank", "nproc_per_node", "rdzv_endpoint", "node_name")
+    names = ("node_rank", "nproc_per_node", "rdzv_endpoint", "node_name", "node_stdio")
     if values["nnodes"] is None:
-        given = [BY_DEST[d].name for d in names if values[d] is not None]
+        given = [BY_DEST[d].name for d in names if values[d] not in (None, False)]
         if given:
             raise ConfigError(f"{', '.join(given)}: only for per-node launches; add --nnodes N")
         return None
@@ -242,7 +252,7 @@ def _node(values: dict[str, Any]) -> NodeSpec | None:
     return NodeSpec(nnodes=values["nnodes"], node_rank=rank,
                     nproc_per_node=values["nproc_per_node"] or 1, endpoint_host=host,
                     endpoint_port=int(port), name=values["node_name"] or f"node{rank}",
-                    rdzv_timeout_s=values["rdzv_timeout"])
+                    rdzv_timeout_s=values["rdzv_timeout"], stdio=bool(values["node_stdio"]))
 
 
 def _hosts(values: dict[str, Any]) -> list[hostlib.HostInfo]:

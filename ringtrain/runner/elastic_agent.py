@@ -37,7 +37,7 @@ from ringtrain.runner.agent import Agent, SupervisedRank
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
 from ringtrain.runner.hosts import HostInfo
-from ringtrain.runner.output import OutputSink
+from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
@@ -70,8 +70,8 @@ class ElasticAgent(Agent):
 
     def __init__(self, planner: RankPlanner, spec: ElasticSpec, initial_np: int,
                  poller: HostSource, store: rdzv.Store, run_id: str, options: SpawnOptions,
-                 sink: OutputSink, start_timeout_s: float, launcher_environ: Mapping[str, str],
-                 relay: nodes.NodeRegistry | None = None):
+                 sink: RankOutput, start_timeout_s: float,
+                 relay: nodes.NodeRelay | None = None):
         """Args:
             planner: builds each worker's spec.
             spec: the elastic options.
@@ -79,10 +79,9 @@ class ElasticAgent(Agent):
             poller: the host discovery, started.
             store: the launcher's rendezvous store.
             run_id: this launch's id.
-            options, sink, start_timeout_s, launcher_environ, relay: as for :class:`Agent`.
+            options, sink, start_timeout_s, relay: as for :class:`Agent`.
         """
-        super().__init__(planner.launch_plan([]), options, sink, start_timeout_s,
-                         launcher_environ, relay=relay)
+        super().__init__(planner.launch_plan([]), options, sink, start_timeout_s, relay=relay)
         self._planner = planner
         self._spec = spec
         self._initial_np = initial_np
@@ -232,7 +231,9 @@ class ElasticAgent(Agent):
     def _start_worker(self, worker: int, slot: SlotInfo, generation: int) -> None:
         spec = self._planner.rank(slot, ElasticWorker(worker, generation, self._spec.timeout_s))
         try:
-            if spec.node is None:  # another node's follower writes the files of its workers
+            # A per-node launch's other nodes write their workers' files; an ssh launch's
+            # remote hosts send the output here.
+            if spec.node is None or (self._relay is not None and self._relay.output_here):
                 self._sink.open_rank(worker)
         except OSError as e:
             self._stop_job(f"--output-filename: cannot create the files of worker {worker} ({e})")

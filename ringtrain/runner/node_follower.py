@@ -4,8 +4,9 @@ The follower supervises its ranks as the driver's :class:`~ringtrain.runner.agen
 own (the same task wrapper, output files, markers, stop grace), but decides nothing: it starts
 the ranks the driver asks for (:mod:`ringtrain.runner.node_rendezvous`), reports when each
 reported in and how it ended, stops those the driver stops, and ends when the driver says the
-job is over (with the job's exit status), or when the driver's store stops answering (then it
-stops its ranks: a job without its driver cannot go on).
+job is over (with the job's exit status), or when it loses the driver: its store stops
+answering, or (a follower of the ssh launch) its connection to the launcher closes. Then it
+stops its ranks: a job without its driver cannot go on.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from ringtrain.contract.elastic_rendezvous import Store
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.agent import Agent, SupervisedRank
-from ringtrain.runner.output import OutputSink
+from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import RankOutcome, RunResult
 from ringtrain.runner.spawn import SpawnOptions
@@ -29,7 +30,7 @@ class FollowerAgent(Agent):
     """Runs the ranks the driver places on this node until the driver ends the job."""
 
     def __init__(self, node: nodes.NodeInfo, store: Store, command: tuple[str, ...],
-                 options: SpawnOptions, sink: OutputSink, start_timeout_s: float,
+                 options: SpawnOptions, sink: RankOutput, start_timeout_s: float,
                  environ: Mapping[str, str]):
         """Args:
             node: this node, as registered.
@@ -38,8 +39,7 @@ class FollowerAgent(Agent):
             options, sink, start_timeout_s: as for :class:`Agent`.
             environ: this node's environment; the driver's variables go on top of it.
         """
-        super().__init__(LaunchPlan(command, (), "", 0, ""), options, sink, start_timeout_s,
-                         environ)
+        super().__init__(LaunchPlan(command, (), "", 0, ""), options, sink, start_timeout_s)
         self._node = node
         self._store = store
         self._environ = dict(environ)
@@ -49,6 +49,14 @@ class FollowerAgent(Agent):
         self._next_beat = 0.0
         self._done: int | None = None  # the job's exit status, once the driver ended it
         self._error: str | None = None
+        self._lost_driver: str | None = None  # set from another thread
+
+    def lose_driver(self, why: str) -> None:
+        """The driver is gone (``why`` says how): stop this node's ranks and end.
+
+        Safe to call from another thread; acted on at the monitor's next tick.
+        """
+        self._lost_driver = why
 
     def _start(self) -> None:
         """Nothing yet: ranks start when the driver asks."""
@@ -61,6 +69,10 @@ class FollowerAgent(Agent):
 
     def _on_tick(self, now: float) -> None:
         if self._error is not None or self._done is not None:
+            return
+        if self._lost_driver is not None:
+            self._error = self._lost_driver
+            self._stop_all()
             return
         try:
             self._talk(now)
@@ -98,7 +110,7 @@ class FollowerAgent(Agent):
             nodes.say_bye(self._store, self._node.rank)
 
     def _start_requested(self, request: nodes.StartRequest) -> None:
-        spec = RankSpec(request.slot, True, self._environ | dict(request.env), request.worker)
+        spec = RankSpec(request.slot, self._environ | dict(request.env), request.worker)
         try:
             self._sink.open_rank(request.number)
         except OSError as e:

@@ -6,7 +6,9 @@ drives the job exactly as a launch from one host does (the same :class:`Agent` o
 :class:`ElasticAgent`, the same plan, environment contract, result file and root cause): its
 hosts are the nodes that registered (``--node-name``, ``--nproc-per-node`` slots each), and a
 rank planned on another node is started there by that node's follower
-(:mod:`ringtrain.runner.node_follower`), which writes the rank's output files on its machine.
+(:mod:`ringtrain.runner.node_follower`), which writes the rank's output files on its machine
+(with ``--node-stdio``, as the ssh launch starts its followers, it sends the output to the
+launcher instead, and stops its ranks when its stdin closes: :mod:`ringtrain.runner.ssh_nodes`).
 
 A fixed launch starts once ``--nnodes`` nodes registered (within ``--rdzv-timeout``). An elastic
 one (``--min-np``) discovers its hosts from the nodes that registered and still beat: a node
@@ -17,13 +19,17 @@ re-formed through the same elastic rendezvous as on a launch from one host.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from typing import BinaryIO
 
+from ringtrain.contract.slots import SlotInfo
 from ringtrain.errors import ConfigError
 from ringtrain.runner import network
 from ringtrain.runner import node_rendezvous as nodes
@@ -32,8 +38,9 @@ from ringtrain.runner.config import LaunchConfig, NodeSpec
 from ringtrain.runner.elastic_agent import ElasticAgent
 from ringtrain.runner.hosts import HostInfo, assign
 from ringtrain.runner.node_follower import FollowerAgent, wait_for_store
-from ringtrain.runner.output import OutputSink
-from ringtrain.runner.plan import RankPlanner
+from ringtrain.runner.node_output import FramedOutput
+from ringtrain.runner.output import OutputSink, RankOutput
+from ringtrain.runner.plan import RankPlanner, horovod_compat_environ
 from ringtrain.runner.preflight import check_command
 from ringtrain.runner.rendezvous import NetworkPlan, StoreServer
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
@@ -42,8 +49,6 @@ from ringtrain.runner.task import DEFAULT_GRACE_S
 
 log = logging.getLogger(__name__)
 
-#: How long the driver waits, once the job ended, for its followers to read that it did.
-_BYE_WAIT_S = 10.0
 #: How often an elastic driver reads the registrations and beats as its host discovery.
 _DISCOVERY_INTERVAL_S = 0.5
 
@@ -71,15 +76,34 @@ def launch_node(config: LaunchConfig, environ: dict[str, str], cwd: str,
     """
     node = config.node
     assert node is not None
-    check_command(config.command, cwd, environ)
+    if not node.stdio:
+        # A follower of the ssh launch leaves it to each rank's wrapper, whose start failure the
+        # launcher reports for that rank, as for a rank it starts itself.
+        check_command(config.command, cwd, environ)
     options = SpawnOptions(python=sys.executable, cwd=cwd, token=secrets.token_hex(8),
-                           grace_s=DEFAULT_GRACE_S, connect_timeout_s=config.start_timeout_s)
-    sink = OutputSink({"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer},
-                      config.output_filename, config.prefix_output_with_timestamp)
+                           grace_s=DEFAULT_GRACE_S)
     me = nodes.NodeInfo(node.node_rank, node.name, node.nproc_per_node)
-    if node.is_driver:
-        return _drive(config, node, me, environ, options, sink, stop_signals)
-    return _follow(config, node, me, environ, options, sink, stop_signals)
+    sink: RankOutput
+    if node.stdio:
+        sink = FramedOutput(_take_stdout())
+    else:
+        sink = OutputSink({"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer},
+                          config.output_filename, config.prefix_output_with_timestamp)
+    try:
+        if node.is_driver:
+            return _drive(config, node, me, environ, options, sink, stop_signals)
+        return _follow(config, node, me, environ, options, sink, stop_signals)
+    finally:
+        sink.close()
+
+
+def _take_stdout() -> BinaryIO:
+    """The process's stdout for the frames alone: anything else printed to it (a library's
+    print) goes to stderr from now on."""
+    sys.stdout.flush()
+    frames = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    return frames
 
 
 def _network(config: LaunchConfig, node: NodeSpec) -> NetworkPlan:
@@ -98,23 +122,25 @@ def _network(config: LaunchConfig, node: NodeSpec) -> NetworkPlan:
 
 
 def _drive(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: dict[str, str],
-           options: SpawnOptions, sink: OutputSink, stop_signals: StopSignals) -> RunResult:
+           options: SpawnOptions, sink: RankOutput, stop_signals: StopSignals) -> RunResult:
     net = _network(config, node)
     try:
         server = StoreServer(node.endpoint_host, config.start_timeout_s, port=node.endpoint_port)
     except OSError as e:
-        sink.close()
         raise ConfigError(f"--rdzv-endpoint {node.endpoint_host}:{node.endpoint_port}: cannot "
                           f"serve the rendezvous store there ({e.strerror})") from None
     run_id = secrets.token_hex(6)
     with server:
-        registry = nodes.NodeRegistry(server.store, me)
-        planner = RankPlanner(config, net, node.endpoint_port, run_id, environ,
-                              registry.rank_of)
+        registry = nodes.NodeRegistry(server.store, me, config.node_timeout_s)
+
+        def node_of(slot: SlotInfo) -> int | None:
+            k = registry.rank_of(slot.hostname)
+            return None if k == me.rank else k
+
+        planner = RankPlanner(config, net, node.endpoint_port, run_id, environ, node_of)
         if config.elastic is None:
             found = _wait_for_nodes(registry, node)
             if isinstance(found, RunResult):
-                sink.close()
                 return found
             hosts = [HostInfo(n.name, n.slots) for _, n in sorted(found.items())]
             specs = [planner.rank(slot) for slot in assign(hosts, sum(h.slots for h in hosts))]
@@ -123,20 +149,19 @@ def _drive(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: di
                     if spec.node is None:
                         sink.open_rank(spec.number)
             except OSError as e:
-                sink.close()
                 raise ConfigError(f"--output-filename {config.output_filename}: cannot create "
                                   f"the rank files ({e})") from None
             agent: Agent = Agent(planner.launch_plan(specs), options, sink,
-                                 config.start_timeout_s, environ, relay=registry)
+                                 config.start_timeout_s, relay=registry)
         else:
             agent = ElasticAgent(planner, config.elastic, config.num_proc,
                                  _RegisteredHosts(registry), server.store, run_id, options, sink,
-                                 config.start_timeout_s, environ, relay=registry)
+                                 config.start_timeout_s, relay=registry)
         log.info("run %s: node 0 of %d, store at %s:%d", run_id, node.nnodes,
                  node.endpoint_host, node.endpoint_port)
         with stop_signals(agent):
             result = agent.run()
-        registry.finish(result.exit_code, _BYE_WAIT_S)
+        registry.finish(result.exit_code, nodes.BYE_WAIT_S)
         return result
 
 
@@ -186,7 +211,7 @@ class _RegisteredHosts:
 
 
 def _follow(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: dict[str, str],
-            options: SpawnOptions, sink: OutputSink, stop_signals: StopSignals) -> RunResult:
+            options: SpawnOptions, sink: RankOutput, stop_signals: StopSignals) -> RunResult:
     import torch.distributed as dist  # a follower needs torch only for the store's client
 
     def connect(within_s: float):  # torch's TCPStore, which the Store protocol describes
@@ -201,10 +226,29 @@ def _follow(config: LaunchConfig, node: NodeSpec, me: nodes.NodeInfo, environ: d
     try:
         store = wait_for_store(connect, node.rdzv_timeout_s, where)
     except TimeoutError as e:
-        sink.close()
         raise ConfigError(str(e)) from None
     nodes.register(store, me)
+    if config.horovod_compat:  # the shim of this machine's ringtrain, before its PYTHONPATH
+        environ = environ | horovod_compat_environ(environ)
     agent = FollowerAgent(me, store, config.command, options, sink, config.start_timeout_s,
                           environ)
+    if node.stdio:
+        _thread_until_eof(sys.stdin.fileno(), lambda: agent.lose_driver(
+            f"node {me.rank}: the launcher's connection closed; stopping this node's ranks"))
     with stop_signals(agent):
         return agent.run()
+
+
+def _thread_until_eof(fd: int, then: Callable[[], None]) -> None:
+    """Read ``fd`` (the ssh launcher never writes to it) in a thread until end-of-file, then
+    call ``then``. Unbuffered: a buffered stream's lock, held by a blocked reader, would stop
+    the interpreter's exit."""
+    def watch() -> None:
+        try:
+            while os.read(fd, 1 << 12):
+                pass
+        except OSError:  # closed: as good as end-of-file
+            pass
+        then()
+
+    threading.Thread(target=watch, name="stdin-watch", daemon=True).start()

@@ -27,17 +27,18 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ringtrain.contract.elastic_rendezvous import Store
 from ringtrain.contract.slots import SlotInfo
 from ringtrain.runner.result import RankOutcome, RankState
 
 _BASE = "ringtrain/nodes/"
-#: How often a follower adds to its beat, and how long a beat may stand still before the
-#: driver counts the node as gone.
+#: How often a follower adds to its beat (how long a beat may stand still before the driver
+#: counts the node as gone is ``--node-timeout``).
 BEAT_INTERVAL_S = 0.5
-DEFAULT_NODE_TIMEOUT_S = 10.0
+#: How long the driver waits, once the job ended, for its followers to read that it did.
+BYE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def say_bye(store: Store, node_rank: int) -> None:
 
 @dataclass(frozen=True)
 class RelayedOutcome:
-    """What a follower reported of a rank's end."""
+    """How a rank on another node ended: what its follower reported, or why its node is gone."""
 
     state: RankState
     exit_code: int | None
@@ -149,17 +150,57 @@ class RelayedOutcome:
     reason: str | None
 
 
+class NodeRelay(Protocol):
+    """The driver's line to the followers that start the ranks planned on other nodes.
+
+    :class:`NodeRegistry` is it for a per-node launch; the ssh launch's
+    :class:`~ringtrain.runner.ssh_nodes.SshNodes` adds the ssh connections it starts them over.
+    Used from the agent's monitor thread only.
+    """
+
+    #: Whether the ranks' output comes to the driver (which then writes their files), rather
+    #: than being printed and written on their own nodes.
+    output_here: bool
+
+    def refresh(self) -> None:
+        """Read what the followers reported since the last call."""
+        ...
+
+    def request_start(self, node_rank: int, request: StartRequest) -> None:
+        """Ask node ``node_rank`` to start a rank."""
+        ...
+
+    def request_stop(self, number: int, kill: bool) -> None:
+        """Ask the follower of rank ``number`` to stop it (``kill``: at once)."""
+        ...
+
+    def started(self, number: int) -> bool:
+        """Whether rank ``number`` reported in on its follower."""
+        ...
+
+    def outcome(self, number: int) -> RelayedOutcome | None:
+        """How rank ``number`` ended, once that is known (``None`` while it runs)."""
+        ...
+
+
 class NodeRegistry:
-    """The driver's view of the nodes: who registered, who still beats.
+    """The driver's view of the nodes: who registered, who still beats; a :class:`NodeRelay`.
+
+    A rank placed on a registered node whose beat stopped ends as failed (as not started, if it
+    had not reported in); a node that has not registered yet is not judged here (a per-node
+    launch places ranks on registered nodes only; the ssh launch watches its connections).
 
     Args:
         store: a client of the store (used from one thread only).
         own: the driver's own node (always alive).
-        timeout_s: how long a node's beat may stand still before it counts as gone.
+        timeout_s: how long a node's beat may stand still before it counts as gone
+            (``--node-timeout``).
         clock: monotonic seconds.
     """
 
-    def __init__(self, store: Store, own: NodeInfo, timeout_s: float = DEFAULT_NODE_TIMEOUT_S,
+    output_here = False  # every node prints and writes its own ranks' output
+
+    def __init__(self, store: Store, own: NodeInfo, timeout_s: float,
                  clock: Callable[[], float] = time.monotonic):
         self._store = store
         self._own = own
@@ -169,6 +210,7 @@ class NodeRegistry:
         self._read = 0
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (last beat value, seen at)
         self._starts: dict[int, int] = {}  # node -> requests sent
+        self._placed: dict[int, int] = {}  # rank number -> the node asked to start it
         self._left: set[int] = set()  # nodes that said goodbye
 
     def refresh(self) -> None:
@@ -196,6 +238,10 @@ class NodeRegistry:
     def nodes(self) -> dict[int, NodeInfo]:
         """Every node that registered, by rank (the driver's own included)."""
         return {self._own.rank: self._own, **self._nodes}
+
+    def joined(self, node_rank: int) -> bool:
+        """Whether the node registered (as of the last refresh)."""
+        return node_rank == self._own.rank or node_rank in self._nodes
 
     def alive(self, node_rank: int) -> bool:
         """Whether the node's beat moved within the timeout (as of the last refresh), and it
@@ -225,6 +271,7 @@ class NodeRegistry:
     def request_start(self, node_rank: int, request: StartRequest) -> None:
         """Ask node ``node_rank`` to start a rank."""
         i = self._starts.get(node_rank, 0)
+        self._placed[request.number] = node_rank
         self._store.set(f"{_node(node_rank)}start.{i}", request.to_bytes())
         self._starts[node_rank] = i + 1
         self._store.add(f"{_node(node_rank)}starts", 1)
@@ -238,13 +285,20 @@ class NodeRegistry:
         return self._store.check([f"{_rank(number)}started"])
 
     def outcome(self, number: int) -> RelayedOutcome | None:
-        """How rank ``number`` ended, once its follower said."""
+        """How rank ``number`` ended: as its follower said, or failed when its node, registered,
+        stopped beating (or left) without saying."""
         value = _get_if(self._store, f"{_rank(number)}outcome")
-        if value is None:
+        if value is not None:
+            raw: dict[str, Any] = json.loads(value)
+            return RelayedOutcome(RankState(raw["state"]), raw["exit_code"], raw["signal"],
+                                  raw["reason"])
+        node = self._placed.get(number)
+        if node is None or node not in self._nodes or self.alive(node):
             return None
-        raw: dict[str, Any] = json.loads(value)
-        return RelayedOutcome(RankState(raw["state"]), raw["exit_code"], raw["signal"],
-                              raw["reason"])
+        state = RankState.FAILED if self.started(number) else RankState.START_FAILED
+        return RelayedOutcome(state, None, None,
+                              f"node {node} ({self._nodes[node].name}) stopped answering: its "
+                              "machine or its `ringtrain run` is gone")
 
     def finish(self, exit_code: int, wait_s: float) -> None:
         """Tell the followers the job ended, and wait (at most ``wait_s``) for the live ones to

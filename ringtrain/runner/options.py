@@ -79,6 +79,14 @@ OPTIONS: tuple[Option, ...] = (
     _opt("--rdzv-timeout", dest="rdzv_timeout", type=float, default=600.0, metavar="SECONDS",
          group=_NODE, help="per-node launch: how long node 0 waits for the other nodes, and "
                            "they for node 0 (default 600)"),
+    _opt("--node-timeout", dest="node_timeout", type=float, default=10.0, metavar="SECONDS",
+         group=_NODE, help="per-node and ssh launches: how long another node may go without a "
+                           "sign of life before its ranks fail as `stopped answering` (default "
+                           "10)"),
+    _opt("--node-stdio", dest="node_stdio", group=_NODE,
+         help="per-node launch, not node 0 (how the ssh launcher starts each remote host): send "
+              "the ranks' output on stdout to the launcher, which prints it and writes "
+              "--output-filename, and stop the ranks when stdin closes"),
     _opt("--output-filename", dest="output_filename", type=str, metavar="DIR", group=_OUT,
          help="also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr"),
     _opt("--prefix-output-with-timestamp", dest="prefix_output_with_timestamp", group=_OUT,

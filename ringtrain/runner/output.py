@@ -10,11 +10,29 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from ringtrain.run_files import COMBINED_STREAM as COMBINED
 from ringtrain.run_files import OUTPUT_STREAMS as STREAMS
 from ringtrain.run_files import rank_log
+
+
+class RankOutput(Protocol):
+    """Where an agent puts what its ranks print: an :class:`OutputSink`, or on a follower of
+    the ssh launch the framed stream back to the launcher (:mod:`ringtrain.runner.node_output`).
+    """
+
+    def open_rank(self, rank: int) -> None:
+        """Prepare for the rank's output (``OSError``: it cannot be kept)."""
+        ...
+
+    def write(self, rank: int, stream: str, line: bytes) -> None:
+        """Take one chunk (a line, or part of one) of ``stream`` of ``rank``."""
+        ...
+
+    def close(self) -> None:
+        """No more output comes."""
+        ...
 
 
 class OutputSink:

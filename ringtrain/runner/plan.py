@@ -1,8 +1,10 @@
 """Launch planning: which rank runs where, with which environment (pure; nothing is started).
 
-The environment of a rank is, lowest first: the launcher's environment (only its portable part
-for ranks on other hosts), the derived socket interfaces, ``PYTHONUNBUFFERED``, the ``horovod``
-shim, and last the worker contract of ``env.worker_environ``, which nothing overrides.
+The environment of a rank is, lowest first: the environment of the process that starts it (the
+launcher's, or for a rank on another node that node's follower's, which the ssh launch gives
+the portable part of the launcher's), the derived socket interfaces, ``PYTHONUNBUFFERED``, the
+``horovod`` shim (added by the node that starts the rank, where the shim is), and last the worker
+contract of ``env.worker_environ``, which nothing overrides.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from pathlib import Path
 
 from ringtrain.contract import env as envlib
 from ringtrain.contract.slots import SlotInfo
-from ringtrain.runner import network
 from ringtrain.runner.config import LaunchConfig
 from ringtrain.runner.hosts import assign
 from ringtrain.runner.rendezvous import NetworkPlan
@@ -21,18 +22,18 @@ from ringtrain.runner.rendezvous import NetworkPlan
 
 @dataclass(frozen=True)
 class RankSpec:
-    """One rank to start: its slot, whether it runs on this machine, and its environment.
+    """One rank to start: its slot, its environment, and the node that starts it.
 
-    For a local rank ``env`` is the process's whole environment; for a remote rank it is what
-    is set on top of the remote login environment.
+    For a rank this process starts (``node`` is ``None``) ``env`` is the process's whole
+    environment; for a rank another node's follower starts, it is what is set on top of that
+    follower's own environment.
     """
 
     slot: SlotInfo
-    local: bool
     env: Mapping[str, str]
     worker: int | None = None  # an elastic launch's worker id
-    #: In a per-node launch, the node that runs it when that is not this launcher's node (the
-    #: driver asks that node's follower to start it); ``None``: this launcher starts it.
+    #: The node whose follower starts it, when that is not this process (a remote host of an
+    #: ssh launch, another node of a per-node launch); ``None``: this process starts it.
     node: int | None = None
 
     @property
@@ -81,22 +82,25 @@ def horovod_compat_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return envlib.prepend_pythonpath(compat_shim_dir(), environ)
 
 
+#: Which node starts the rank in a slot: ``None`` for this process, else the node's rank (its
+#: follower starts it).
+NodeOf = Callable[[SlotInfo], int | None]
+
+
 class RankPlanner:
     """Builds the :class:`RankSpec` of any slot of one launch (the environment is the same
     recipe for every rank; only the contract's values differ)."""
 
     def __init__(self, config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
-                 environ: Mapping[str, str],
-                 node_of: Callable[[str], int] | None = None):
+                 environ: Mapping[str, str], node_of: NodeOf):
         """Args:
             config: the launch configuration.
             net: the addresses chosen by ``rendezvous.plan_network``.
             master_port: the port of the launcher's store.
             run_id: this launch's id (the store prefix of its workers).
             environ: the launcher's environment.
-            node_of: in a per-node launch, the node rank of a host; a rank on another node
-                than ``config.node`` is started by that node's follower, in that node's own
-                environment.
+            node_of: the node that starts each slot's rank (it may start that node's
+                follower, as the ssh launch does for a host it meets first).
         """
         self._node_of = node_of
         self._config = config
@@ -108,23 +112,14 @@ class RankPlanner:
         if not net.ifnames_explicit:
             sockets = {k: v for k, v in sockets.items() if k not in environ}
         self._extras = sockets | envlib.unbuffered_environ(environ)
-        if config.horovod_compat:
-            self._extras |= horovod_compat_environ(environ)
-        self._locality = dict.fromkeys(net.local_hosts, True)  # host -> runs locally
-        self._addresses: frozenset[str] | None = None
+        # The shim's path and the PYTHONPATH it goes before are this machine's; a follower
+        # adds its own (it runs with --horovod-compat too).
+        self._own_extras = self._extras | (horovod_compat_environ(environ)
+                                           if config.horovod_compat else {})
 
     def rank(self, slot: SlotInfo, elastic: envlib.ElasticWorker | None = None) -> RankSpec:
         """The spec of the rank in ``slot`` (of an elastic worker, when ``elastic`` is given)."""
-        node = None
-        if self._node_of is not None:
-            assert self._config.node is not None  # node_of is given for per-node launches only
-            node = self._node_of(slot.hostname)
-            local = node == self._config.node.node_rank
-            base = dict(self._environ) if local else {}  # the follower's own comes below it
-            node = None if local else node
-        else:
-            local = self._is_local(slot.hostname)
-            base = dict(self._environ) if local else envlib.remote_environ(self._environ)
+        node = self._node_of(slot)
         contract = envlib.worker_environ(
             rank=slot.rank, size=slot.size, local_rank=slot.local_rank,
             local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
@@ -132,16 +127,10 @@ class RankPlanner:
             master_port=self._master_port, run_id=self._run_id,
             start_timeout_s=self._config.start_timeout_s, knobs=self._config.knobs,
             elastic=elastic)
-        return RankSpec(slot, local, base | self._extras | contract,
-                        None if elastic is None else elastic.worker_id, node)
-
-    def _is_local(self, hostname: str) -> bool:
-        # Hosts the network plan did not see (found by elastic discovery later) are looked up.
-        if hostname not in self._locality:
-            if self._addresses is None:
-                self._addresses = frozenset(network.interface_addresses().values())
-            self._locality[hostname] = network.is_this_machine(hostname, self._addresses)
-        return self._locality[hostname]
+        env = (dict(self._environ) | self._own_extras if node is None
+               else self._extras)  # the follower's own environment goes below
+        return RankSpec(slot, env | contract, None if elastic is None else elastic.worker_id,
+                        node)
 
     def launch_plan(self, ranks: Sequence[RankSpec]) -> LaunchPlan:
         """The plan that starts ``ranks``."""
@@ -150,7 +139,7 @@ class RankPlanner:
 
 
 def build_plan(config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
-               environ: Mapping[str, str]) -> LaunchPlan:
+               environ: Mapping[str, str], node_of: NodeOf) -> LaunchPlan:
     """Plan every rank of a fixed launch.
 
     Args: as for :class:`RankPlanner`.
@@ -158,6 +147,6 @@ def build_plan(config: LaunchConfig, net: NetworkPlan, master_port: int, run_id:
     Returns:
         The plan, ranks in rank order.
     """
-    planner = RankPlanner(config, net, master_port, run_id, environ)
+    planner = RankPlanner(config, net, master_port, run_id, environ, node_of)
     return planner.launch_plan([planner.rank(slot)
                                 for slot in assign(config.hosts, config.num_proc)])

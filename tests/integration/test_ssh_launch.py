@@ -13,6 +13,7 @@ import pytest
 from launcher_workers import CONTROLLED, ENV_DUMP, cli, read_pids, run_job, wait_dead, write_script
 from sshd import REMOTE_HOST, sshd_server  # noqa: F401 - the fixture is used by name
 
+from ringtrain.runner.plan import compat_shim_dir
 from ringtrain.runner.result import RankState
 
 PY = sys.executable
@@ -165,3 +166,129 @@ def test_a_command_missing_remotely_is_a_start_failure(tmp_path, sshd_server):  
     assert result.exit_code == 2
     assert result.message == (f"rank 0 on {REMOTE_HOST} did not start: cannot run "
                               "'no-such-program-xyz': No such file or directory")
+
+
+# -- one follower per remote host ------------------------------------------------------------
+
+# Prints a line, a partial line and bytes that are no text, so that the relay over ssh must
+# carry chunks, not lines of text.
+CHATTY = r"""
+import os, sys
+rank = os.environ["HOROVOD_RANK"]
+print("rank", rank, "says hello", flush=True)
+sys.stderr.write("rank %s warns\n" % rank)
+sys.stderr.flush()
+sys.stdout.buffer.write(b"\x00\xff\xfe binary from " + rank.encode() + b"\n")
+sys.stdout.buffer.write(b"no newline at the end")
+sys.stdout.flush()
+"""
+
+
+def _sessions(server) -> int:
+    """How many ssh logins the test sshd accepted so far."""
+    return server.log_file.read_text().count("Accepted publickey for")
+
+
+def _followers_in(directory) -> list[int]:
+    """The pids of the followers (`ringtrain run --node-stdio`) that run in ``directory``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            where = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"--node-stdio" in argv and b"ringtrain.cli" in argv and where == str(directory):
+            found.append(int(entry))
+    return found
+
+
+def test_one_connection_per_host_carries_its_ranks_output_to_the_launcher(tmp_path,
+                                                                           sshd_server):  # noqa: F811
+    script = write_script(tmp_path, "chatty.py", CHATTY)
+    before = _sessions(sshd_server)
+    proc = cli(["-np", "4", "-H", f"localhost:1,{REMOTE_HOST}:3", "--output-filename", "out",
+                *sshd_server.launcher_flags(), PY, script], tmp_path, errors="replace")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert _sessions(sshd_server) - before == 1  # three remote ranks, one ssh login
+    for rank in range(4):
+        # The launcher printed every rank's lines with its prefix, partial line included...
+        assert f"[{rank}]<stdout>:rank {rank} says hello\n" in out
+        assert f"[{rank}]<stderr>:rank {rank} warns\n" in err
+        assert f"[{rank}]<stdout>:no newline at the end\n" in out
+        # ...and wrote the files here, byte for byte as the rank printed them.
+        files = tmp_path / "out" / f"rank.{rank}"
+        assert (files / "stdout").read_bytes() == (
+            f"rank {rank} says hello\n".encode() + b"\x00\xff\xfe binary from "
+            + str(rank).encode() + b"\nno newline at the end")
+        assert (files / "stderr").read_bytes() == f"rank {rank} warns\n".encode()
+    assert not _followers_in(tmp_path)  # the follower ended with the job
+
+
+def test_killing_the_launcher_stops_the_follower_and_its_ranks(tmp_path, sshd_server):  # noqa: F811
+    script = write_script(tmp_path, "ctl.py", CONTROLLED)
+    proc = cli(["-np", "3", "-H", f"localhost:1,{REMOTE_HOST}:2",
+                *sshd_server.launcher_flags(), PY, script, "sleep"], tmp_path)
+    try:
+        pids = read_pids(tmp_path, 3)
+        followers = _followers_in(tmp_path)
+    finally:
+        proc.kill()  # SIGKILL: the launcher says nothing; its ssh connection closes
+        proc.communicate()
+    assert len(followers) == 1
+    assert wait_dead([*pids, *followers], timeout_s=20) == []
+
+
+ELASTIC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_train.py")
+
+
+@pytest.mark.slow
+def test_an_elastic_world_re_forms_without_a_worker_killed_on_a_remote_host(tmp_path,
+                                                                            sshd_server):  # noqa: F811
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "RINGTRAIN_"))}
+    environ |= {"OMP_NUM_THREADS": "1", "RINGTRAIN_TEST_PAUSE": "2:0:6"}
+    proc = cli(["-np", "3", "--min-np", "2", "--max-np", "3", "-H",
+                f"localhost:2,{REMOTE_HOST}:1", "--elastic-timeout", "60",
+                *sshd_server.launcher_flags(), PY, ELASTIC_SCRIPT], tmp_path, env=environ)
+    events = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # worker 2's lines come over the follower's connection
+            _, sep, text = line.partition("]<stdout>:")
+            if sep and text.startswith("{"):
+                events.append(json.loads(text))
+                if events[-1]["event"] == "pause":
+                    start = next(e for e in events
+                                 if e["event"] == "start" and e["worker"] == 2)
+                    os.kill(start["pid"], signal.SIGKILL)
+                    break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert events and events[-1]["event"] == "pause" and events[-1]["worker"] == 2
+    assert proc.returncode == 0, err
+    assert (f"worker 2 on {REMOTE_HOST} was killed by signal SIGKILL; re-forming the world "
+            "without it") in err
+    assert not _followers_in(tmp_path)
+
+
+def test_horovod_compat_puts_each_host_s_shim_first_once(tmp_path, sshd_server):  # noqa: F811
+    # The follower adds the shim of its own host's ringtrain before the PYTHONPATH it was
+    # given; the launcher adds nothing of its machine's for remote ranks.
+    probe = ("import os, horovod; print('shim', horovod.__file__); "
+             "print('path', os.environ['PYTHONPATH'])")
+    proc = cli(["-np", "2", "-H", f"localhost:1,{REMOTE_HOST}:1", "--horovod-compat",
+                *sshd_server.launcher_flags(), PY, "-c", probe], tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    shim = compat_shim_dir()
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:shim {shim}/horovod/__init__.py" in out
+        path = next(line.split("path ", 1)[1] for line in out.splitlines()
+                    if line.startswith(f"[{rank}]<stdout>:path "))
+        assert path.split(os.pathsep) == [shim, *os.environ["PYTHONPATH"].split(os.pathsep)]

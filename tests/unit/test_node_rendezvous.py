@@ -48,7 +48,7 @@ def test_nodes_register_beat_and_leave(store) -> None:
 
 
 def test_a_name_that_comes_back_maps_to_its_new_node(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "a", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "a", 1), timeout_s=5.0)
     nodes.register(store, nodes.NodeInfo(1, "b", 1))
     registry.refresh()
     assert registry.rank_of("b") == 1
@@ -59,7 +59,7 @@ def test_a_name_that_comes_back_maps_to_its_new_node(store) -> None:
 
 
 def test_start_requests_and_outcomes_round_trip(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1), timeout_s=5.0)
     slot = SlotInfo("node1", 1, 0, 2, 1, 1, 2)
     registry.request_start(1, nodes.StartRequest(1, slot, {"RANK": "1"}))
     registry.request_start(1, nodes.StartRequest(3, slot, {"RANK": "1"}, worker=3))
@@ -81,7 +81,7 @@ def test_start_requests_and_outcomes_round_trip(store) -> None:
 
 
 def test_the_driver_ends_the_job_once(store) -> None:
-    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1))
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1), timeout_s=5.0)
     assert nodes.done(store) is None
     registry.finish(3, wait_s=0.0)
     assert nodes.done(store) == 3
@@ -108,3 +108,35 @@ def test_a_per_node_launch_plans_its_node() -> None:
     assert (config.node.name, config.node.endpoint_host, config.node.endpoint_port,
             config.node.is_driver) == ("node2", "10.0.0.1", 29400, False)
     assert config.elastic is not None and config.elastic.min_np == 4
+
+
+def test_node_timeout_and_node_stdio_options() -> None:
+    base = ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1"]
+    config = load_config([*base, "--node-timeout", "2.5", "--node-stdio", "true"], {})
+    assert config.node_timeout_s == 2.5 and config.node is not None and config.node.stdio
+    assert load_config(["-np", "1", "true"], {}).node_timeout_s == 10.0
+    with pytest.raises(ConfigError, match="--node-timeout: must be positive"):
+        load_config(["-np", "1", "--node-timeout", "0", "true"], {})
+    with pytest.raises(ConfigError, match="--node-stdio: node 0 drives the job"):
+        load_config(["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
+                     "--node-stdio", "true"], {})
+    with pytest.raises(ConfigError, match="--node-stdio: only for per-node launches"):
+        load_config(["-np", "1", "--node-stdio", "true"], {})
+
+
+def test_a_silent_node_fails_its_ranks_and_one_not_yet_joined_is_not_judged(store) -> None:
+    clock = Clock()
+    registry = nodes.NodeRegistry(store, nodes.NodeInfo(0, "node0", 1), timeout_s=5.0,
+                                  clock=clock)
+    nodes.register(store, nodes.NodeInfo(1, "node1", 1))
+    registry.refresh()
+    slot = SlotInfo("node1", 1, 0, 1, 2, 1, 2)
+    registry.request_start(1, nodes.StartRequest(1, slot, {}))
+    registry.request_start(2, nodes.StartRequest(2, slot, {}))  # node 2 never registers
+    nodes.report_started(store, 1)
+    clock.now += 6.0  # node 1 never beat
+    registry.refresh()
+    lost = registry.outcome(1)
+    assert lost is not None and lost.state is RankState.FAILED
+    assert lost.reason is not None and lost.reason.startswith("node 1 (node1) stopped answering")
+    assert registry.outcome(2) is None

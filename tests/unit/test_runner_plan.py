@@ -9,7 +9,8 @@ from ringtrain.contract.env import read_worker_env, remote_environ
 from ringtrain.runner.config import load_config
 from ringtrain.runner.plan import build_plan, compat_shim_dir, used_hostnames
 from ringtrain.runner.rendezvous import NetworkPlan
-from ringtrain.runner.spawn import SpawnOptions, ssh_argv, task_argv
+from ringtrain.runner.spawn import SpawnOptions, task_argv
+from ringtrain.runner.ssh_nodes import FollowerLaunch, follower_argv
 
 LAUNCHER_ENV = {
     "PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/src", "VIRTUAL_ENV": "/venv", "MY_FLAG": "on",
@@ -19,17 +20,19 @@ LAUNCHER_ENV = {
 
 
 def plan_for(*argv: str, net: NetworkPlan | None = None, environ=LAUNCHER_ENV):
+    """The plan of a launch whose hosts not in ``net.local_hosts`` are node 1's."""
     config = load_config(list(argv), {})
-    net = net or NetworkPlan("127.0.0.1", ("lo",), False, frozenset({"localhost"}))
-    return build_plan(config, net, 4242, "run1", environ)
+    plan_net = net or NetworkPlan("127.0.0.1", ("lo",), False, frozenset({"localhost"}))
+    return build_plan(config, plan_net, 4242, "run1", environ,
+                      lambda slot: None if slot.hostname in plan_net.local_hosts else 1)
 
 
 def test_contract_per_rank_and_read_back_by_the_worker_side():
     net = NetworkPlan("127.0.0.1", ("lo",), False, frozenset({"localhost"}))
     plan = plan_for("-np", "3", "-H", "localhost:2,127.0.0.2:1", "--cycle-time-ms", "5",
                     "python", "t.py", net=net)
-    assert [(r.rank, r.hostname, r.local) for r in plan.ranks] == [
-        (0, "localhost", True), (1, "localhost", True), (2, "127.0.0.2", False)]
+    assert [(r.rank, r.hostname, r.node) for r in plan.ranks] == [
+        (0, "localhost", None), (1, "localhost", None), (2, "127.0.0.2", 1)]
     envs = [read_worker_env(r.env) for r in plan.ranks]
     assert [(e.rank, e.size, e.local_rank, e.local_size, e.cross_rank, e.cross_size)
             for e in envs] == [(0, 3, 0, 2, 0, 2), (1, 3, 1, 2, 0, 1), (2, 3, 0, 1, 1, 2)]
@@ -49,14 +52,13 @@ def test_local_ranks_inherit_everything_but_the_contract_wins():
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
 
 
-def test_remote_ranks_get_the_portable_part_of_the_environment():
+def test_a_rank_of_another_node_gets_only_what_goes_on_top_of_its_follower_s_environment():
     net = NetworkPlan("10.0.0.1", (), False, frozenset())
-    env = plan_for("-np", "1", "-H", "node2:1", "x", net=net).ranks[0].env
-    for kept in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "MY_FLAG"):
-        assert env[kept] == LAUNCHER_ENV[kept]
-    for dropped in ("HOSTNAME", "SSH_AUTH_SOCK", "PWD", "BASH_FUNC_f%%"):
-        assert dropped not in env
-    assert env["MASTER_ADDR"] == "10.0.0.1"
+    env = plan_for("-np", "1", "-H", "node2:1", "--horovod-compat", "x", net=net).ranks[0].env
+    for own in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "MY_FLAG", "HOSTNAME"):
+        assert own not in env  # the follower's (for ssh: the forwarded part of the launcher's)
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["RANK"] == "0"
+    assert env["PYTHONUNBUFFERED"] == "1"
     assert "GLOO_SOCKET_IFNAME" not in env
 
 
@@ -93,19 +95,42 @@ def test_used_hostnames_skips_hosts_without_ranks():
     assert used_hostnames(config) == ["a", "b"]
 
 
-def test_ssh_command_line():
-    options = SpawnOptions(python="/venv/bin/python", cwd="/work dir", token="tok", grace_s=3.0,
-                           connect_timeout_s=7.5, ssh_port=2222, ssh_identity_file="/k/id")
-    argv = ssh_argv("node2", options, {"A": "x y", "B": "$HOME"}, ["python", "t.py", "--n", "1"])
+def test_the_follower_s_ssh_command_line(tmp_path):
+    key = tmp_path / "id"
+    key.write_text("")
+    config = load_config(["-np", "3", "-H", "localhost:1,node2:2", "-p", "2222", "-i", str(key),
+                          "--start-timeout", "7.5", "--horovod-compat", "--output-filename",
+                          str(tmp_path / "out"), "--", "python", "t.py", "--n", "1"], {})
+    launch = FollowerLaunch(config, "/venv/bin/python", "/work dir",
+                            {"A": "x y", "B": "$HOME", "SSH_AUTH_SOCK": "/a", "HOSTNAME": "l"},
+                            "10.0.0.1:4242")
+    argv = follower_argv(launch, 1, 2, "node2", 2)
     assert argv[:2] == ["ssh", "-T"]
     opts = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-o")
     assert opts == {"BatchMode": "yes", "StrictHostKeyChecking": "no",
                     "UserKnownHostsFile": "/dev/null", "LogLevel": "ERROR",
                     "ConnectTimeout": "8"}
-    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k/id"
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == str(key)
     assert argv[-2] == "node2"
-    assert shlex.split(argv[-1]) == [
-        "cd", "/work dir", "&&", "env", "A=x y", "B=$HOME", "/venv/bin/python", "-m",
-        "ringtrain.runner.task", "--token", "tok", "--grace", "3", "--", "python", "t.py",
-        "--n", "1"]
-    assert task_argv(options, ["x"])[-2:] == ["--", "x"]
+    remote = shlex.split(argv[-1])
+    # Only the portable part of the launcher's environment goes along.
+    assert remote[:7] == ["cd", "/work dir", "&&", "env", "A=x y", "B=$HOME",
+                          "/venv/bin/python"]
+    assert remote[7:10] == ["-m", "ringtrain.cli", "run"]
+    # What the follower runs is `ringtrain run` in its per-node mode, which it parses as such;
+    # the output options stay with the launcher, which writes the files.
+    follower = load_config(remote[10:], {})
+    assert follower.node is not None
+    assert (follower.node.node_rank, follower.node.nproc_per_node, follower.node.name,
+            follower.node.endpoint_host, follower.node.endpoint_port, follower.node.stdio) == (
+        1, 2, "node2", "10.0.0.1", 4242, True)
+    assert follower.horovod_compat and follower.start_timeout_s == 7.5
+    assert follower.output_filename is None
+    assert follower.command == ("python", "t.py", "--n", "1")
+
+
+def test_task_command_line():
+    options = SpawnOptions(python="/venv/bin/python", cwd="/work dir", token="tok", grace_s=3.0)
+    assert task_argv(options, ["python", "t.py"]) == [
+        "/venv/bin/python", "-m", "ringtrain.runner.task", "--token", "tok", "--grace", "3",
+        "--", "python", "t.py"]
