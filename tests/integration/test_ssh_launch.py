@@ -282,8 +282,11 @@ def test_horovod_compat_puts_each_host_s_shim_first_once(tmp_path, sshd_server):
     # given; the launcher adds nothing of its machine's for remote ranks.
     probe = ("import os, horovod; print('shim', horovod.__file__); "
              "print('path', os.environ['PYTHONPATH'])")
+    given = [str(tmp_path / "mine"), *filter(None, os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))]
     proc = cli(["-np", "2", "-H", f"localhost:1,{REMOTE_HOST}:1", "--horovod-compat",
-                *sshd_server.launcher_flags(), PY, "-c", probe], tmp_path)
+                *sshd_server.launcher_flags(), PY, "-c", probe], tmp_path,
+               env=dict(os.environ, PYTHONPATH=os.pathsep.join(given)))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     shim = compat_shim_dir()
@@ -291,4 +294,4 @@ def test_horovod_compat_puts_each_host_s_shim_first_once(tmp_path, sshd_server):
         assert f"[{rank}]<stdout>:shim {shim}/horovod/__init__.py" in out
         path = next(line.split("path ", 1)[1] for line in out.splitlines()
                     if line.startswith(f"[{rank}]<stdout>:path "))
-        assert path.split(os.pathsep) == [shim, *os.environ["PYTHONPATH"].split(os.pathsep)]
+        assert path.split(os.pathsep) == [shim, *given]

@@ -21,10 +21,17 @@ def _job(root: Path, files: int, size: int) -> None:
         (outputs / f"f{i:03d}").write_bytes(bytes([i % 256]) * size)
 
 
-def _children() -> list[int]:
-    """This process's child processes (from /proc)."""
+def _producers() -> list[int]:
+    """This process's children that are archive producers (from /proc)."""
     tasks = Path(f"/proc/{os.getpid()}/task")
-    return [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
+    found = []
+    for child in (p for t in tasks.iterdir() for p in (t / "children").read_text().split()):
+        try:
+            if b"ringtrain.jobs.archive_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except FileNotFoundError:  # another test's child, gone meanwhile
+            pass
+    return found
 
 
 async def _settled(producers: ArchiveProducers, timeout_s: float = 20.0) -> None:
@@ -87,7 +94,7 @@ def test_a_client_that_leaves_kills_its_producer(tmp_path: Path) -> None:
     async def run() -> int:
         producers = ArchiveProducers(str(tmp_path))
         stream = await producers.start("j1", "outputs", None)
-        (pid,) = _children()
+        (pid,) = _producers()
         assert await stream.__anext__()
         await stream.aclose()  # what the server does when the client disconnects
         await _settled(producers)
