@@ -70,6 +70,22 @@ def submit(
     return handle
 
 
+def run_synchronously(start: Callable[[], Handle]) -> Any:
+    """Submit with ``start`` and wait for the result: the synchronous forms (``allreduce_``).
+
+    The engine knows that this thread blocks on the operation right away, so a lone cached one
+    may run in this thread instead of being handed to the engine thread and back (see
+    :mod:`ringtrain.engine.engine`).
+
+    Raises:
+        ValueError: as for :func:`submit`.
+        RuntimeError: as for :meth:`Handle.wait`.
+    """
+    with runtime.current().engine.synchronous():
+        handle = start()
+    return handle.wait()
+
+
 def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{op.value} expects torch.Tensor arguments, got {type(tensor).__name__}")
