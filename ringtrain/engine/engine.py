@@ -286,7 +286,9 @@ class Engine:
         engine need not wake. Caller holds the lock."""
         if (not self._inline or not getattr(self._synchronous, "active", False)
                 or self._queue or self._pending or self._drained or self._peers_joined
-                or self._failure is not None or request.meta.op is OpType.JOIN):
+                or self._failure is not None or request.meta.op is OpType.JOIN
+                # CUDA tensors keep to the engine thread and the streams it set up.
+                or any(t.device != "cpu" for t in request.meta.tensors)):
             return None
         bit = self._cache.lookup(request.meta)
         if bit is None or not self._turn.acquire(blocking=False):
