@@ -34,7 +34,8 @@ class Doorbell(Protocol):
         bell (``bell``, or the one rung first)."""
 
     def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
-        """Block until round ``round_`` was rung and return its bell; None after the timeout.
+        """Block until round ``round_`` was rung and return its bell; None after the timeout,
+        or at once if the round is long past (its bell forgotten, see :meth:`claim`).
         ``claimed``: the waiter is a caller that claimed the round (see :meth:`claim`)."""
 
     def forget(self, round_: int) -> None:

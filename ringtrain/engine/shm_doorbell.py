@@ -271,6 +271,10 @@ class ShmDoorbell:
                 bell = self._bell_locked(round_)
                 if bell is not None:
                     return bell
+                if int(self._bells[round_ % _ROUNDS, 0]) > round_ + 1:
+                    # Its entry holds a later round: this rank's callers ran that round long
+                    # ago; the engine must look up the round it is at.
+                    return None
                 seen = int(word[0])
             spin_until = time.monotonic() + _SPIN_S
             while int(word[0]) == seen and time.monotonic() < spin_until:
