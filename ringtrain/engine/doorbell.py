@@ -58,8 +58,9 @@ class Doorbell(Protocol):
         (a hint; a doorbell may wake it anyway)."""
 
     def unclaim(self, wake: bool) -> None:
-        """Withdraw this rank's claim; ``wake``: wake the engine, which a ring may have spared
-        (the caller did not run the round)."""
+        """End this rank's claim. ``wake``: the caller did not run the round: withdraw the
+        claim and wake the engine, which a ring may have spared; otherwise the claim, of a
+        round now past, may stay."""
 
 
 class StoreDoorbell:

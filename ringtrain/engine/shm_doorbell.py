@@ -31,6 +31,9 @@ A caller that runs its own round (see :mod:`ringtrain.engine.engine`) claims it,
 the callers' word. A ring whose bell is the unit every rank claimed for that round wakes only the
 callers: the engines, which would only wait for the callers to finish, sleep on (they see the
 round done at the next ring, or within their wait's timeout). Any other ring wakes both words.
+A claim is written without the lock (a ring that misses it only wakes the engines as it would
+without one) and left in place once its round ran (a claim of a past round matches no ring); a
+caller that gives its round back clears it under the lock and wakes the engines.
 """
 
 from __future__ import annotations
@@ -236,14 +239,18 @@ class ShmDoorbell:
             futex.wake(self._word_address)
 
     def claim(self, round_: int, key: str) -> None:
-        with self._locked():
-            self._claims[self._me] = (round_ + 1, _key_digest(key.encode()))
+        # Without the lock (one writer per entry): a ring that reads the claim half written or
+        # not yet visible does not match it and wakes the engines, as without a claim. The key
+        # first: a new key beside an old claim's round matches no ring (that round is past).
+        self._claims[self._me, 1] = _key_digest(key.encode())
+        self._claims[self._me, 0] = round_ + 1
 
     def unclaim(self, wake: bool) -> None:
+        if not wake:
+            return  # the claimed round ran here: a claim of a past round matches no ring
         with self._locked():
             self._claims[self._me] = (0, 0)
-        if wake:
-            futex.wake(self._word_address)
+        futex.wake(self._word_address)
 
     @contextmanager
     def deferring_wakes(self) -> Iterator[None]:
