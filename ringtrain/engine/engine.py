@@ -317,6 +317,8 @@ class Engine:
             if self._claimed_bell(round_, tag):
                 ran = True
                 self._run_round_inline(tag)
+        except HorovodInternalError as exc:  # the doorbell's (its lock held by a stopped rank)
+            self._fail(exc)  # as on the engine thread; the handle now holds the error
         finally:
             self._unclaim(wake=not ran)
             self.done_waiting(handle, True)
