@@ -33,8 +33,10 @@ class Doorbell(Protocol):
         """Ring round ``round_`` with ``bell`` unless it was rung already; return the round's
         bell (``bell``, or the one rung first)."""
 
-    def wait(self, round_: int, timeout_s: float) -> bytes | None:
-        """Block until round ``round_`` was rung and return its bell; None after the timeout."""
+    def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
+        """Block until round ``round_`` was rung and return its bell; None after the timeout,
+        or at once if the round is long past (its bell forgotten, see :meth:`claim`).
+        ``claimed``: the waiter is a caller that claimed the round (see :meth:`claim`)."""
 
     def forget(self, round_: int) -> None:
         """Release what round ``round_`` used, once no rank can still be waiting for it."""
@@ -49,6 +51,16 @@ class Doorbell(Protocol):
         """A block whose rings by this thread wake the waiters only when it ends (re-entrant):
         a thread that rings while holding a lock the woken engine needs at once lets it go
         first, instead of waking an engine that would only block on that lock."""
+
+    def claim(self, round_: int, key: str) -> None:
+        """A caller of this rank runs round ``round_`` itself if its bell is a submission of
+        the unit counted under ``key``: a ring of such a bell need not wake this rank's engine
+        (a hint; a doorbell may wake it anyway)."""
+
+    def unclaim(self, wake: bool) -> None:
+        """End this rank's claim. ``wake``: the caller did not run the round: withdraw the
+        claim and wake the engine, which a ring may have spared; otherwise the claim, of a
+        round now past, may stay."""
 
 
 class StoreDoorbell:
@@ -68,7 +80,7 @@ class StoreDoorbell:
             # torch accepts bytes for the desired value; its stub says str only
             return self._ring_store.compare_set(str(round_), "", bell)  # type: ignore[arg-type]
 
-    def wait(self, round_: int, timeout_s: float) -> bytes | None:
+    def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
         # get() blocks until the key exists and returns it in the same round trip.
         self._wait_store.set_timeout(timedelta(seconds=timeout_s))
         try:
@@ -91,6 +103,12 @@ class StoreDoorbell:
     def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # the store server wakes its waiters itself
 
+    def claim(self, round_: int, key: str) -> None:
+        """Nothing to record: every ring wakes every waiter."""
+
+    def unclaim(self, wake: bool) -> None:
+        """Nothing to withdraw."""
+
 
 class LocalDoorbell:
     """Bells in this process's memory, for every engine that shares the object: the engine of a
@@ -106,7 +124,7 @@ class LocalDoorbell:
             self._cond.notify_all()
             return self._rung.setdefault(round_, bell)
 
-    def wait(self, round_: int, timeout_s: float) -> bytes | None:
+    def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
         with self._cond:
             if not self._cond.wait_for(lambda: round_ in self._rung, timeout_s):
                 return None
@@ -127,3 +145,9 @@ class LocalDoorbell:
 
     def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def claim(self, round_: int, key: str) -> None:
+        """Nothing to record: every ring wakes every waiter."""
+
+    def unclaim(self, wake: bool) -> None:
+        """Nothing to withdraw."""

@@ -18,6 +18,14 @@ Otherwise all ranks exchange the metas of everything pending and :func:`negotiat
 makes the same decision on every rank.
 
 Either way the operations to run are then fused and executed, and their handles completed.
+
+A round is run by whichever thread holds the engine's *turn*: normally the engine thread, but a
+caller that submits a cached operation on its own and waits for it at once (``hvd.allreduce_``)
+while the engine is idle takes the turn itself. It counts the operation, waits for the next
+round's bell and, if the bell is that operation's tag, runs the unit round in its own thread: no
+hand-off to the engine thread and back. Any other bell (a negotiation, another unit) and the
+caller gives the turn back and waits for its handle as usual. Which thread runs a round changes
+nothing that peers see: the bell alone decides what every rank runs in it.
 """
 
 from __future__ import annotations
@@ -60,6 +68,15 @@ _FULL_EXCHANGE, _SHUTDOWN, _JOINED, _PROBE, _FLAGS = 0, 1, 2, 3, 4
 #: The engine waits this long for the doorbell before checking again that it should go on;
 #: rounds only start when a rank rings.
 _BELL_WAIT_S = 3600.0
+#: An engine whose callers may run rounds themselves checks this often whether one of them
+#: failed it (a collective of theirs found a peer dead): nobody rings for that.
+_INLINE_BELL_WAIT_S = 1.0
+#: A caller running its own round waits for its bell in slices this long (a signal handler runs
+#: between them), and gives the round back to the engine after this long in all: by then the
+#: pending watch has rung a negotiation for it, which the engine runs (stall reports, deadlock
+#: checks).
+_INLINE_SLICE_S = 0.2
+_INLINE_GIVE_UP_S = 3.0
 #: A pause in submissions this long ends a round's gathering before the cycle time is up.
 _QUIET_S = 0.0002
 #: How often requests waiting on peers trigger a round (liveness and stall checks).
@@ -128,6 +145,9 @@ class Engine:
                              nothing happened on this rank
     ``_prev_slots``          every rank's wait state in the previous    engine (its own)
                              negotiation round (identical everywhere)
+    ``_turn``                held by the thread that runs a round (the  engine or a caller (a
+                             engine, or a caller running its own), so   Lock of its own; callers
+                             rounds run one at a time, in order         take it only when free)
     =======================  =========================================  ==========================
 
     Args:
@@ -139,11 +159,14 @@ class Engine:
             pending watch, gathering); tests pass one they move by hand.
         peers: every rank's process, by rank, so that a failed collective names the rank that
             died (see :mod:`ringtrain.engine.peers`); empty: the error names none.
+        inline: a caller's synchronous lone cached operation may run in the caller's own thread
+            while the engine is idle (see the module's docstring); off, every round runs on the
+            engine thread.
     """
 
     def __init__(self, backend: CollectiveBackend, config: EngineConfig, doorbell: Doorbell,
                  backend_name: str = "GLOO", clock: Callable[[], float] = time.monotonic,
-                 peers: Sequence[PeerProcess] = ()):
+                 peers: Sequence[PeerProcess] = (), inline: bool = False):
         self.rank = backend.rank
         self.size = backend.size
         self._backend = backend
@@ -185,6 +208,10 @@ class Engine:
         self._wait_state = 0
         self._prev_slots: list[int] | None = None
         self._last_probe = float("-inf")
+        self._inline = inline
+        self._turn = threading.Lock()
+        self._claimed_key = ""  # the counter key of the unit the turn's holder claimed
+        self._synchronous = threading.local()  # this thread waits for its next submission at once
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
         self._watch = threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
@@ -200,6 +227,7 @@ class Engine:
             ValueError: an operation of the same name is already in flight on this rank.
             HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
         """
+        claimed = None
         # The engine woken by a ring here needs the lock first thing: wake it once it is free.
         with self._doorbell.deferring_wakes(), self._lock:
             if self._failure is not None:
@@ -224,13 +252,107 @@ class Engine:
                 # ring, but runs with no control collective, and no peer's engine wakes for it
                 # before every member has submitted it (a round that would find it missing
                 # there and decide nothing).
+                claimed = self._claim_locked(request)
                 self._queue_unit_locked([request])
-                return
-            self._queue.append(request)
-            self._submitted += 1
-            # The rest of a burst: counting each operation would cost a store round trip per
-            # tensor; they ring for a negotiation round that gathers and fuses them instead.
-            self._ring_locked(NEGOTIATE)
+                if claimed is not None and not (request.counted or "").startswith(
+                        f"{self._claimed_key}@"):
+                    self._unclaim(wake=True)  # not counted as claimed: the engine runs it
+                    claimed = None
+            else:
+                self._queue.append(request)
+                self._submitted += 1
+                # The rest of a burst: counting each operation would cost a store round trip
+                # per tensor; they ring for a negotiation round that gathers and fuses them.
+                self._ring_locked(NEGOTIATE)
+        if claimed is not None:
+            self._run_claimed(request, claimed)
+
+    @contextlib.contextmanager
+    def synchronous(self) -> Iterator[None]:
+        """Mark this thread's submissions in the block as ones it waits for right after
+        submitting (``hvd.allreduce_``): a lone cached one may then run in this thread, during
+        :meth:`submit`, instead of on the engine thread (see the module's docstring)."""
+        previous = getattr(self._synchronous, "active", False)
+        self._synchronous.active = True
+        try:
+            yield
+        finally:
+            self._synchronous.active = previous
+
+    def _claim_locked(self, request: Request) -> int | None:
+        """Take the turn for the round this lone request, about to be counted, may run in, if
+        this thread may run it itself; the round, or None (the engine runs it). Claimed before
+        counting: the peer whose count completes the unit rings it knowing that this rank's
+        engine need not wake. Caller holds the lock."""
+        if (not self._inline or not getattr(self._synchronous, "active", False)
+                or self._queue or self._pending or self._drained or self._peers_joined
+                or self._failure is not None or request.meta.op is OpType.JOIN
+                # CUDA tensors keep to the engine thread and the streams it set up.
+                or any(t.device != "cpu" for t in request.meta.tensors)):
+            return None
+        bit = self._cache.lookup(request.meta)
+        if bit is None or not self._turn.acquire(blocking=False):
+            return None
+        # With the turn free the engine is between rounds, waiting for ``_round``'s bell.
+        self._claimed_key = self._cache.counter_key(bit)
+        _reach_store(self._doorbell.claim, self._round, self._claimed_key)
+        return self._round
+
+    def _unclaim(self, wake: bool) -> None:
+        """Give the turn back; ``wake``: wake the engine, which a ring may have spared."""
+        try:
+            _reach_store(self._doorbell.unclaim, wake)
+        finally:
+            self._turn.release()
+
+    def _run_claimed(self, request: Request, round_: int) -> None:
+        """Run ``round_`` in this thread if its bell is ``request``'s unit; otherwise give the
+        turn back to the engine, which runs it (and ``request`` in its own round). This thread
+        holds the turn; it counts as blocked on the request (deadlock detection) meanwhile."""
+        handle = request.handle
+        tag = (request.counted or "").encode()  # counted: _claim_locked checked
+        self.waiting(handle, True)
+        ran = False
+        try:
+            if self._claimed_bell(round_, tag):
+                ran = True
+                self._run_round_inline(tag)
+        except HorovodInternalError as exc:  # the doorbell's (its lock held by a stopped rank)
+            self._fail(exc)  # as on the engine thread; the handle now holds the error
+        finally:
+            self._unclaim(wake=not ran)
+            self.done_waiting(handle, True)
+
+    def _claimed_bell(self, round_: int, tag: bytes) -> bool:
+        """Wait for the claimed round's bell: whether it is the claimed unit's (False when
+        another bell came, the engine failed, or the wait went on too long: the engine then
+        runs the round)."""
+        give_up = time.monotonic() + _INLINE_GIVE_UP_S
+        while self._failure is None:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                break
+            bell = self._doorbell.wait(round_, min(_INLINE_SLICE_S, left), claimed=True)
+            if bell is not None:
+                return bell == tag
+        return False
+
+    def _run_round_inline(self, tag: bytes) -> None:
+        """Run the claimed unit round in this thread (holding the turn). A failed collective
+        fails the engine as it would on the engine thread, naming the rank that died."""
+        try:
+            self._run_round(tag)
+        except HorovodInternalError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a peer died or the network broke
+            self._fail(self._collective_failure(exc))
+        except BaseException as exc:
+            # A signal handler raised inside the collective (Ctrl-C): this rank's part of it is
+            # lost, and so is its place in the sequence of rounds.
+            self._fail(HorovodInternalError(
+                f"rank {self.rank} was interrupted ({exc!r}) in the middle of a collective; "
+                "call hvd.init() again to continue"))
+            raise
 
     @contextlib.contextmanager
     def submitting_for_autograd(self) -> Iterator[None]:
@@ -396,36 +518,55 @@ class Engine:
 
     def _run(self) -> None:
         serialize_this_thread()  # see intraop: a team of this thread's own would fight training
+        bell_wait_s = _INLINE_BELL_WAIT_S if self._inline else _BELL_WAIT_S
         try:
-            while True:
-                bell = self._doorbell.wait(self._round, _BELL_WAIT_S)
+            while self._failure is None:
+                # Read afresh: callers may have run rounds while this thread slept (their
+                # claims spare it the wake-up), and a bell that old may have been reused.
+                round_ = self._round
+                bell = self._doorbell.wait(round_, bell_wait_s)
                 if bell is None:
                     continue
-                self._round_since = self._clock()
-                if bell == NEGOTIATE:
-                    self._gather()
-                    if self._cycle() is None:
+                with self._turn:
+                    if self._failure is not None:
                         break
-                else:
-                    self._unit_round(bell.decode())
-                self._round_since = None
-                with self._lock:
-                    self._round += 1
-                    self._drained = False
-                    if self._peers_joined and self._queue:
-                        self._ring_locked(NEGOTIATE)
+                    if self._round != round_:  # a caller ran that round itself
+                        continue
+                    if not self._run_round(bell):
+                        break
         except HorovodInternalError as exc:  # the stall inspector gave up
             self._fail(exc)
         except Exception as exc:  # a collective failed: a peer died or the network broke
-            log.debug("engine stopped by %r", exc)
-            dead = self._peers.wait_for_dead()
-            cause = (f"because {self._peers.failure_cause(dead)}" if dead else
-                     "most likely because another rank failed or exited")
-            self._fail(HorovodInternalError(
-                f"a collective failed on rank {self.rank}, {cause}: {exc}"))
+            self._fail(self._collective_failure(exc))
         finally:
             self._stopped.set()
             self.timeline.stop()
+
+    def _run_round(self, bell: bytes) -> bool:
+        """Run round ``_round`` (its bell read) and move on to the next; False once every rank
+        must stop. The calling thread holds the turn."""
+        self._round_since = self._clock()
+        if bell == NEGOTIATE:
+            self._gather()
+            if self._cycle() is None:
+                return False
+        else:
+            self._unit_round(bell.decode())
+        self._round_since = None
+        with self._lock:
+            self._round += 1
+            self._drained = False
+            if self._peers_joined and self._queue:
+                self._ring_locked(NEGOTIATE)
+        return True
+
+    def _collective_failure(self, exc: BaseException) -> HorovodInternalError:
+        """The error a failed collective fails the engine with, naming the rank that died."""
+        log.debug("engine stopped by %r", exc)
+        dead = self._peers.wait_for_dead()
+        cause = (f"because {self._peers.failure_cause(dead)}" if dead else
+                 "most likely because another rank failed or exited")
+        return HorovodInternalError(f"a collective failed on rank {self.rank}, {cause}: {exc}")
 
     def _gather(self) -> None:
         """Wait up to one cycle time while this rank keeps submitting.

@@ -7,9 +7,12 @@ sleeps on a futex (see :mod:`ringtrain.backends.futex`) that every ring wakes.
 
 Layout of the segment's data area::
 
-    header    [0] the ring word (32 bits, the futex: bumped by every ring)
+    header    [0] the engines' ring word (32 bits, a futex: bumped by every ring)
               [1] the lock's holder (rank + 1; 0 when free), [2] counters in use
+              [3] the callers' ring word (32 bits, a futex: bumped by every ring)
     progress  one int64 per rank: the round its engine waits for (rounds before it are done)
+    claims    two int64 per rank: the round + 1 its caller runs itself (0: none), and a digest
+              of the unit's counter key it runs it for
     bells     _ROUNDS entries of (round + 1, length, bytes): round r lives in entry r % _ROUNDS
     counters  _COUNTERS entries of (16-byte key digest, value), open addressing
 
@@ -23,6 +26,14 @@ Bells are not deleted (:meth:`ShmDoorbell.forget` does nothing): a round's entry
 every engine waits for a later round. Counter keys are never removed, so that whether a key lives
 here or in the store is the same for every rank: once the table is three-quarters full, keys it
 does not hold yet are counted in the fallback doorbell (the TCP store) instead.
+
+A caller that runs its own round (see :mod:`ringtrain.engine.engine`) claims it, and sleeps on
+the callers' word. A ring whose bell is the unit every rank claimed for that round wakes only the
+callers: the engines, which would only wait for the callers to finish, sleep on (they see the
+round done at the next ring, or within their wait's timeout). Any other ring wakes both words.
+A claim is written without the lock (a ring that misses it only wakes the engines as it would
+without one) and left in place once its round ran (a claim of a past round matches no ring); a
+caller that gives its round back clears it under the lock and wakes the engines.
 """
 
 from __future__ import annotations
@@ -65,8 +76,22 @@ def bytes_needed(size: int) -> int:
     return _counters_offset(size) + _COUNTERS * _COUNTER_ENTRY
 
 
+def _lines(nbytes: int) -> int:
+    return (nbytes + _LINE - 1) // _LINE * _LINE
+
+
+def _claims_offset(size: int) -> int:
+    return _LINE + _lines(size * 8)
+
+
 def _bells_offset(size: int) -> int:
-    return _LINE + (size * 8 + _LINE - 1) // _LINE * _LINE
+    return _claims_offset(size) + _lines(size * 16)
+
+
+def _key_digest(key: bytes) -> int:
+    """A unit's counter key as one int64 (never 0: 0 marks no claim)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little",
+                          signed=True) or 1
 
 
 def _counters_offset(size: int) -> int:
@@ -98,8 +123,12 @@ class ShmDoorbell:
         self._deferred = threading.local()  # depth of deferring_wakes blocks, a wake owed
         self._word = data[:4].view(np.uint32)
         self._word_address = self._word.__array_interface__["data"][0]
+        self._callers_word = data[24:28].view(np.uint32)
+        self._callers_address = self._callers_word.__array_interface__["data"][0]
         self._header = data[:_LINE].view(np.int64)
         self._progress = data[_LINE:_LINE + size * 8].view(np.int64)
+        self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].view(
+            np.int64).reshape(size, 2)
         bells = data[_bells_offset(size):_counters_offset(size)]
         self._bells = bells.view(np.int64).reshape(_ROUNDS, _BELL_ENTRY // 8)
         self._bell_bytes = bells.reshape(_ROUNDS, _BELL_ENTRY)
@@ -184,6 +213,10 @@ class ShmDoorbell:
                     self._bell_bytes[round_ % _ROUNDS, 16:16 + len(bell)] = np.frombuffer(
                         bell, np.uint8)
                     self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
+                    self._callers_word[0] = (int(self._callers_word[0]) + 1) & 0xFFFFFFFF
+                    key = _key_digest(bell.rpartition(b"@")[0])
+                    engines = not (bool((self._claims[:, 0] == round_ + 1).all())
+                                   and bool((self._claims[:, 1] == key).all()))
                     break
             if time.monotonic() > deadline:
                 slow = [self._segment.members[j].rank for j in range(self._segment.n)
@@ -195,9 +228,29 @@ class ShmDoorbell:
             time.sleep(1e-3)
         if getattr(self._deferred, "depth", 0):
             self._deferred.owed = True
+            self._deferred.engines = getattr(self._deferred, "engines", False) or engines
         else:
-            futex.wake(self._word_address)
+            self._wake(engines)
         return bell
+
+    def _wake(self, engines: bool) -> None:
+        futex.wake(self._callers_address)
+        if engines:
+            futex.wake(self._word_address)
+
+    def claim(self, round_: int, key: str) -> None:
+        # Without the lock (one writer per entry): a ring that reads the claim half written or
+        # not yet visible does not match it and wakes the engines, as without a claim. The key
+        # first: a new key beside an old claim's round matches no ring (that round is past).
+        self._claims[self._me, 1] = _key_digest(key.encode())
+        self._claims[self._me, 0] = round_ + 1
+
+    def unclaim(self, wake: bool) -> None:
+        if not wake:
+            return  # the claimed round ran here: a claim of a past round matches no ring
+        with self._locked():
+            self._claims[self._me] = (0, 0)
+        futex.wake(self._word_address)
 
     @contextmanager
     def deferring_wakes(self) -> Iterator[None]:
@@ -210,27 +263,36 @@ class ShmDoorbell:
             deferred.depth = depth
             if not depth and getattr(deferred, "owed", False):
                 deferred.owed = False
-                futex.wake(self._word_address)
+                engines, deferred.engines = getattr(deferred, "engines", False), False
+                self._wake(engines)
 
-    def wait(self, round_: int, timeout_s: float) -> bytes | None:
+    def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
         deadline = time.monotonic() + timeout_s
+        word, address = ((self._callers_word, self._callers_address) if claimed
+                         else (self._word, self._word_address))
         while True:
             with self._locked():
-                self._progress[self._me] = round_
+                # An engine that slept through rounds its callers ran waits for one that is
+                # past: what this rank has done is the most any of its waits knew.
+                self._progress[self._me] = max(int(self._progress[self._me]), round_)
                 bell = self._bell_locked(round_)
                 if bell is not None:
                     return bell
-                seen = int(self._word[0])
+                if int(self._bells[round_ % _ROUNDS, 0]) > round_ + 1:
+                    # Its entry holds a later round: this rank's callers ran that round long
+                    # ago; the engine must look up the round it is at.
+                    return None
+                seen = int(word[0])
             spin_until = time.monotonic() + _SPIN_S
-            while int(self._word[0]) == seen and time.monotonic() < spin_until:
+            while int(word[0]) == seen and time.monotonic() < spin_until:
                 pass
-            if int(self._word[0]) != seen:
+            if int(word[0]) != seen:
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             # Returns at once if a ring bumped the word since it was read.
-            futex.wait(self._word_address, seen, remaining)
+            futex.wait(address, seen, remaining)
 
     def forget(self, round_: int) -> None:
         """Nothing to release: an entry is reused once every engine waits for a later round."""

@@ -17,15 +17,15 @@ from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.compression import Compression
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
-from ringtrain.torch.submit import resolve_op
+from ringtrain.torch.submit import resolve_op, run_synchronously
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return ops.synchronize(ops.allreduce_async(tensor, None, name, op, prescale, postscale,
-                                                   process_set))
+        return run_synchronously(lambda: ops.allreduce_async(tensor, None, name, op, prescale,
+                                                             postscale, process_set))
 
     @staticmethod
     def backward(ctx, grad):
@@ -39,7 +39,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(ops.synchronize(ops.grouped_allreduce_async(
+        return tuple(run_synchronously(lambda: ops.grouped_allreduce_async(
             tensors, None, name, op, prescale, postscale, process_set)))
 
     @staticmethod
@@ -89,7 +89,8 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return ops.synchronize(ops.broadcast_async(tensor, root_rank, name, process_set))
+        return run_synchronously(lambda: ops.broadcast_async(tensor, root_rank, name,
+                                                             process_set))
 
     @staticmethod
     def backward(ctx, grad):

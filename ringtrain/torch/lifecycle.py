@@ -104,8 +104,10 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
                                        fallback=doorbell)
         topology = _topology(env, rank, [p.host for p in processes])
         shm = isinstance(backend, HierarchicalBackend) and backend.shares_memory
+        # A caller may run its own lone cached operation only where waiting for a bell is
+        # cheap (the shared-memory doorbell): on the store it would be a blocking round trip.
         engine = Engine(backend, env.knobs, doorbell, backend_name="SHM" if shm else "GLOO",
-                        peers=processes)
+                        peers=processes, inline=isinstance(doorbell, ShmDoorbell))
         if env.knobs.threads_per_rank is not None:  # --threads-per-rank (or its autotuned best)
             torch.set_num_threads(env.knobs.threads_per_rank)
         runtime.activate(runtime.Runtime(env=env, topology=topology, backend=backend,

@@ -15,7 +15,13 @@ from ringtrain.errors import UnsupportedOperationError
 from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
-from ringtrain.torch.submit import check_reduction, contiguous_work, resolve_op, submit
+from ringtrain.torch.submit import (
+    check_reduction,
+    contiguous_work,
+    resolve_op,
+    run_synchronously,
+    submit,
+)
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -86,8 +92,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Allreduce ``tensor`` in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return run_synchronously(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,
+                                                      postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -115,8 +121,8 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Allreduce a list of tensors in place as one unit and return them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return run_synchronously(lambda: grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 class SparseAllreduceHandle(DerivedHandle):
@@ -226,7 +232,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Broadcast rank ``root_rank``'s ``tensor`` in place and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return run_synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # -- alltoall ----------------------------------------------------------------------------------

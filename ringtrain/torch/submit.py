@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,9 @@ from ringtrain.engine.request import Request, RequestMeta, TensorMeta
 from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
+
+#: Set while :func:`run_synchronously` submits: this thread waits for the result at once.
+_synchronous = threading.local()
 
 SUPPORTED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -65,9 +69,34 @@ def submit(
     if any(t.is_cuda for t in inputs):
         ready = torch.cuda.Event()
         ready.record()
-    rt.engine.submit(Request(meta=meta, outputs=list(outputs),
-                             handle=handle, ready_event=ready, grouped=grouped))
+    request = Request(meta=meta, outputs=list(outputs), handle=handle, ready_event=ready,
+                      grouped=grouped)
+    if getattr(_synchronous, "active", False):
+        with rt.engine.synchronous():
+            rt.engine.submit(request)
+    else:
+        rt.engine.submit(request)
     return handle
+
+
+def run_synchronously(start: Callable[[], Handle]) -> Any:
+    """Submit with ``start`` and wait for the result: the synchronous forms (``allreduce_``).
+
+    The engine knows that this thread blocks on the operation right away, so a lone cached one
+    may run in this thread instead of being handed to the engine thread and back (see
+    :mod:`ringtrain.engine.engine`).
+
+    Raises:
+        ValueError: as for :func:`submit`.
+        RuntimeError: as for :meth:`Handle.wait`.
+    """
+    previous = getattr(_synchronous, "active", False)
+    _synchronous.active = True
+    try:
+        handle = start()
+    finally:
+        _synchronous.active = previous
+    return handle.wait()
 
 
 def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:

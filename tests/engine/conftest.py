@@ -23,9 +23,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def start_engines(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[StartEngines]:
-    """``start_engines(size, probe_s=..., **knobs)``: a world of ``size`` ranks and one engine
-    per rank, all on ``clock``; every engine is shut down after the test, which fails if one
-    does not stop.
+    """``start_engines(size, probe_s=..., inline=..., **knobs)``: a world of ``size`` ranks and
+    one engine per rank, all on ``clock`` (``inline``: callers may run their own rounds); every
+    engine is shut down after the test, which fails if one does not stop.
 
     ``probe_s`` is the pending watch's period in real time. By default it never fires within a
     test: the watch rings for requests that wait on peers, and would hide a round that the
@@ -33,10 +33,12 @@ def start_engines(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator
     """
     started: list[Engine] = []
 
-    def start(size: int, probe_s: float = 3600.0, **knobs) -> tuple[ThreadWorld, list[Engine]]:
+    def start(size: int, probe_s: float = 3600.0, inline: bool = False,
+              **knobs) -> tuple[ThreadWorld, list[Engine]]:
         monkeypatch.setattr(engine_module, "_PROBE_S", probe_s)
         world = ThreadWorld(size)
-        engines = [Engine(world.backend(rank), EngineConfig(**knobs), world.doorbell, clock=clock)
+        engines = [Engine(world.backend(rank), EngineConfig(**knobs), world.doorbell, clock=clock,
+                          inline=inline)
                    for rank in range(size)]
         started.extend(engines)
         return world, engines

@@ -6,11 +6,13 @@ Each rank of a `World` is its own process, so the segments, the kills and the sw
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -182,6 +184,82 @@ def test_an_operation_waiting_on_the_shared_memory_doorbell_for_a_dead_rank_fail
     try:
         assert world.run(_doorbell_name) == ["ShmDoorbell"] * 2
         world.send(_die_before_submitting)
+        status, survivor = world.receive(0, timeout=60)
+        assert world.receive(1, timeout=10) == ("err", "the process exited")
+    finally:
+        world.close()
+    assert status == "ok", survivor
+    seconds, outcome = survivor.split(" s: ", 1)
+    assert float(seconds) < 5.0, survivor
+    assert "rank 1 (host " in outcome and " died (its process is gone" in outcome, outcome
+
+
+def _lone_allreduces_in_the_callers_thread(path: str) -> tuple[list[float], int, int]:
+    """Cached lone ``allreduce_`` calls: their sums, and how many of the timed five ran in this
+    thread (the rest on the engine's); rank 0 writes their timeline to ``path``."""
+    engine = runtime.current().engine
+    ran_in: list[str] = []
+    run = engine._executor.run
+
+    def recording(*args):
+        ran_in.append(threading.current_thread().name)
+        return run(*args)
+
+    engine._executor.run = recording  # type: ignore[method-assign]
+    t = torch.ones(8)
+    for _ in range(3):  # the first one is negotiated and cached
+        hvd.allreduce_(t, op=hvd.Sum, name="inline.lone")
+    ran_in.clear()
+    hvd.start_timeline(path)
+    for _ in range(5):
+        hvd.allreduce_(t, op=hvd.Sum, name="inline.lone")
+    hvd.stop_timeline()
+    engine._executor.run = run  # type: ignore[method-assign]
+    here = threading.current_thread().name
+    return t.tolist(), ran_in.count(here), len(ran_in)
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_a_lone_cached_allreduce_runs_in_its_callers_thread_and_on_the_timeline(tmp_path):
+    world = World(2)
+    path = str(tmp_path / "timeline.json")
+    try:
+        outcomes = world.run(_lone_allreduces_in_the_callers_thread, path)
+    finally:
+        world.close()
+    for sums, inline, total in outcomes:
+        assert sums == [2.0 ** 8] * 8
+        assert total == 5 and inline >= 1, (inline, total)
+    with open(path) as f:
+        events = json.load(f)
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    phases = [e["name"] for e in events if e.get("ph") == "X" and rows[e["tid"]] == "inline.lone"]
+    assert phases.count("NEGOTIATE_ALLREDUCE") == 5 and phases.count("SHM_ALLREDUCE") == 5
+
+
+def _die_while_a_cached_round_is_claimed() -> str:
+    """Rank 1 SIGKILLs itself after two cached lone allreduces: rank 0's third claims its
+    round and waits for a bell that never comes; it must fail, naming rank 1, within 5 s."""
+    t = torch.ones(4)
+    for _ in range(2):
+        hvd.allreduce_(t, name="claimed.lone")
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    started = time.monotonic()
+    try:
+        hvd.allreduce_(t, name="claimed.lone")
+        outcome = "no error"
+    except RuntimeError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_a_caller_waiting_for_its_claimed_round_fails_when_its_peer_dies():
+    world = World(2)
+    try:
+        world.send(_die_while_a_cached_round_is_claimed)
         status, survivor = world.receive(0, timeout=60)
         assert world.receive(1, timeout=10) == ("err", "the process exited")
     finally:

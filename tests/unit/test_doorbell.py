@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -138,11 +139,50 @@ def test_rings_in_a_deferring_block_wake_the_engines_once_when_it_ends(tmp_path,
             assert second.ring(0, NEGOTIATE) == NEGOTIATE
             assert second.ring(1, b"unit@1") == b"unit@1"
         assert wakes == []
-    assert len(wakes) == 1
+    assert wakes.count(second._word_address) == 1  # and the callers' word once
     waiter.join(10.0)
     assert woke == [b"unit@1"]
     second.ring(2, NEGOTIATE)  # outside a block: at once
-    assert len(wakes) == 2
+    assert wakes.count(second._word_address) == 2
+
+
+def test_a_ring_of_a_unit_every_rank_claimed_wakes_only_the_callers(tmp_path, monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes: list[int] = []
+    wake = shm_doorbell.futex.wake
+    monkeypatch.setattr(shm_doorbell.futex, "wake", lambda address: (wakes.append(address),
+                                                                     wake(address))[1])
+    engines, callers = second._word_address, second._callers_address
+    first.claim(3, "k")
+    second.claim(3, "k")
+    woke: list[bytes | None] = []
+    caller = threading.Thread(target=lambda: woke.append(first.wait(3, 30.0, claimed=True)))
+    caller.start()
+    second.ring(3, b"k@1")
+    caller.join(10.0)
+    assert woke == [b"k@1"]
+    assert wakes == [callers]  # the engines sleep on: their callers run the round
+    first.unclaim(wake=False)
+    second.unclaim(wake=False)
+    second.ring(4, b"k@2")  # claimed by nobody
+    assert wakes[1:] == [callers, engines]
+    first.claim(5, "k")
+    second.claim(5, "other")
+    second.ring(5, b"k@3")  # rank 1 claimed another unit: its engine must run this round
+    assert wakes[3:] == [callers, engines]
+    first.unclaim(wake=True)  # a caller that gives its round back wakes the engines
+    assert wakes[5:] == [first._word_address]
+
+
+def test_a_wait_for_a_round_long_past_returns_at_once(tmp_path):
+    first, second = shm_doorbells(tmp_path)
+    first.ring(5, b"unit@1")
+    assert first.wait(6, 0.0) is None and second.wait(6, 0.0) is None  # both past round 5
+    later = 5 + shm_doorbell._ROUNDS  # the same entry as round 5
+    assert second.ring(later, NEGOTIATE) == NEGOTIATE
+    started = time.monotonic()
+    assert first.wait(5, 30.0) is None  # an engine that slept while its callers ran rounds
+    assert time.monotonic() - started < 10.0
 
 
 def test_a_shared_memory_lock_held_too_long_names_its_holder(tmp_path, monkeypatch):
