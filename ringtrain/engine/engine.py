@@ -145,6 +145,10 @@ class Engine:
                              nothing happened on this rank
     ``_prev_slots``          every rank's wait state in the previous    engine (its own)
                              negotiation round (identical everywhere)
+    ``_wanted_by_peers``     names a peer offered in the last            engine (``_lock``); a
+                             negotiation round that this rank had not   caller's submission
+                             submitted: submitting one rings for a      removes its name
+                             negotiation, never counts it alone
     ``_turn``                held by the thread that runs a round (the  engine or a caller (a
                              engine, or a caller running its own), so   Lock of its own; callers
                              rounds run one at a time, in order         take it only when free)
@@ -195,10 +199,12 @@ class Engine:
         self._submitted = 0  # requests submitted so far, to see when submissions pause
         self._drained = False  # the current round has taken its requests: news waits for the next
         self._peers_joined = False  # a rank has joined: counters do not reach the member count
+        self._wanted_by_peers: set[str] = set()
         self._shutdown_requested = False
         self._failure: HorovodInternalError | None = None
         self._batch = threading.local()  # requests of this thread's one_round block
-        self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count))
+        self._readiness = Readiness(self._cache, functools.partial(_reach_store, doorbell.count),
+                                    functools.partial(_reach_store, doorbell.read))
         self._stopped = threading.Event()
         self._caller_blocked = threading.Event()  # a submitter waits for a result: stop gathering
         self._waiters: dict[int, int] = {}
@@ -246,7 +252,7 @@ class Engine:
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
                 return
-            if not self._queue:
+            if not self._queue and request.name not in self._wanted_by_peers:
                 # Most likely a lone operation (a synchronous collective, or the first of a
                 # burst): counted as a unit of one, it costs a store round trip more than a
                 # ring, but runs with no control collective, and no peer's engine wakes for it
@@ -263,6 +269,9 @@ class Engine:
                 self._submitted += 1
                 # The rest of a burst: counting each operation would cost a store round trip
                 # per tensor; they ring for a negotiation round that gathers and fuses them.
+                # A name a peer offered uncounted is negotiated too: counted alone here, its
+                # counter would never reach the member count and nobody would ring for it.
+                self._wanted_by_peers.discard(request.name)
                 self._ring_locked(NEGOTIATE)
         if claimed is not None:
             self._run_claimed(request, claimed)
@@ -683,11 +692,32 @@ class Engine:
                 # Run by the counts, not by their readiness counters, which some members may
                 # not have added to (their units differ): those counters must start even again.
                 self._renew_counters(decision)
+        self._note_wanted(decision, summed_list[bits_at:], bits)
         self._execute(decision)
         # After the round's work, not before it: releasing bells is a store round trip per round
         # on rank 0, and no rank waits for it.
         self._forget_rounds()
         return bool(decision.responses) or decision.join_done is not None
+
+    def _note_wanted(self, decision: Decision, offered: list[int], mine: set[int]) -> None:
+        """Remember the operations peers offered in this round that this rank has not submitted.
+
+        A peer that offered one uncounted (the rest of its burst) rang for this round, which
+        leaves it waiting; submitted here later, it must ring for a negotiation too, or nothing
+        rings for it (its readiness counter can no longer complete). One submitted while this
+        round ran, and counted without completing its counter, rings now. A name leaves the set
+        when its operation runs here (see :meth:`_execute`), or with the next negotiation.
+        """
+        if decision.waiting:  # a full exchange says who is missing
+            wanted = {name for name, w in decision.waiting.items() if self.rank in w.missing}
+        else:  # the counts do: offered by some members, not by this rank
+            wanted = {self._cache.response(bit).name for bit, n in enumerate(offered)
+                      if n and bit not in mine and n < self._cache.members(bit)}
+        with self._lock:
+            self._wanted_by_peers = wanted
+            if wanted and any(r.name in wanted and not self._readiness.completed(r)
+                              for r in self._queue):
+                self._ring_locked(NEGOTIATE)
 
     def _unit_round(self, tag: str) -> None:
         """Run this rank's requests counted under ``tag``: every member has them queued, or had
@@ -764,6 +794,7 @@ class Engine:
                 if request is not None:
                     local[response.name] = request
                     self._names.discard(response.name)
+                self._wanted_by_peers.discard(response.name)
         if self.timeline.active:
             for request in local.values():
                 self.timeline.span(request.name, f"NEGOTIATE_{request.meta.op.value.upper()}",

@@ -36,9 +36,11 @@ def tag(key: str, epoch: int) -> str:
 class Readiness:
     """Counts this rank's submissions; says when one completes a unit on every member."""
 
-    def __init__(self, cache: ResponseCache, add: Callable[[str], int]):
+    def __init__(self, cache: ResponseCache, add: Callable[[str], int],
+                 read: Callable[[str], int]):
         self._cache = cache
         self._add = add
+        self._read = read
 
     def count(self, requests: list[Request]) -> bytes | None:
         """Count ``requests``, submitted together, as one unit.
@@ -60,6 +62,14 @@ class Readiness:
         for request in requests:
             request.counted = counted
         return counted.encode() if value % members == 0 else None
+
+    def completed(self, request: Request) -> bool:
+        """Whether the submission ``request`` was counted under is complete on every member
+        (its bell rung by the member that completed it); False for one not counted."""
+        if request.counted is None:
+            return False
+        key, epoch = request.counted.rsplit("@", 1)
+        return self._read(key) >= int(epoch) * len(request.meta.set_ranks)
 
     def recount(self, requests: Iterable[Request]) -> list[bytes]:
         """Count again the units whose counters a negotiation replaced.

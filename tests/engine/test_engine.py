@@ -126,6 +126,26 @@ def test_lone_operations_counted_on_one_rank_and_negotiated_on_another_run_once_
     assert world.completed["control_allreduce"] == negotiations
 
 
+def test_an_operation_a_peer_negotiated_before_this_rank_submitted_it_is_not_counted_alone(
+        start_engines):
+    # Rank 0's burst: x counted alone, y queued behind it, rung for a negotiation that runs
+    # before rank 1 has either. Rank 1 then submits x (its unit completes) and, alone, y: counted
+    # by itself, y's counter could never complete (rank 0 offered it uncounted) and nothing
+    # would ring for it (the pending watch is off here). Rank 1 must ring a negotiation for it.
+    _, engines = start_engines(2)
+    for name in ("burst.x", "burst.y"):
+        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    for i in range(3):
+        first = [submit(engines[0], "burst.x", torch.full((1,), float(i))),
+                 submit(engines[0], "burst.y", torch.full((1,), float(i)))]
+        wait_until(lambda: "burst.y" in engines[0]._pending and not engines[0]._queue,
+                   "rank 0's negotiation round took its burst")
+        x = submit(engines[1], "burst.x", torch.ones(1))
+        assert results([first[0], x]) == [[i + 1.0]] * 2
+        y = submit(engines[1], "burst.y", torch.ones(1))
+        assert results([first[1], y]) == [[i + 1.0]] * 2, f"step {i}"
+
+
 def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds(
         start_engines, clock):
     # rank 0 submits one unit of two names, rank 1 a unit per name: no readiness counter ever

@@ -39,6 +39,9 @@ def _shrink_to_one_and_grow_back(passes: int) -> dict:
     optimizer.zero_grad()
     for _ in range(passes):
         model(x).sum().backward()
+    # Both ranks submitted the step before either leaves the world (a rank whose peer shut down
+    # first would fail its submission, as an elastic reset expects, not leave it in flight).
+    hvd.barrier()
     hvd.shutdown()
     optimizer.zero_grad()  # between worlds: the old world's step is gone, nothing is refused
     hvd.init(comm=[rank])  # a world of this rank alone

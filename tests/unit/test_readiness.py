@@ -33,7 +33,7 @@ def cached(*names, ranks=(0, 1)) -> ResponseCache:
 def ranks_sharing(cache: ResponseCache, size: int = 2) -> list[Readiness]:
     """One Readiness per rank, all adding to the same counters (one store)."""
     store = LocalDoorbell()
-    return [Readiness(cache, store.count) for _ in range(size)]
+    return [Readiness(cache, store.count, store.read) for _ in range(size)]
 
 
 def test_the_last_member_to_submit_rings_the_submission_it_completed():
@@ -92,3 +92,16 @@ def test_a_full_exchange_renews_the_counter_and_pending_requests_count_again():
     assert rank0.recount([pending]) == [] and pending.counted != old_tag
     assert rank1.count([request("a", 1)]) == pending.counted.encode()
     assert rank0.recount([pending]) == []  # unchanged key: not counted twice
+
+
+def test_a_submission_is_completed_once_every_member_counted_it():
+    rank0, rank1 = ranks_sharing(cached("a"))
+    mine, theirs = request("a", 0), request("a", 1)
+    assert not rank0.completed(mine)  # not counted
+    rank0.count([mine])
+    assert not rank0.completed(mine)
+    rank1.count([theirs])
+    assert rank0.completed(mine) and rank1.completed(theirs)
+    again = request("a", 0)
+    rank0.count([again])  # the second submission: incomplete until rank 1's second
+    assert not rank0.completed(again) and rank0.completed(mine)
