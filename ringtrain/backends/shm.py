@@ -14,9 +14,11 @@ and reductions are torch's own kernels (multithreaded where the calling thread a
 
 An allreduce of several tensors (the engine's fused batch) runs the same steps over their
 concatenation without ever forming it: each step's chunk is copied straight from the tensors into
-the member's slot, reduced there, and the result copied straight out of the owners' slots into the
-tensors (``torch.cat`` and ``torch.split_with_sizes_copy``, one call per slot), so no fusion buffer
-and no copies into and out of one are needed.
+the member's slot, the member's own piece reduced where it lies in the tensors (one
+``torch._foreach_*`` call; fp16, bf16 and bool are copied in and reduced in the slot instead),
+and the others' pieces copied straight out of their owners' slots into the tensors
+(``torch.cat`` and ``torch.split_with_sizes_copy``, one call per slot), so no fusion buffer and no
+copies into and out of one are needed.
 
 A small allreduce (up to :data:`ONE_STEP_BYTES`) instead takes one wait: each member copies its
 whole tensor into its slot, waits for everyone, and reduces all the slots into its tensor itself,
@@ -31,7 +33,7 @@ all ranks meaning that all have read the round's bell (see ``Engine._forget_roun
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -41,6 +43,10 @@ from ringtrain.op_types import ReduceOp
 _HALF = (torch.float16, torch.bfloat16)
 #: Allreduces up to this size take one wait, every member reducing the whole tensor.
 ONE_STEP_BYTES = 64 << 10
+#: In-place reductions over lists of tensors (one call for all of a member's piece).
+_FOREACH: dict[ReduceOp, Callable[[list[torch.Tensor], list[torch.Tensor]], object]] = {
+    ReduceOp.SUM: torch._foreach_add_, ReduceOp.PRODUCT: torch._foreach_mul_,
+    ReduceOp.MIN: torch._foreach_minimum_, ReduceOp.MAX: torch._foreach_maximum_}
 
 
 class ShmGroup:
@@ -121,6 +127,10 @@ class ShmGroup:
             flats.scatter(reduced, 0)
             seg.publish(step, 3)
             return
+        # Each member reduces its own piece where it lies in the tensors (one call over all of
+        # them) when torch can (not fp16/bf16, which add up in fp32, nor bool): the piece then
+        # never goes through the slot and back. Otherwise the whole chunk goes into the slot.
+        combine = None if dtype in _HALF or dtype is torch.bool else _FOREACH.get(op)
         for start in _starts(total, cap):
             m = min(cap, total - start)
             bounds = [k * m // n for k in range(n + 1)]
@@ -128,15 +138,29 @@ class ShmGroup:
             step, buf = seg.begin("allreduce")
             slots = seg.slots(dtype, buf)
             mine = slots[me]
-            torch.cat(flats.views(start, start + m), out=mine[:m])
+            if combine is None:
+                torch.cat(flats.views(start, start + m), out=mine[:m])
+            else:
+                for j in range(n):
+                    if j != me and bounds[j + 1] > bounds[j]:
+                        torch.cat(flats.views(start + bounds[j], start + bounds[j + 1]),
+                                  out=mine[bounds[j]:bounds[j + 1]])
             seg.publish(step, 1)
             seg.wait_all(3 * step + 1, "allreduce")
-            _reduce_into(mine[lo:hi], mine[lo:hi], [slots[j][lo:hi] for j in range(n) if j != me],
-                         op)
+            if combine is None:
+                _reduce_into(mine[lo:hi], mine[lo:hi],
+                             [slots[j][lo:hi] for j in range(n) if j != me], op)
+            elif hi > lo:
+                own = flats.views(start + lo, start + hi)
+                sizes = [piece.numel() for piece in own]
+                for j in range(n):
+                    if j != me:
+                        combine(own, list(torch.split_with_sizes(slots[j][lo:hi], sizes)))
+                torch.cat(own, out=mine[lo:hi])
             seg.publish(step, 2)
             seg.wait_all(3 * step + 2, "allreduce")
             for j in range(n):
-                if bounds[j + 1] > bounds[j]:
+                if (j != me or combine is None) and bounds[j + 1] > bounds[j]:
                     flats.scatter(slots[j][bounds[j]:bounds[j + 1]], start + bounds[j])
             seg.publish(step, 3)
 
