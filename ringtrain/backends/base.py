@@ -42,6 +42,21 @@ class CollectiveBackend(Protocol):
         buffer overlaps the transfer of the previous one.
         """
 
+    def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
+        """Whether :meth:`start_allreduce_list` reduces several tensors of the set on ``device``
+        (``"cpu"`` or ``"cuda"``) where they lie, without the engine's fusion buffer. The
+        same on every member of the set."""
+
+    def start_allreduce_list(self, tensors: Sequence[torch.Tensor], op: ReduceOp,
+                             ranks: tuple[int, ...]) -> Callable[[], None]:
+        """Start reducing contiguous tensors of one dtype in place over the set, as one
+        allreduce of their concatenation; returns the wait. Only where
+        :meth:`allreduces_in_place` says so.
+
+        Raises:
+            NotImplementedError: this backend reduces one flat tensor at a time there.
+        """
+
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         """Gather equal-shaped tensors into ``output`` (first dim = members × rows)."""

@@ -278,6 +278,22 @@ class HierarchicalBackend:
 
         return wait
 
+    def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
+        # Only a set within this host copies straight between tensors and its segment; a set
+        # spanning hosts sends a flat buffer to the other leaders, and CUDA goes to NCCL.
+        comm = self._sets.get(ranks)
+        return device == "cpu" and comm is not None and comm.whole and comm.shm is not None
+
+    def start_allreduce_list(self, tensors: Sequence[torch.Tensor], op: ReduceOp,
+                             ranks: tuple[int, ...]) -> Callable[[], None]:
+        if not self.allreduces_in_place(ranks, tensors[0].device.type if tensors else "cpu"):
+            raise NotImplementedError(f"the set {list(ranks)} reduces one flat tensor at a time "
+                                      "here (it spans hosts, or its tensors are on a GPU)")
+        shm = self._sets[ranks].shm
+        assert shm is not None  # (allreduces_in_place holds)
+        _guarded(shm, shm.allreduce_list_, tensors, op)
+        return _done
+
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         local = self._local(tensor, ranks)

@@ -36,6 +36,13 @@ class LocalBackend:
                         ranks: tuple[int, ...]) -> Callable[[], None]:
         return _done
 
+    def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
+        return False  # as on Gloo: the engine packs batches into its fusion buffer
+
+    def start_allreduce_list(self, tensors: Sequence[torch.Tensor], op: ReduceOp,
+                             ranks: tuple[int, ...]) -> Callable[[], None]:
+        return _done
+
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         output.copy_(tensor.reshape(output.shape))

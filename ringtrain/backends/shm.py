@@ -12,6 +12,14 @@ An allreduce step is a reduce-scatter then an all-gather through the segment:
 So every byte is copied in once and out once, each member reduces 1/n of the data, and the copies
 and reductions are torch's own kernels (multithreaded where the calling thread allows it).
 
+An allreduce of several tensors (the engine's fused batch) runs the same steps over their
+concatenation without ever forming it: each step's chunk is copied straight from the tensors into
+the member's slot, the member's own piece reduced where it lies in the tensors (one
+``torch._foreach_*`` call; fp16, bf16 and bool are copied in and reduced in the slot instead),
+and the others' pieces copied straight out of their owners' slots into the tensors
+(``torch.cat`` and ``torch.split_with_sizes_copy``, one call per slot), so no fusion buffer and no
+copies into and out of one are needed.
+
 A small allreduce (up to :data:`ONE_STEP_BYTES`) instead takes one wait: each member copies its
 whole tensor into its slot, waits for everyone, and reduces all the slots into its tensor itself,
 in member order (so every member gets the same bits). Each member then reduces everything, but
@@ -24,7 +32,8 @@ all ranks meaning that all have read the round's bell (see ``Engine._forget_roun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,6 +43,10 @@ from ringtrain.op_types import ReduceOp
 _HALF = (torch.float16, torch.bfloat16)
 #: Allreduces up to this size take one wait, every member reducing the whole tensor.
 ONE_STEP_BYTES = 64 << 10
+#: In-place reductions over lists of tensors (one call for all of a member's piece).
+_FOREACH: dict[ReduceOp, Callable[[list[torch.Tensor], list[torch.Tensor]], object]] = {
+    ReduceOp.SUM: torch._foreach_add_, ReduceOp.PRODUCT: torch._foreach_mul_,
+    ReduceOp.MIN: torch._foreach_minimum_, ReduceOp.MAX: torch._foreach_maximum_}
 
 
 class ShmGroup:
@@ -90,6 +103,65 @@ class ShmGroup:
             for j in range(n):
                 if j != me and bounds[j + 1] > bounds[j]:
                     chunk[bounds[j]:bounds[j + 1]].copy_(slots[j][bounds[j]:bounds[j + 1]])
+            seg.publish(step, 3)
+
+    def allreduce_list_(self, tensors: Sequence[torch.Tensor], op: ReduceOp) -> None:
+        """Reduce contiguous tensors of one dtype over the members, in place, as one allreduce
+        of their concatenation (every member passes the same shapes in the same order)."""
+        if len(tensors) == 1:
+            return self.allreduce_(tensors[0], op)
+        seg, n, me = self.segment, self.n, self.me
+        flats = _Concatenation([t.view(-1) for t in tensors])
+        dtype = tensors[0].dtype
+        cap = seg.slot_elements(dtype)
+        total = flats.numel
+        if total <= cap and total * tensors[0].element_size() <= ONE_STEP_BYTES:
+            step, buf = seg.begin("allreduce")
+            slots = seg.slots(dtype, buf)
+            if total:
+                torch.cat(flats.views(0, total), out=slots[me][:total])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "allreduce")
+            reduced = torch.empty(total, dtype=dtype)
+            _reduce_into(reduced, slots[0][:total], [slot[:total] for slot in slots[1:]], op)
+            flats.scatter(reduced, 0)
+            seg.publish(step, 3)
+            return
+        # Each member reduces its own piece where it lies in the tensors (one call over all of
+        # them) when torch can (not fp16/bf16, which add up in fp32, nor bool): the piece then
+        # never goes through the slot and back. Otherwise the whole chunk goes into the slot.
+        combine = None if dtype in _HALF or dtype is torch.bool else _FOREACH.get(op)
+        for start in _starts(total, cap):
+            m = min(cap, total - start)
+            bounds = [k * m // n for k in range(n + 1)]
+            lo, hi = bounds[me], bounds[me + 1]
+            step, buf = seg.begin("allreduce")
+            slots = seg.slots(dtype, buf)
+            mine = slots[me]
+            if combine is None:
+                torch.cat(flats.views(start, start + m), out=mine[:m])
+            else:
+                for j in range(n):
+                    if j != me and bounds[j + 1] > bounds[j]:
+                        torch.cat(flats.views(start + bounds[j], start + bounds[j + 1]),
+                                  out=mine[bounds[j]:bounds[j + 1]])
+            seg.publish(step, 1)
+            seg.wait_all(3 * step + 1, "allreduce")
+            if combine is None:
+                _reduce_into(mine[lo:hi], mine[lo:hi],
+                             [slots[j][lo:hi] for j in range(n) if j != me], op)
+            elif hi > lo:
+                own = flats.views(start + lo, start + hi)
+                sizes = [piece.numel() for piece in own]
+                for j in range(n):
+                    if j != me:
+                        combine(own, list(torch.split_with_sizes(slots[j][lo:hi], sizes)))
+                torch.cat(own, out=mine[lo:hi])
+            seg.publish(step, 2)
+            seg.wait_all(3 * step + 2, "allreduce")
+            for j in range(n):
+                if (j != me or combine is None) and bounds[j + 1] > bounds[j]:
+                    flats.scatter(slots[j][bounds[j]:bounds[j + 1]], start + bounds[j])
             seg.publish(step, 3)
 
     def reducescatter(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -196,6 +268,40 @@ class ShmGroup:
                     out[dst[j] + a - src[j]:dst[j] + b - src[j]].copy_(
                         slots[j][a - start:b - start])
             seg.publish(step, 3)
+
+
+class _Concatenation:
+    """Flat tensors seen as one: the views of any range of their concatenation."""
+
+    def __init__(self, flats: list[torch.Tensor]):
+        self._flats = flats
+        self._offsets = [0]
+        for f in flats:
+            self._offsets.append(self._offsets[-1] + f.numel())
+        self.numel = self._offsets[-1]
+
+    def views(self, start: int, end: int) -> list[torch.Tensor]:
+        """The pieces of the tensors that hold elements ``start:end``, in order."""
+        offsets = self._offsets
+        i = bisect.bisect_right(offsets, start) - 1
+        pieces = []
+        while start < end:
+            stop = min(end, offsets[i + 1])
+            if stop > start:
+                pieces.append(self._flats[i][start - offsets[i]:stop - offsets[i]])
+            start = stop
+            i += 1
+        return pieces
+
+    def scatter(self, source: torch.Tensor, start: int) -> None:
+        """Copy flat ``source`` into elements ``start:start + len(source)``."""
+        pieces = self.views(start, start + source.numel())
+        if not pieces:
+            return
+        if len(pieces) == 1:
+            pieces[0].copy_(source)
+        else:
+            torch.split_with_sizes_copy(source, [p.numel() for p in pieces], out=pieces)
 
 
 def _starts(length: int, cap: int) -> range:

@@ -77,6 +77,14 @@ class TorchDistributedBackend:
                         ranks: tuple[int, ...]) -> Callable[[], None]:
         return start_allreduce_on(self._group(tensor, ranks), tensor, op)
 
+    def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
+        return False  # Gloo and NCCL reduce one flat tensor: the engine fuses into a buffer
+
+    def start_allreduce_list(self, tensors: Sequence[torch.Tensor], op: ReduceOp,
+                             ranks: tuple[int, ...]) -> Callable[[], None]:
+        raise NotImplementedError("torch.distributed reduces one flat tensor at a time: pack "
+                                  "the tensors into a fusion buffer and call start_allreduce")
+
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         allgather_on(self._group(tensor, ranks), output, tensor)

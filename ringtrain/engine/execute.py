@@ -2,9 +2,13 @@
 
 Every rank runs the same responses in the same order (allreduce batches first, then the rest in
 response order); a rank outside an operation's process set skips it, and a rank that has joined
-takes part in allreduces (Adasum too) with zeros. Average still divides by the
-size of the process set, joined members included, as Horovod 0.28.1 does (its Average is a sum
-with ``postscale_factor /= process_set.controller->GetSize()``).
+takes part in allreduces (Adasum too) with zeros. Average still divides by the size of the
+process set, joined members included, as Horovod 0.28.1 does (its Average is a sum with
+``postscale_factor /= process_set.controller->GetSize()``).
+
+A batch of several allreduces goes through a fusion buffer, unless the backend reduces tensors
+where they lie (shared memory within a host: ``CollectiveBackend.allreduces_in_place``), which
+saves copying every byte into the buffer and back out.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ class _Inflight:
 
     batch: list[Response]
     tensors: list[torch.Tensor]
-    buf: torch.Tensor
-    fused: bool
+    buf: torch.Tensor | None  # the fusion buffer; None: reduced where they lie
     wait: Callable[[], None]
     start: float
     copied_in: float
@@ -60,7 +63,17 @@ class Executor:
                 runnable.append(response)
         allreduces = [r for r in runnable
                       if r.op is OpType.ALLREDUCE and r.meta.reduce_op is not ReduceOp.ADASUM]
-        self._allreduce_batches(fusion.plan(allreduces, self._threshold), local)
+        in_place: dict[tuple[tuple[int, ...], str], bool] = {}
+
+        def unbuffered(response: Response) -> bool:
+            key = (response.meta.set_ranks, response.meta.tensors[0].device)
+            known = in_place.get(key)
+            if known is None:
+                known = in_place[key] = self._backend.allreduces_in_place(*key)
+            return known
+
+        self._allreduce_batches(fusion.plan(allreduces, self._threshold, unbuffered), local,
+                                unbuffered)
         for response in runnable:
             if response.op is OpType.ALLREDUCE and response.meta.reduce_op is not ReduceOp.ADASUM:
                 continue
@@ -73,14 +86,16 @@ class Executor:
 
     # -- allreduce ----------------------------------------------------------------------------
 
-    def _allreduce_batches(self, batches: list[list[Response]], local: dict[str, Request]) -> None:
+    def _allreduce_batches(self, batches: list[list[Response]], local: dict[str, Request],
+                           in_place: Callable[[Response], bool]) -> None:
         """Start every batch's collective, then finish them in order: copying a batch into its
         buffer overlaps the transfer of the batches started before it."""
-        started = [self._start_allreduce(batch, local) for batch in batches]
+        started = [self._start_allreduce(batch, local, in_place(batch[0])) for batch in batches]
         for inflight in started:
             self._finish_allreduce(inflight, local)
 
-    def _start_allreduce(self, batch: list[Response], local: dict[str, Request]) -> _Inflight:
+    def _start_allreduce(self, batch: list[Response], local: dict[str, Request],
+                         in_place: bool) -> _Inflight:
         first = batch[0].meta
         start = time.monotonic()
         tensors: list[torch.Tensor] = []
@@ -91,18 +106,26 @@ class Executor:
             else:
                 _wait_ready(request)
                 tensors += request.outputs
-        if len(tensors) == 1:
-            buf, fused = tensors[0], False
-        else:
-            total = sum(t.numel() for t in tensors)
-            buf, fused = self._buffers.acquire(tensors[0].dtype, tensors[0].device, total), True
-            torch.cat([t.reshape(-1) for t in tensors], out=buf)
-        copied_in = time.monotonic()
-        _scale_(buf, first.prescale, 1)
         assert first.reduce_op is not None  # every allreduce carries its op
         wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
+        if in_place or len(tensors) == 1:
+            # The outputs are this operation's own (a copy, or the caller's in-place tensor):
+            # scaling them before the collective is what Horovod's prescale does.
+            for t in tensors:
+                _scale_(t, first.prescale, 1)
+            copied_in = time.monotonic()
+            if len(tensors) == 1:
+                wait = self._backend.start_allreduce(tensors[0], wire_op, first.set_ranks)
+            else:
+                wait = self._backend.start_allreduce_list(tensors, wire_op, first.set_ranks)
+            return _Inflight(batch, tensors, None, wait, start, copied_in)
+        total = sum(t.numel() for t in tensors)
+        buf = self._buffers.acquire(tensors[0].dtype, tensors[0].device, total)
+        torch.cat([t.reshape(-1) for t in tensors], out=buf)
+        copied_in = time.monotonic()
+        _scale_(buf, first.prescale, 1)
         wait = self._backend.start_allreduce(buf, wire_op, first.set_ranks)
-        return _Inflight(batch, tensors, buf, fused, wait, start, copied_in)
+        return _Inflight(batch, tensors, buf, wait, start, copied_in)
 
     def _finish_allreduce(self, inflight: _Inflight, local: dict[str, Request]) -> None:
         batch, tensors, buf = inflight.batch, inflight.tensors, inflight.buf
@@ -110,7 +133,7 @@ class Executor:
         inflight.wait()
         reduced = time.monotonic()
         divisor = len(first.set_ranks) if first.reduce_op is ReduceOp.AVERAGE else 1
-        if inflight.fused:
+        if buf is not None:
             torch.split_with_sizes_copy(buf, [t.numel() for t in tensors],
                                         out=[t.view(-1) for t in tensors])
             self._buffers.release(buf)
@@ -122,7 +145,7 @@ class Executor:
             if self._timeline.active:
                 row = response.name
                 self._timeline.span(row, "ALLREDUCE", inflight.start, done, fused=len(batch))
-                if inflight.fused:
+                if buf is not None:
                     self._timeline.span(row, "MEMCPY_IN_FUSION_BUFFER", inflight.start,
                                         inflight.copied_in)
                     self._timeline.span(row, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)

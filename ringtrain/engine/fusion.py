@@ -4,6 +4,9 @@ Planning is pure: ready allreduce responses are grouped by everything that must 
 one collective (dtype, device, process set, reduction, scale factors, joined ranks), in response
 order, into batches of at most the fusion threshold. A large tensor is reduced on its own, in
 place: copying it into a buffer and back costs more memory traffic than the extra collective.
+Where the backend reduces a batch's tensors where they lie (shared memory: see
+``CollectiveBackend.allreduces_in_place``) there is no buffer to spare, so large tensors join
+their batch too: one collective instead of one per large tensor.
 """
 
 from __future__ import annotations
@@ -40,14 +43,16 @@ def fusion_key(response: Response) -> tuple:
             m.postscale)
 
 
-def plan(responses: Iterable[Response], threshold_bytes: int) -> list[list[Response]]:
+def plan(responses: Iterable[Response], threshold_bytes: int,
+         in_place: Callable[[Response], bool] = lambda _: False) -> list[list[Response]]:
     """Group allreduce responses into batches, each one collective.
 
-    A response's tensors always travel together (grouped allreduce is one unit).
+    A response's tensors always travel together (grouped allreduce is one unit). A large one
+    goes alone unless ``in_place(response)``: its batch needs no fusion buffer.
     """
     direct = min(DIRECT_BYTES, threshold_bytes)
     return pack(responses, fusion_key, nbytes, threshold_bytes,
-                alone=lambda r, n: n >= direct and len(r.meta.tensors) == 1)
+                alone=lambda r, n: n >= direct and len(r.meta.tensors) == 1 and not in_place(r))
 
 
 def pack(items: Iterable[T], kind: Callable[[T], Hashable], size: Callable[[T], int], cap: int,

@@ -225,6 +225,13 @@ class ThreadBackend:
 
         return wait
 
+    def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
+        return False  # as Gloo: the engine packs batches into its fusion buffer
+
+    def start_allreduce_list(self, tensors: Sequence[torch.Tensor], op: ReduceOp,
+                             ranks: tuple[int, ...]) -> Callable[[], None]:
+        raise NotImplementedError("the thread world reduces one flat tensor at a time")
+
     def allgather(self, output: torch.Tensor, tensor: torch.Tensor,
                   ranks: tuple[int, ...]) -> None:
         gathered = self._meet(_DATA, ranks, "allgather", tensor.clone(), torch.cat)()
