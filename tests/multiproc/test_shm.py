@@ -23,7 +23,7 @@ import ringtrain.torch as hvd
 from ringtrain.backends.shm_segment import Segment
 from ringtrain.shm_names import SHM_DIR
 from ringtrain.torch import runtime
-from tests.multiproc.world import World
+from tests.multiproc.world import World, rank_0_after_rank_1_died, timed
 
 _REPO = Path(__file__).resolve().parents[2]
 _KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
@@ -150,13 +150,7 @@ def _die_in_the_middle(kind: str) -> str:
         "alltoall": lambda: hvd.alltoall_async(torch.ones(2 * n), name=kind),
         "reducescatter": lambda: hvd.reducescatter_async(torch.ones(4 * n), name=kind),
     }[kind]
-    started = time.monotonic()
-    try:
-        hvd.synchronize(start())
-        outcome = "no error"
-    except RuntimeError as exc:
-        outcome = f"{type(exc).__name__}: {exc}"
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+    return timed(lambda: hvd.synchronize(start()))
 
 
 def _doorbell_name() -> str:
@@ -169,13 +163,7 @@ def _die_before_submitting() -> str:
     if hvd.rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)  # rank 1 is gone before rank 0 submits
-    started = time.monotonic()
-    try:
-        hvd.allreduce(torch.ones(4), name="never.counted.by.rank1")
-        outcome = "no error"
-    except RuntimeError as exc:
-        outcome = f"{type(exc).__name__}: {exc}"
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+    return timed(lambda: hvd.allreduce(torch.ones(4), name="never.counted.by.rank1"))
 
 
 @pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
@@ -183,14 +171,10 @@ def test_an_operation_waiting_on_the_shared_memory_doorbell_for_a_dead_rank_fail
     world = World(2)
     try:
         assert world.run(_doorbell_name) == ["ShmDoorbell"] * 2
-        world.send(_die_before_submitting)
-        status, survivor = world.receive(0, timeout=60)
-        assert world.receive(1, timeout=10) == ("err", "the process exited")
+        seconds, outcome = rank_0_after_rank_1_died(world, _die_before_submitting)
     finally:
         world.close()
-    assert status == "ok", survivor
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < 5.0, survivor
+    assert seconds < 5.0, outcome
     assert "rank 1 (host " in outcome and " died (its process is gone" in outcome, outcome
 
 
@@ -246,27 +230,17 @@ def _die_while_a_cached_round_is_claimed() -> str:
     if hvd.rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
-    started = time.monotonic()
-    try:
-        hvd.allreduce_(t, name="claimed.lone")
-        outcome = "no error"
-    except RuntimeError as exc:
-        outcome = f"{type(exc).__name__}: {exc}"
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+    return timed(lambda: hvd.allreduce_(t, name="claimed.lone"))
 
 
 @pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
 def test_a_caller_waiting_for_its_claimed_round_fails_when_its_peer_dies():
     world = World(2)
     try:
-        world.send(_die_while_a_cached_round_is_claimed)
-        status, survivor = world.receive(0, timeout=60)
-        assert world.receive(1, timeout=10) == ("err", "the process exited")
+        seconds, outcome = rank_0_after_rank_1_died(world, _die_while_a_cached_round_is_claimed)
     finally:
         world.close()
-    assert status == "ok", survivor
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < 5.0, survivor
+    assert seconds < 5.0, outcome
     assert "rank 1 (host " in outcome and " died (its process is gone" in outcome, outcome
 
 
@@ -285,15 +259,11 @@ def test_a_rank_killed_inside_a_shared_memory_collective_fails_its_peer(kind):
     try:
         token = world.run(_token)[0]
         assert _files(token) == []  # unlinked once every rank mapped it
-        world.send(_die_in_the_middle, kind)
-        status, survivor = world.receive(0, timeout=60)
-        assert world.receive(1, timeout=10) == ("err", "the process exited")
+        seconds, outcome = rank_0_after_rank_1_died(world, _die_in_the_middle, kind)
     finally:
         world.close()
     assert _files(token) == []
-    assert status == "ok", survivor
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < 5.0, survivor
+    assert seconds < 5.0, outcome
     assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
                               "rank 1 (host "), outcome
     assert " died (its process is gone: it exited or was killed): " in outcome, outcome

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ import ringtrain.torch as hvd
 from ringtrain.backends.shm import ShmGroup
 from ringtrain.backends.shm_segment import Segment
 from ringtrain.torch import runtime
-from tests.multiproc.world import World
+from tests.multiproc.world import World, rank_0_after_rank_1_died, timed
 
 _SHM = os.environ.get("RINGTRAIN_SHM") != "0"
 _MIB = 1 << 20
@@ -220,30 +219,24 @@ def _die_inside_a_fused_allreduce() -> str:
 
         ShmGroup.allreduce_list_ = dying  # type: ignore[method-assign]
     tensors = [torch.ones(300_000), torch.ones(5), torch.ones(1_200_000)]
-    started = time.monotonic()
-    try:
+
+    def fused_batch() -> None:
         with runtime.current().engine.one_round():
             hs = [hvd.allreduce_async_(t, name=f"fused.kill.{j}") for j, t in enumerate(tensors)]
         for h in hs:
             hvd.synchronize(h)
-        outcome = "no error"
-    except RuntimeError as exc:
-        outcome = f"{type(exc).__name__}: {exc}"
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+    return timed(fused_batch)
 
 
 @pytest.mark.skipif(not _SHM, reason="shared memory is off")
 def test_a_rank_killed_inside_a_fused_allreduce_fails_its_peer():
     world = World(2)
     try:
-        world.send(_die_inside_a_fused_allreduce)
-        status, survivor = world.receive(0, timeout=60)
-        assert world.receive(1, timeout=10) == ("err", "the process exited")
+        seconds, outcome = rank_0_after_rank_1_died(world, _die_inside_a_fused_allreduce)
     finally:
         world.close()
-    assert status == "ok", survivor
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < 5.0, survivor
+    assert seconds < 5.0, outcome
     assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
                               "rank 1 (host "), outcome
     assert " died (its process is gone: it exited or was killed): " in outcome, outcome

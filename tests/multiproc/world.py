@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -152,3 +153,27 @@ class WorkerError(AssertionError):
     def __init__(self, message: str, results: list[Any]):
         super().__init__(message)
         self.results = results
+
+
+def timed(call: Callable[[], object]) -> str:
+    """In a worker: ``"SECONDS s: OUTCOME"`` of ``call``, the outcome "no error" or the
+    RuntimeError it raised (``"Name: message"``)."""
+    started = time.monotonic()
+    try:
+        call()
+        outcome = "no error"
+    except RuntimeError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return f"{time.monotonic() - started:.1f} s: {outcome}"
+
+
+def rank_0_after_rank_1_died(world: World, fn: Callable[..., str], *args: Any,
+                             timeout: float = 60.0) -> tuple[float, str]:
+    """Run ``fn`` (which returns :func:`timed`'s text) on a world of 2 in which rank 1 dies;
+    rank 0's seconds and outcome."""
+    world.send(fn, *args)
+    status, survivor = world.receive(0, timeout=timeout)
+    assert world.receive(1, timeout=10) == ("err", "the process exited")
+    assert status == "ok", survivor
+    seconds, outcome = survivor.split(" s: ", 1)
+    return float(seconds), outcome
