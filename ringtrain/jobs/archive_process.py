@@ -83,7 +83,8 @@ class ArchiveProducers:
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0))
         producer = _Producer(proc, transport)
         self._running.add(producer)
-        loop.create_task(self._watch(producer))
+        # Held by the producer (itself held while it runs): the loop keeps only weak references.
+        producer.watch = loop.create_task(self._watch(producer))
         return self._relay(producer, reader)
 
     async def _relay(self, producer: _Producer, reader: asyncio.StreamReader
@@ -117,6 +118,7 @@ class _Producer:
         self.proc = proc
         self.transport = transport
         self.reading = asyncio.Event()
+        self.watch: asyncio.Task[None] | None = None
 
     def kill(self) -> None:
         """Close the pipe and kill the process, if not done yet."""
