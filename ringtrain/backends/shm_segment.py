@@ -3,7 +3,8 @@
 Layout (every part aligned to a 64-byte cache line)::
 
     header   magic, member count, slot size
-    flags    one line per member: [0] its sequence number, [1] its state (ok / aborted / closed)
+    flags    one line per member: [0] its sequence number, [1] its state (ok / aborted / closed),
+             [2] the member it sleeps on, + 1 (0: it does not sleep)
     splits   two n x n int64 tables (alltoall's row counts), one per data buffer
     data     two buffers (so one step's writes never wait for the previous step's readers)
              of n slots of ``slot_bytes`` each; member i alone writes slot i
@@ -16,7 +17,11 @@ number.
 
 A waiting member spins briefly, yields its core a little, then sleeps on a futex (see
 :mod:`ringtrain.backends.futex`): the low 32 bits of the sequence number of a member it waits
-for, which that member wakes after every publish. On a machine with as many ranks as cores the
+for. It first says so in its own flag line; a publish wakes the futex only when some member says
+it sleeps on the publisher (a wake-up is a system call, and most waits end while spinning). A
+sleeper that reads the old number after the publisher read its flag as unset still cannot miss
+the publish: the kernel compares the number with the one it read before it sleeps, and the
+publisher's store reached memory long before (and its sleep is bounded by the liveness check). On a machine with as many ranks as cores the
 peer it waits for needs that core, and a sleeper is woken at once. While it waits it checks, a
 few times a second, that the members it waits for are alive and have not given up, so a rank
 killed in the middle of a collective fails the others' operations within a fraction of a second,
@@ -111,6 +116,11 @@ class Segment:
         self._header = np.ndarray((3,), np.int64, buffer=buf, offset=0)
         lines = np.ndarray((n, _LINE // 8), np.int64, buffer=buf, offset=_LINE)
         self._seq = lines[:, 0]
+        # The same numbers as Python ints, without numpy's per-call cost (a small collective's
+        # own Python is its cost): word 8 * j is member j's sequence number, 8 * j + 2 the
+        # member it sleeps on, + 1.
+        self._words = memoryview(buf)[_LINE:_LINE + n * _LINE].cast("q")
+        self._seq_words = range(0, n * _LINE // 8, _LINE // 8)
         # The low 32 bits of each member's sequence number: the futex its publishes wake.
         low = 0 if sys.byteorder == "little" else 4
         base = lines.__array_interface__["data"][0]
@@ -247,7 +257,8 @@ class Segment:
             os.close(self.fd)
             self.fd = None
         self._typed.clear()
-        del self._data, self._seq, self._state, self.splits, self._header
+        self._words.release()
+        del self._data, self._seq, self._state, self.splits, self._header, self._words
         try:
             self._mmap.close()
         except BufferError:  # a tensor view is still alive somewhere: leave it to the GC
@@ -281,8 +292,13 @@ class Segment:
 
     def publish(self, step: int, phase: int) -> None:
         """This member finished ``phase`` (1..3) of ``step``; wake the members waiting for it."""
-        self._seq[self.me] = 3 * step + phase
-        futex.wake(self._seq_addresses[self.me])
+        words = self._words
+        words[8 * self.me] = 3 * step + phase
+        sleeper = self.me + 1
+        for j in self._seq_words:
+            if words[j + 2] == sleeper:
+                futex.wake(self._seq_addresses[self.me])
+                return
 
     def begin(self, what: str) -> tuple[int, int]:
         """Start the next step: wait until every member is done reading the buffer it will
@@ -294,16 +310,24 @@ class Segment:
 
     def wait_all(self, target: int, what: str) -> None:
         """Wait until every member's sequence number reaches ``target``."""
-        if self._seq.min() >= target:
+        words, indices = self._words, self._seq_words
+
+        def ready() -> bool:
+            for j in indices:
+                if words[j] < target:
+                    return False
+            return True
+
+        if ready():
             return
-        self._wait(lambda: self._seq.min() >= target, range(self.n), target, what)
+        self._wait(ready, range(self.n), target, what)
 
     def wait_one(self, member: int, target: int, what: str) -> None:
         """Wait until member ``member``'s sequence number reaches ``target``."""
-        seq = self._seq
-        if seq[member] >= target:
+        words, j = self._words, 8 * member
+        if words[j] >= target:
             return
-        self._wait(lambda: seq[member] >= target, (member,), target, what)
+        self._wait(lambda: words[j] >= target, (member,), target, what)
 
     def _wait(self, ready, among: Sequence[int], target: int, what: str) -> None:
         start = last_check = time.monotonic()
@@ -314,14 +338,19 @@ class Segment:
                 os.sched_yield()
         while True:
             # Sleep on the first late member's number: its next publish wakes this waiter.
-            late = next((j for j in among if self._seq[j] < target), None)
+            late = next((j for j in among if self._words[8 * j] < target), None)
             if late is None:
                 return
-            seen = int(self._seq[late]) & 0xFFFFFFFF
-            if ready():
-                return
-            now = time.monotonic()
-            futex.wait(self._seq_addresses[late], seen, max(last_check + _CHECK_S - now, 1e-4))
+            self._words[8 * self.me + 2] = late + 1  # before reading: see the module's docstring
+            try:
+                seen = self._words[8 * late] & 0xFFFFFFFF
+                if ready():
+                    return
+                now = time.monotonic()
+                futex.wait(self._seq_addresses[late], seen,
+                           max(last_check + _CHECK_S - now, 1e-4))
+            finally:
+                self._words[8 * self.me + 2] = 0
             if ready():
                 return
             now = time.monotonic()

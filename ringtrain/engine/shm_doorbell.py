@@ -65,6 +65,10 @@ _COUNTERS_USED_MAX = _COUNTERS * 3 // 4
 #: How long a waiting engine polls the ring word before it sleeps on it: a peer that rings at
 #: once is seen without a system call, and the core is soon given back.
 _SPIN_S = 2e-5
+#: A rank waiting for the lock yields its core this long before it naps: the lock is held for
+#: microseconds, and a nap (a timer's slack on top) costs a lone operation more than the whole
+#: collective.
+_LOCK_YIELD_S = 5e-4
 #: A lock held this long means its holder is stopped (a dead one has lost it).
 _LOCK_TIMEOUT_S = 30.0
 #: A ring whose round's entry still holds a round some engine has not passed waits this long.
@@ -156,7 +160,7 @@ class ShmDoorbell:
         except BlockingIOError:
             pass
         start = time.monotonic()
-        nap = 1e-5
+        nap = 1e-4
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -169,11 +173,11 @@ class ShmDoorbell:
             waited = time.monotonic() - start
             if waited > _LOCK_TIMEOUT_S:
                 raise HorovodInternalError(self._lock_stuck(waited))
-            if nap < 1e-4:
+            if waited < _LOCK_YIELD_S:
                 os.sched_yield()
             else:
                 time.sleep(nap)
-            nap = min(nap * 2, 1e-3)
+                nap = min(nap * 2, 1e-3)
 
     def _lock_stuck(self, waited: float) -> str:
         holder = int(self._header[1]) - 1
