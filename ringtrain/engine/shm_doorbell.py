@@ -42,6 +42,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator
@@ -56,6 +57,9 @@ from ringtrain.errors import HorovodInternalError
 from ringtrain.proc_stat import is_alive
 
 _LINE = 64
+#: CPUs whose stores become visible to other cores in program order (x86's total store order):
+#: there a bell can be read without the lock (see :meth:`ShmDoorbell.wait`).
+STORES_IN_ORDER = ("x86_64", "amd64", "i386", "i686")
 _ROUNDS = 2048
 _BELL_ENTRY = 128  # round + 1, length, then the bell's bytes
 _MAX_BELL = _BELL_ENTRY - 16
@@ -136,6 +140,14 @@ class ShmDoorbell:
         bells = data[_bells_offset(size):_counters_offset(size)]
         self._bells = bells.view(np.int64).reshape(_ROUNDS, _BELL_ENTRY // 8)
         self._bell_bytes = bells.reshape(_ROUNDS, _BELL_ENTRY)
+        # The same words as Python ints, without numpy's per-call cost: word
+        # ``i * _BELL_ENTRY // 8`` is entry i's round + 1, the next its length.
+        self._bell_words = memoryview(bells).cast("B").cast("q")
+        self._bell_mv = memoryview(bells).cast("B")
+        self._progress_words = memoryview(self._progress).cast("B").cast("q")
+        self._claim_words = memoryview(self._claims).cast("B").cast("q")
+        self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
+        self._digests: dict[bytes, int] = {}
         counters = data[_counters_offset(size):bytes_needed(size)]
         self._counters = counters.view(np.uint64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
         self._values = counters.view(np.int64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
@@ -195,10 +207,14 @@ class ShmDoorbell:
     # -- bells -----------------------------------------------------------------------------------
 
     def _bell_locked(self, round_: int) -> bytes | None:
-        entry = self._bells[round_ % _ROUNDS]
-        if int(entry[0]) != round_ + 1:
+        """Round ``round_``'s bell, if rung. Without the lock only where stores are seen in
+        order: a ring writes the bell's bytes and length before its round, and the entry is not
+        reused before every engine waits for a later round (this rank's does not yet)."""
+        words, first = self._bell_words, round_ % _ROUNDS * (_BELL_ENTRY // 8)
+        if words[first] != round_ + 1:
             return None
-        return self._bell_bytes[round_ % _ROUNDS, 16:16 + int(entry[1])].tobytes()
+        start = round_ % _ROUNDS * _BELL_ENTRY + 16
+        return bytes(self._bell_mv[start:start + words[first + 1]])
 
     def ring(self, round_: int, bell: bytes) -> bytes:
         if len(bell) > _MAX_BELL:
@@ -206,21 +222,21 @@ class ShmDoorbell:
         deadline = time.monotonic() + _REUSE_TIMEOUT_S
         while True:
             with self._locked():
-                entry = self._bells[round_ % _ROUNDS]
-                held = int(entry[0]) - 1
+                words, first = self._bell_words, round_ % _ROUNDS * (_BELL_ENTRY // 8)
+                held = words[first] - 1
                 if held == round_:
                     return self._bell_locked(round_)  # type: ignore[return-value]
-                lagging = int(self._progress.min())
+                lagging = min(self._progress_words)
                 if held < lagging:  # a free entry, or one of a round every engine is past
-                    entry[0] = round_ + 1
-                    entry[1] = len(bell)
-                    self._bell_bytes[round_ % _ROUNDS, 16:16 + len(bell)] = np.frombuffer(
-                        bell, np.uint8)
+                    # The bytes before the round: a reader without the lock that sees the
+                    # round sees its bell (see _bell_locked).
+                    start = round_ % _ROUNDS * _BELL_ENTRY + 16
+                    self._bell_mv[start:start + len(bell)] = bell
+                    words[first + 1] = len(bell)
+                    words[first] = round_ + 1
                     self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
                     self._callers_word[0] = (int(self._callers_word[0]) + 1) & 0xFFFFFFFF
-                    key = _key_digest(bell.rpartition(b"@")[0])
-                    engines = not (bool((self._claims[:, 0] == round_ + 1).all())
-                                   and bool((self._claims[:, 1] == key).all()))
+                    engines = not self._all_claimed(round_, bell)
                     break
             if time.monotonic() > deadline:
                 slow = [self._segment.members[j].rank for j in range(self._segment.n)
@@ -236,6 +252,20 @@ class ShmDoorbell:
         else:
             self._wake(engines)
         return bell
+
+    def _all_claimed(self, round_: int, bell: bytes) -> bool:
+        """Whether every rank's caller claimed ``round_`` for the unit ``bell`` rings."""
+        prefix = bell.rpartition(b"@")[0]
+        key = self._digests.get(prefix)
+        if key is None:
+            key = _key_digest(prefix)
+            if len(self._digests) < 4096:  # a unit's key is rung again and again
+                self._digests[prefix] = key
+        claims = self._claim_words
+        for j in range(0, len(claims), 2):
+            if claims[j] != round_ + 1 or claims[j + 1] != key:
+                return False
+        return True
 
     def _wake(self, engines: bool) -> None:
         futex.wake(self._callers_address)
@@ -275,6 +305,15 @@ class ShmDoorbell:
         word, address = ((self._callers_word, self._callers_address) if claimed
                          else (self._word, self._word_address))
         while True:
+            if self._lock_free_reads:
+                bell = self._bell_locked(round_)
+                if bell is not None:
+                    # Only this rank writes its progress; a stale engine's write under the
+                    # lock may lower it for a while, which only delays reusing an entry.
+                    mine = self._progress_words
+                    if mine[self._me] < round_:
+                        mine[self._me] = round_
+                    return bell
             with self._locked():
                 # An engine that slept through rounds its callers ran waits for one that is
                 # past: what this rank has done is the most any of its waits knew.
