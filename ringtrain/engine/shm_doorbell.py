@@ -16,11 +16,14 @@ Layout of the segment's data area::
     bells     _ROUNDS entries of (round + 1, length, bytes): round r lives in entry r % _ROUNDS
     counters  _COUNTERS entries of (16-byte key digest, value), open addressing
 
-Every access to the tables takes the lock: a ``threading.Lock`` between this process's threads
+Every change to the tables takes the lock: a ``threading.Lock`` between this process's threads
 and ``flock`` on the segment's file between processes. The kernel drops a dead process's
 ``flock``, so a rank killed in the middle of a ring cannot block the others, and the system calls
-order memory on every CPU (no reliance on x86's store order). A lock held too long (a rank
-stopped with SIGSTOP while it held it) fails with an error that names the holder.
+order memory on every CPU. A lock held too long (a rank stopped with SIGSTOP while it held it)
+fails with an error that names the holder. A waiter first looks for its bell without the lock,
+where stores are seen in program order (x86, :data:`STORES_IN_ORDER`): a ring writes the bell's
+bytes before its round, so a round read means its bell is complete; elsewhere every read takes
+the lock too.
 
 Bells are not deleted (:meth:`ShmDoorbell.forget` does nothing): a round's entry is reused once
 every engine waits for a later round. Counter keys are never removed, so that whether a key lives
