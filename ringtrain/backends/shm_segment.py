@@ -21,8 +21,9 @@ for. It first says so in its own flag line; a publish wakes the futex only when 
 it sleeps on the publisher (a wake-up is a system call, and most waits end while spinning). A
 sleeper that reads the old number after the publisher read its flag as unset still cannot miss
 the publish: the kernel compares the number with the one it read before it sleeps, and the
-publisher's store reached memory long before (and its sleep is bounded by the liveness check). On a machine with as many ranks as cores the
-peer it waits for needs that core, and a sleeper is woken at once. While it waits it checks, a
+publisher's store reached memory long before (and its sleep is bounded by the liveness check).
+On a machine with as many ranks as cores the peer it waits for needs that core, and a sleeper is
+woken at once. While it waits it checks, a
 few times a second, that the members it waits for are alive and have not given up, so a rank
 killed in the middle of a collective fails the others' operations within a fraction of a second,
 naming it.

@@ -30,7 +30,7 @@ from ringtrain.contract.env import WorkerEnv, read_worker_env, store_prefix
 from ringtrain.engine.doorbell import Doorbell, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.engine import Engine
 from ringtrain.engine.peers import PeerProcess
-from ringtrain.engine.shm_doorbell import ShmDoorbell, bytes_needed
+from ringtrain.engine.shm_doorbell import STORES_IN_ORDER, ShmDoorbell, bytes_needed
 from ringtrain.errors import HorovodInternalError
 from ringtrain.log_level import apply_log_level
 from ringtrain.torch import runtime
@@ -45,8 +45,6 @@ _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 #: init() waits for its peers in slices this long, so that signal handlers run meanwhile.
 _ARRIVAL_SLICE_S = 0.25
 
-#: CPUs whose stores become visible to other cores in program order (x86's total store order).
-_STORES_IN_ORDER = ("x86_64", "amd64", "i386", "i686")
 
 _lock = threading.RLock()
 _generation = 0
@@ -256,7 +254,7 @@ def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
                         start_ticks=p.start_ticks) for r, p in enumerate(processes)]
     if env.knobs.shared_memory is False or len({p.host for p in places}) == len(places):
         return gloo
-    if env.knobs.shared_memory is None and platform.machine().lower() not in _STORES_IN_ORDER:
+    if env.knobs.shared_memory is None and platform.machine().lower() not in STORES_IN_ORDER:
         # The segment's flags rely on stores becoming visible in program order (x86); elsewhere
         # only when asked for (RINGTRAIN_SHM=1).
         return gloo
