@@ -145,10 +145,10 @@ class ShmDoorbell:
         self._bell_bytes = bells.reshape(_ROUNDS, _BELL_ENTRY)
         # The same words as Python ints, without numpy's per-call cost: word
         # ``i * _BELL_ENTRY // 8`` is entry i's round + 1, the next its length.
-        self._bell_words = memoryview(bells).cast("B").cast("q")
-        self._bell_mv = memoryview(bells).cast("B")
-        self._progress_words = memoryview(self._progress).cast("B").cast("q")
-        self._claim_words = memoryview(self._claims).cast("B").cast("q")
+        self._bell_words = bells.data.cast("B").cast("q")
+        self._bell_mv = bells.data.cast("B")
+        self._progress_words = self._progress.data.cast("B").cast("q")
+        self._claim_words = self._claims.data.cast("B").cast("q")
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
         self._digests: dict[bytes, int] = {}
         counters = data[_counters_offset(size):bytes_needed(size)]
