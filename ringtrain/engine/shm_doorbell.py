@@ -141,8 +141,6 @@ class ShmDoorbell:
         self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].view(
             np.int64).reshape(size, 2)
         bells = data[_bells_offset(size):_counters_offset(size)]
-        self._bells = bells.view(np.int64).reshape(_ROUNDS, _BELL_ENTRY // 8)
-        self._bell_bytes = bells.reshape(_ROUNDS, _BELL_ENTRY)
         # The same words as Python ints, without numpy's per-call cost: word
         # ``i * _BELL_ENTRY // 8`` is entry i's round + 1, the next its length.
         self._bell_words = bells.data.cast("B").cast("q")
@@ -324,7 +322,7 @@ class ShmDoorbell:
                 bell = self._bell_locked(round_)
                 if bell is not None:
                     return bell
-                if int(self._bells[round_ % _ROUNDS, 0]) > round_ + 1:
+                if self._bell_words[round_ % _ROUNDS * (_BELL_ENTRY // 8)] > round_ + 1:
                     # Its entry holds a later round: this rank's callers ran that round long
                     # ago; the engine must look up the round it is at.
                     return None
