@@ -72,8 +72,10 @@ class Executor:
                 known = in_place[key] = self._backend.allreduces_in_place(*key)
             return known
 
-        self._allreduce_batches(fusion.plan(allreduces, self._threshold, unbuffered), local,
-                                unbuffered)
+        # A lone allreduce (a synchronous call's round) is its own batch.
+        batches = ([allreduces] if len(allreduces) == 1
+                   else fusion.plan(allreduces, self._threshold, unbuffered))
+        self._allreduce_batches(batches, local, unbuffered)
         for response in runnable:
             if response.op is OpType.ALLREDUCE and response.meta.reduce_op is not ReduceOp.ADASUM:
                 continue

@@ -10,6 +10,7 @@ else is disturbed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,9 +45,10 @@ class Response:
     error: str | None = None
     failure: type[RuntimeError] = TensorMismatchError
 
-    @property
+    @functools.cached_property
     def meta(self) -> RequestMeta:
-        """The meta of the lowest submitting rank: the agreed description when no error."""
+        """The meta of the lowest submitting rank: the agreed description when no error.
+        (Computed once: a cached response runs again and again.)"""
         return self.metas[min(self.metas)]
 
     @property
