@@ -11,6 +11,8 @@ from typing import Any, Protocol
 #: SIGALRM, a job's SIGTERM) runs within a fraction of a second on every platform, however long
 #: the operation takes.
 WAIT_SLICE_S = 0.2
+#: Orders a handle's completion with the making of the event a blocked thread sleeps on.
+_EVENTS_LOCK = threading.Lock()
 
 
 class WaitObserver(Protocol):
@@ -35,12 +37,16 @@ class Handle:
     error.
     """
 
-    __slots__ = ("_error", "_event", "_finish", "_finished", "_observer", "_result", "_then",
-                 "name")
+    __slots__ = ("_done", "_error", "_event", "_finish", "_finished", "_observer", "_result",
+                 "_then", "name")
 
     def __init__(self, name: str, finish: Callable[[Any], Any] | None = None):
         self.name = name
-        self._event = threading.Event()
+        self._done = False
+        # Made by the first thread that must block: most handles are done before anyone waits
+        # (a synchronous call's round runs in its caller), and an Event costs a lock and a
+        # condition per operation.
+        self._event: threading.Event | None = None
         self._result: Any = None
         self._error: BaseException | None = None
         self._then: Callable[[], None] | None = None
@@ -50,7 +56,24 @@ class Handle:
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
-        return self._event.is_set()
+        return self._done
+
+    def _complete(self) -> None:
+        self._done = True
+        with _EVENTS_LOCK:
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def _blocking_event(self) -> threading.Event:
+        """The event a blocking wait sleeps on (set already if the handle is done)."""
+        with _EVENTS_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if self._done:  # completed before the event existed: nobody will set it
+            event.set()
+        return event
 
     def observe(self, observer: WaitObserver) -> None:
         """Tell ``observer`` whenever a thread blocks waiting for this handle."""
@@ -64,11 +87,11 @@ class Handle:
         """
         self._result = result
         self._then = then
-        self._event.set()
+        self._complete()
 
     def set_error(self, error: BaseException) -> None:
         self._error = error
-        self._event.set()
+        self._complete()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the operation finishes and return its result.
@@ -81,7 +104,7 @@ class Handle:
             RuntimeError: the collective failed (mismatch, peer failure, stall shutdown,
                 deadlock).
         """
-        if not self._event.is_set():
+        if not self._done:
             self._block(timeout)
         if self._error is not None:
             raise self._error
@@ -101,16 +124,17 @@ class Handle:
             if observer is not None:
                 observer.waiting(self, untimed)
             deadline = None if timeout is None else time.monotonic() + timeout
+            event = self._blocking_event()
             while True:
                 slice_s = WAIT_SLICE_S
                 if deadline is not None:
                     slice_s = min(slice_s, deadline - time.monotonic())
                     if slice_s <= 0:
-                        if self._event.is_set():
+                        if self._done:
                             return
                         raise TimeoutError(
                             f"operation {self.name!r} did not finish within {timeout} s")
-                if self._event.wait(slice_s):
+                if event.wait(slice_s):
                     return
         finally:
             if observer is not None:
