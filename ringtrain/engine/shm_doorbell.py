@@ -148,6 +148,10 @@ class ShmDoorbell:
         self._progress_words = self._progress.data.cast("B").cast("q")
         self._claim_words = self._claims.data.cast("B").cast("q")
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
+        self._header_words = data[:_LINE].data.cast("q")
+        self._table_lock = _TableLock(self)
+        self._value_words = _counters_view(data, size)
+        self._slots: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
         counters = data[_counters_offset(size):bytes_needed(size)]
         self._counters = counters.view(np.uint64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
@@ -155,16 +159,8 @@ class ShmDoorbell:
 
     # -- the lock --------------------------------------------------------------------------------
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            self._acquire()
-            try:
-                self._header[1] = self._me + 1
-                yield
-            finally:
-                self._header[1] = 0
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def _locked(self) -> _TableLock:
+        return self._table_lock
 
     def _acquire(self) -> None:
         try:
@@ -256,17 +252,21 @@ class ShmDoorbell:
 
     def _all_claimed(self, round_: int, bell: bytes) -> bool:
         """Whether every rank's caller claimed ``round_`` for the unit ``bell`` rings."""
-        prefix = bell.rpartition(b"@")[0]
-        key = self._digests.get(prefix)
-        if key is None:
-            key = _key_digest(prefix)
-            if len(self._digests) < 4096:  # a unit's key is rung again and again
-                self._digests[prefix] = key
+        key = self._digest(bell.rpartition(b"@")[0])
         claims = self._claim_words
         for j in range(0, len(claims), 2):
             if claims[j] != round_ + 1 or claims[j + 1] != key:
                 return False
         return True
+
+    def _digest(self, key: bytes) -> int:
+        """:func:`_key_digest`, remembered: a unit's key is claimed and rung again and again."""
+        digest = self._digests.get(key)
+        if digest is None:
+            digest = _key_digest(key)
+            if len(self._digests) < 4096:
+                self._digests[key] = digest
+        return digest
 
     def _wake(self, engines: bool) -> None:
         futex.wake(self._callers_address)
@@ -277,8 +277,9 @@ class ShmDoorbell:
         # Without the lock (one writer per entry): a ring that reads the claim half written or
         # not yet visible does not match it and wakes the engines, as without a claim. The key
         # first: a new key beside an old claim's round matches no ring (that round is past).
-        self._claims[self._me, 1] = _key_digest(key.encode())
-        self._claims[self._me, 0] = round_ + 1
+        claims, mine = self._claim_words, 2 * self._me
+        claims[mine + 1] = self._digest(key.encode())
+        claims[mine] = round_ + 1
 
     def unclaim(self, wake: bool) -> None:
         if not wake:
@@ -365,17 +366,58 @@ class ShmDoorbell:
 
     def count(self, key: str) -> int:
         with self._locked():
-            slot = self._slot_locked(key, insert=True)
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slot_locked(key, insert=True)
             if slot is not None:
-                self._values[slot, 2] += 1
-                return int(self._values[slot, 2])
+                self._slots[key] = slot
+                value = self._value_words[slot * (_COUNTER_ENTRY // 8) + 2] + 1
+                self._value_words[slot * (_COUNTER_ENTRY // 8) + 2] = value
+                return value
         return self._fallback.count(key)
 
     def read(self, key: str) -> int:
         with self._locked():
-            slot = self._slot_locked(key, insert=False)
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slot_locked(key, insert=False)
             if slot is not None:
-                return int(self._values[slot, 2])
+                self._slots[key] = slot
+                return self._value_words[slot * (_COUNTER_ENTRY // 8) + 2]
             if int(self._header[2]) < _COUNTERS_USED_MAX:
                 return 0  # the table had room all along: nobody counted it anywhere
         return self._fallback.read(key)
+
+
+def _counters_view(data: np.ndarray, size: int) -> memoryview:
+    """The counter table of a doorbell's data area as int64 words (entry i at word 4 * i)."""
+    return data[_counters_offset(size):bytes_needed(size)].data.cast("q")
+
+
+class _TableLock:
+    """The tables' lock (see the module's docstring): this process's threads, then ``flock``
+    between processes; the holder's rank + 1 in the header while held. A class rather than a
+    generator: it is taken several times per operation."""
+
+    __slots__ = ("_bell",)
+
+    def __init__(self, bell: ShmDoorbell):
+        self._bell = bell
+
+    def __enter__(self) -> None:
+        bell = self._bell
+        bell._thread_lock.acquire()
+        try:
+            bell._acquire()
+        except BaseException:
+            bell._thread_lock.release()
+            raise
+        bell._header_words[1] = bell._me + 1
+
+    def __exit__(self, *exc: object) -> None:
+        bell = self._bell
+        try:
+            bell._header_words[1] = 0
+            fcntl.flock(bell._fd, fcntl.LOCK_UN)
+        finally:
+            bell._thread_lock.release()
