@@ -43,6 +43,12 @@ from ringtrain.op_types import ReduceOp
 _HALF = (torch.float16, torch.bfloat16)
 #: Allreduces up to this size take one wait, every member reducing the whole tensor.
 ONE_STEP_BYTES = 64 << 10
+#: Small allreduces keep the slot views of this many (dtype, buffer, size) at most.
+_SMALL_VIEWS = 256
+#: Reductions of two tensors into a third.
+_OUT_OF_PLACE: dict[ReduceOp, Callable[..., object]] = {
+    ReduceOp.SUM: torch.add, ReduceOp.PRODUCT: torch.mul, ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum}
 #: In-place reductions over lists of tensors (one call for all of a member's piece).
 _FOREACH: dict[ReduceOp, Callable[[list[torch.Tensor], list[torch.Tensor]], object]] = {
     ReduceOp.SUM: torch._foreach_add_, ReduceOp.PRODUCT: torch._foreach_mul_,
@@ -60,25 +66,38 @@ class ShmGroup:
         self.segment = segment
         self.n = segment.n
         self.me = segment.me
+        self._small: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
 
     def close(self, aborted: bool = False) -> None:
+        self._small.clear()
         self.segment.close(aborted)
+
+    def _pieces(self, dtype: torch.dtype, buffer: int, m: int) -> list[torch.Tensor]:
+        """The first ``m`` elements of every member's slot of ``buffer``: views kept per size
+        (a small allreduce's cost is its Python; the same sizes come again and again)."""
+        key = (dtype, buffer, m)
+        pieces = self._small.get(key)
+        if pieces is None:
+            if len(self._small) >= _SMALL_VIEWS:
+                self._small.clear()
+            pieces = self._small[key] = [s[:m] for s in self.segment.slots(dtype, buffer)]
+        return pieces
 
     # -- allreduce and reducescatter -------------------------------------------------------------
 
     def allreduce_(self, tensor: torch.Tensor, op: ReduceOp) -> None:
         """Reduce a contiguous tensor over the members, in place."""
         seg, n, me = self.segment, self.n, self.me
-        flat = tensor.view(-1)
+        flat = tensor if tensor.dim() == 1 else tensor.view(-1)
         cap = seg.slot_elements(flat.dtype)
         m = flat.numel()
         if m <= cap and m * flat.element_size() <= ONE_STEP_BYTES:
             step, buf = seg.begin("allreduce")
-            slots = seg.slots(flat.dtype, buf)
-            slots[me][:m].copy_(flat)
+            pieces = self._pieces(flat.dtype, buf, m)
+            pieces[me].copy_(flat)
             seg.publish(step, 1)
             seg.wait_all(3 * step + 1, "allreduce")
-            _reduce_into(flat, slots[0][:m], [slot[:m] for slot in slots[1:]], op)
+            _reduce_into(flat, pieces[0], pieces[1:], op)
             seg.publish(step, 3)
             return
         for start in _starts(m, cap):
@@ -321,7 +340,11 @@ def _reduce_into(out: torch.Tensor, own: torch.Tensor, others: list[torch.Tensor
         out.copy_(acc)
         return
     if out.data_ptr() != own.data_ptr():
-        out.copy_(own)
+        if others and out.dtype is not torch.bool and op in _OUT_OF_PLACE:
+            _OUT_OF_PLACE[op](own, others[0], out=out)  # one kernel, not a copy and a combine
+            others = others[1:]
+        else:
+            out.copy_(own)
     for other in others:
         _combine_(out, other, op)
 
