@@ -382,7 +382,8 @@ class Engine:
     def waiting(self, handle: Handle, untimed: bool) -> None:
         """A thread blocks on ``handle`` (see :class:`~ringtrain.engine.handle.WaitObserver`)."""
         with self._lock:
-            self._caller_blocked.set()  # nothing more comes from that thread: stop gathering
+            if not self._caller_blocked.is_set():
+                self._caller_blocked.set()  # nothing more comes from that thread: stop gathering
             if untimed:
                 ident = threading.get_ident()
                 self._waiters[ident] = self._waiters.get(ident, 0) + 1
@@ -724,16 +725,20 @@ class Engine:
         them run by an earlier round on every rank alike."""
         with self._lock:
             self._drained = True
-            unit = [r for r in self._queue if r.counted == tag]
-            if unit:
-                self._queue = collections.deque(r for r in self._queue if r.counted != tag)
-            unit += [r for r in self._pending.values() if r.counted == tag]
+            queue = self._queue
+            if len(queue) == 1 and queue[0].counted == tag and not self._pending:
+                unit = [queue.popleft()]  # a lone operation (most often a synchronous one)
+            else:
+                unit = [r for r in queue if r.counted == tag]
+                if unit:
+                    self._queue = collections.deque(r for r in queue if r.counted != tag)
+                unit += [r for r in self._pending.values() if r.counted == tag]
             for request in unit:
                 if request.offered_round < 0:
                     request.offered_round = self._round
                 self._pending[request.name] = request
-            if not self._queue:  # as in a negotiation round: a caller blocked later is news
-                self._caller_blocked.clear()
+            if not self._queue and self._caller_blocked.is_set():
+                self._caller_blocked.clear()  # as in a negotiation round: a later block is news
         bits = []
         for request in unit:
             bit = self._cache.lookup(request.meta)
