@@ -69,16 +69,20 @@ class GradBucket(Generic[P]):
             offset += p.numel()
         return out
 
-    def take(self, reduced: torch.Tensor, timeline: Timeline) -> None:
-        """Copy the reduced flat tensor back into every parameter's gradient."""
+    def take(self, reduced: torch.Tensor, timeline: Timeline, scale: float = 1.0) -> None:
+        """Copy the reduced flat tensor back into every parameter's gradient, multiplied by
+        ``scale`` on the way (an average's division costs no pass of its own)."""
         start = time.monotonic()
         for p, values in zip(self.params, self.views(reduced)):
             if p.grad is not None and p.grad.is_sparse:
                 continue  # found sparse this step: reduced on its own (sparse_grads)
             if p.grad is None:
-                p.grad = values.clone(memory_format=torch.preserve_format)
-            else:
+                p.grad = (values.clone(memory_format=torch.preserve_format) if scale == 1.0
+                          else values * scale)
+            elif scale == 1.0:
                 p.grad.copy_(values)
+            else:
+                torch.mul(values, scale, out=p.grad)
         if timeline.active:
             end = time.monotonic()
             for p in self.params:

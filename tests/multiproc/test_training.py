@@ -113,6 +113,28 @@ def test_compressed_gradients_stay_close(world2, compression):
         assert 0 < diff < 2e-2  # lossy on the wire, but close
 
 
+def _reduced_gradients(op: str, predivide: float, compression: str | None) -> list[float]:
+    """Rank r's gradients are all r + 1; the distinct values of every reduced gradient."""
+    model = _model()
+    kwargs = {"compression": getattr(hvd.Compression, compression)} if compression else {}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   op=getattr(hvd, op), gradient_predivide_factor=predivide,
+                                   **kwargs)
+    loss = sum(p.sum() for p in model.parameters()) * (hvd.rank() + 1)
+    loss.backward()
+    opt.synchronize()
+    return sorted({round(v, 6) for p in model.parameters() for v in p.grad.flatten().tolist()})
+
+
+@pytest.mark.parametrize(("op", "predivide", "compression", "expected"), [
+    ("Average", 1.0, None, 1.5), ("Average", 2.0, None, 1.5), ("Average", 1.0, "fp16", 1.5),
+    ("Sum", 1.0, None, 3.0)])
+def test_reduced_gradients_follow_the_op(world2, op, predivide, compression, expected):
+    for values in world2.run(_reduced_gradients, op, predivide, compression):
+        assert values == [expected]
+
+
 def _clip_and_amp() -> float:
     r, n = hvd.rank(), hvd.size()
     results = []
