@@ -26,7 +26,14 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.backends.shm import ShmGroup
-from ringtrain.backends.shm_segment import Member, Segment, check_space, segment_bytes
+from ringtrain.backends.shm_segment import (
+    Member,
+    Segment,
+    check_space,
+    choose_slot_bytes,
+    free_bytes,
+    segment_bytes,
+)
 from ringtrain.backends.torch_dist import (
     TorchDistributedBackend,
     allgather_on,
@@ -35,9 +42,6 @@ from ringtrain.backends.torch_dist import (
 from ringtrain.op_types import ReduceOp
 from ringtrain.shm_names import SHM_DIR, segment_path
 
-#: Bytes per member per buffer: big enough that per-step synchronisation is noise next to the
-#: copies, small enough to stay in the last-level cache of a typical server with a few ranks.
-DEFAULT_SLOT_BYTES = 1 << 20
 #: The control segment's slots: negotiation's counts and pickled metas are small.
 CONTROL_SLOT_BYTES = 64 << 10
 
@@ -79,8 +83,9 @@ class HierarchicalBackend:
         places: every rank's place, by rank.
         run_id: the launch's id (segments are named after it, for the launcher's sweep).
         hierarchical: allreduce sets that span hosts hierarchically (otherwise flat on Gloo).
-        slot_bytes: bytes per member per buffer of each segment (a multiple of 64; default
-            :data:`DEFAULT_SLOT_BYTES`).
+        slot_bytes: bytes per member per buffer of each data segment (a multiple of 64);
+            default: chosen per segment from its member count and the space free in
+            ``directory`` on the host (see ``shm_segment.choose_slot_bytes``).
         timeout_s: how long a collective waits for a live peer before failing.
         setup_timeout_s: how long a rank waits for its host's first rank to create a segment.
         directory: where segments are created.
@@ -93,8 +98,7 @@ class HierarchicalBackend:
                  hierarchical: bool = True, slot_bytes: int | None = None,
                  timeout_s: float = 7200.0, setup_timeout_s: float = 30.0,
                  directory: Path = SHM_DIR):
-        slot_bytes = DEFAULT_SLOT_BYTES if slot_bytes is None else slot_bytes
-        if slot_bytes <= 0 or slot_bytes % 64:
+        if slot_bytes is not None and (slot_bytes <= 0 or slot_bytes % 64):
             raise ValueError(f"slot_bytes={slot_bytes} must be a positive multiple of 64")
         self.rank = gloo.rank
         self.size = gloo.size
@@ -106,12 +110,18 @@ class HierarchicalBackend:
         self._timeout_s = timeout_s
         self._setup_timeout_s = setup_timeout_s
         self._directory = directory
+        # The ranks of a host agree on the space free in their /dev/shm (the least any saw),
+        # from which every segment's slot size follows alike on each.
+        gathered = gloo.control_allgather((secrets.token_hex(4), free_bytes(directory)))
+        self._token = gathered[0][0]
+        host = self._places[self.rank].host
+        self._host_free = min(free for (_, free), place in zip(gathered, self._places)
+                              if place.host == host)
         # Every rank checks the space (all of a host see the same /dev/shm), so a host's ranks
         # all fail init() with the same message instead of waiting for a segment never made.
-        mates = sum(p.host == self._places[self.rank].host for p in self._places)
+        mates = sum(p.host == host for p in self._places)
         if mates > 1:
-            check_space(directory, segment_bytes(mates, slot_bytes))
-        self._token = gloo.control_allgather(secrets.token_hex(4))[0]
+            check_space(directory, segment_bytes(mates, self._slot_for(mates)))
         self._added = 0
         self._sets: dict[tuple[int, ...], _SetComm] = {}
         world = tuple(range(self.size))
@@ -183,7 +193,7 @@ class HierarchicalBackend:
         members = [Member(r, self._places[r].pid, self._places[r].start_ticks) for r in local]
         path = segment_path(self._run_id, self._token, key, self._directory)
         me = local.index(self.rank)
-        slot_bytes = slot_bytes or self._slot_bytes
+        slot_bytes = slot_bytes or self._slot_for(len(local))
         if me == 0:
             segment = Segment.create(path, members, slot_bytes, self._timeout_s, keep_fd)
         else:
@@ -196,6 +206,12 @@ class HierarchicalBackend:
             finally:
                 segment.unlink()  # mapped everywhere (or never will be): no file to leak
         return segment
+
+    def _slot_for(self, members: int) -> int:
+        """The slot size of a data segment of ``members`` ranks of this host."""
+        if self._slot_bytes is not None:
+            return self._slot_bytes
+        return choose_slot_bytes(members, self._host_free)
 
     def remove_set(self, ranks: tuple[int, ...]) -> None:
         comm = self._sets.pop(ranks, None)

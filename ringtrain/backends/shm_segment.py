@@ -385,6 +385,35 @@ class Segment:
                 f"{self._timeout_s:g} s (rank {self.members[self.me].rank} waited)")
 
 
+#: A data segment's slots (both buffers, every member) take at most this much of ``/dev/shm``,
+#: and at most a quarter of what is free there.
+SEGMENT_BUDGET_BYTES = 64 << 20
+#: Slots are a power of two between these sizes. Large steps are what make large allreduces
+#: fast where the cores do not share a cache (benchmarks/RESULTS.md: 64 MiB 2.5x faster with
+#: 16 MiB slots than with 1 MiB ones on the dev VM); never less than 1 MiB per step.
+MIN_SLOT_BYTES = 1 << 20
+MAX_SLOT_BYTES = 16 << 20
+
+
+def choose_slot_bytes(members: int, free_bytes: int) -> int:
+    """The slot size of a data segment of ``members`` ranks, with ``free_bytes`` free in
+    ``/dev/shm`` (every member must pass the same numbers)."""
+    budget = min(SEGMENT_BUDGET_BYTES, free_bytes // 4)
+    slot = MAX_SLOT_BYTES
+    while slot > MIN_SLOT_BYTES and 2 * members * slot > budget:
+        slot //= 2
+    return slot
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes free in ``directory`` (0 when it cannot be read: :func:`check_space` says why)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
 def check_space(directory: Path, size: int) -> None:
     """Fail unless ``directory`` has ``size`` bytes free.
 

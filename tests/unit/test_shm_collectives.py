@@ -23,6 +23,7 @@ from ringtrain.backends.shm_segment import (
     SharedMemoryError,
     SharedMemorySpaceError,
     check_space,
+    choose_slot_bytes,
     segment_bytes,
 )
 from ringtrain.op_types import ReduceOp
@@ -195,6 +196,18 @@ def test_space_error_names_the_size_and_the_switch(tmp_path):
                        match=r"is too small for ringtrain's shared-memory segment: it needs "
                              r"[\d.]+ MiB .*RINGTRAIN_SHM=0 \(`ringtrain run --no-shm`\)"):
         check_space(tmp_path, free + (1 << 40))
+
+
+@pytest.mark.parametrize(("members", "free_mib", "slot_mib"), [
+    (2, 1 << 20, 16), (4, 1 << 20, 8), (8, 1 << 20, 4), (16, 1 << 20, 2), (64, 1 << 20, 1),
+    (2, 64, 4),  # Docker's default /dev/shm: a quarter of it for the segment
+    (2, 3, 1),  # too little for anything: the smallest slots, which check_space then refuses
+])
+def test_slots_grow_with_the_space_and_shrink_with_the_members(members, free_mib, slot_mib):
+    slot = choose_slot_bytes(members, free_mib << 20)
+    assert slot == slot_mib << 20
+    if slot_mib > 1:
+        assert 2 * members * slot <= min(64 << 20, (free_mib << 20) // 4)
 
 
 def test_attach_fails_when_the_creator_never_creates(tmp_path):
