@@ -15,6 +15,7 @@ every member has mapped them (see :mod:`ringtrain.shm_names`).
 
 from __future__ import annotations
 
+import logging
 import pickle
 import secrets
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from ringtrain.backends.shm import ShmGroup
 from ringtrain.backends.shm_segment import (
+    MIN_SLOT_BYTES,
     Member,
     Segment,
     check_space,
@@ -41,6 +43,8 @@ from ringtrain.backends.torch_dist import (
 )
 from ringtrain.op_types import ReduceOp
 from ringtrain.shm_names import SHM_DIR, segment_path
+
+log = logging.getLogger(__name__)
 
 #: The control segment's slots: negotiation's counts and pickled metas are small.
 CONTROL_SLOT_BYTES = 64 << 10
@@ -183,6 +187,10 @@ class HierarchicalBackend:
         shm = None
         if len(local) > 1:
             shm = ShmGroup(self._map_segment(local, f"s{self._added}-r{local[0]}"))
+            slot = shm.segment.slot_bytes
+            if self._slot_bytes is None and slot > MIN_SLOT_BYTES:
+                step = shm.choose_step([MIN_SLOT_BYTES, slot])
+                log.debug("shared-memory set %s: steps of %d MiB", local, step >> 20)
         self._sets[ranks] = _SetComm(local=local, hosts=tuple(map(tuple, hosts.values())),
                                      shm=shm, whole=len(hosts) == 1,
                                      cross=cross if self.rank in leaders else None,

@@ -33,6 +33,7 @@ all ranks meaning that all have read the round's bell (see ``Engine._forget_roun
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,6 +73,25 @@ class ShmGroup:
         self._small.clear()
         self.segment.close(aborted)
 
+    def choose_step(self, candidates: Sequence[int], trials: int = 2) -> int:
+        """Time an allreduce of one slot's bytes in steps of each candidate size (bytes, each
+        at most the slot), and keep the fastest for every later collective. Collective over the
+        members, which all keep the same step: the sum of their times decides. Returns it."""
+        seg = self.segment
+        scratch = torch.zeros(seg.slot_bytes // 4)
+        totals = torch.zeros(len(candidates), dtype=torch.float64)
+        for trial in range(trials + 1):  # the first round warms every size up, untimed
+            for i, step in enumerate(candidates):
+                seg.set_step_bytes(step)
+                start = time.perf_counter()
+                self.allreduce_(scratch, ReduceOp.SUM)
+                if trial:
+                    totals[i] += time.perf_counter() - start
+        self.allreduce_(totals, ReduceOp.SUM)  # one small step: the same bits everywhere
+        best = candidates[int(torch.argmin(totals))]
+        seg.set_step_bytes(best)
+        return best
+
     def _pieces(self, dtype: torch.dtype, buffer: int, m: int) -> list[torch.Tensor]:
         """The first ``m`` elements of every member's slot of ``buffer``: views kept per size
         (a small allreduce's cost is its Python; the same sizes come again and again)."""
@@ -89,7 +109,7 @@ class ShmGroup:
         """Reduce a contiguous tensor over the members, in place."""
         seg, n, me = self.segment, self.n, self.me
         flat = tensor if tensor.dim() == 1 else tensor.view(-1)
-        cap = seg.slot_elements(flat.dtype)
+        cap = seg.step_elements(flat.dtype)
         m = flat.numel()
         if m <= cap and m * flat.element_size() <= ONE_STEP_BYTES:
             step, buf = seg.begin("allreduce")
@@ -132,7 +152,7 @@ class ShmGroup:
         seg, n, me = self.segment, self.n, self.me
         flats = _Concatenation([t.view(-1) for t in tensors])
         dtype = tensors[0].dtype
-        cap = seg.slot_elements(dtype)
+        cap = seg.step_elements(dtype)
         total = flats.numel
         if total <= cap and total * tensors[0].element_size() <= ONE_STEP_BYTES:
             step, buf = seg.begin("allreduce")
@@ -190,7 +210,7 @@ class ShmGroup:
         out = output.view(-1)
         length = out.numel()
         assert flat.numel() == n * length, "reducescatter input must be n equal pieces"
-        cap = max(seg.slot_elements(flat.dtype) // n, 1)
+        cap = max(seg.step_elements(flat.dtype) // n, 1)
         for start in _starts(length, cap):
             m = min(cap, length - start)
             step, buf = seg.begin("reducescatter")
@@ -214,7 +234,7 @@ class ShmGroup:
         length = flat.numel()
         assert out.numel() == n * length, "allgather output must hold n inputs"
         out[me * length:(me + 1) * length].copy_(flat)
-        cap = seg.slot_elements(flat.dtype)
+        cap = seg.step_elements(flat.dtype)
         for start in _starts(length, cap):
             m = min(cap, length - start)
             step, buf = seg.begin("allgather")
@@ -231,7 +251,7 @@ class ShmGroup:
         """Copy member ``root``'s contiguous tensor to every member, in place."""
         seg, me = self.segment, self.me
         flat = tensor.view(-1)
-        cap = seg.slot_elements(flat.dtype)
+        cap = seg.step_elements(flat.dtype)
         for start in _starts(flat.numel(), cap):
             m = min(cap, flat.numel() - start)
             step, buf = seg.begin("broadcast")
@@ -270,7 +290,7 @@ class ShmGroup:
         count = [sends[j][me] * row for j in range(n)]
         mine = flat[src[me]:src[me] + count[me]]
         out[dst[me]:dst[me] + count[me]].copy_(mine)
-        cap = seg.slot_elements(flat.dtype)
+        cap = seg.step_elements(flat.dtype)
         total = max(sum(s) * row for s in sends)
         for start in range(0, total, cap):
             end = start + cap

@@ -111,6 +111,9 @@ class Segment:
         self.n = len(members)
         self.me = me
         self.slot_bytes = slot_bytes
+        # What one step of a collective carries per member: the whole slot unless set lower
+        # (see ShmGroup.choose_step); every member must use the same.
+        self.step_bytes = slot_bytes
         self._timeout_s = timeout_s
         self._mmap = buf
         n = self.n
@@ -282,12 +285,22 @@ class Segment:
         return np.ndarray((2 * self.n * self.slot_bytes,), np.uint8, buffer=self._mmap,
                           offset=_data_offset(self.n))
 
-    def slot_elements(self, dtype: torch.dtype) -> int:
+    def step_elements(self, dtype: torch.dtype) -> int:
+        """How many elements of ``dtype`` one step carries per member."""
         count = self._elements.get(dtype)
         if count is None:
             count = self._elements[dtype] = (
-                self.slot_bytes // torch.empty((), dtype=dtype).element_size())
+                self.step_bytes // torch.empty((), dtype=dtype).element_size())
         return count
+
+    def set_step_bytes(self, step_bytes: int) -> None:
+        """Carry ``step_bytes`` per member per step from now on (at most the slot; every
+        member must set the same before its next collective)."""
+        if not 0 < step_bytes <= self.slot_bytes:
+            raise ValueError(f"a step of {step_bytes} bytes does not fit slots of "
+                             f"{self.slot_bytes}")
+        self.step_bytes = step_bytes
+        self._elements.clear()
 
     # -- synchronisation -------------------------------------------------------------------------
 
@@ -388,9 +401,10 @@ class Segment:
 #: A data segment's slots (both buffers, every member) take at most this much of ``/dev/shm``,
 #: and at most a quarter of what is free there.
 SEGMENT_BUDGET_BYTES = 64 << 20
-#: Slots are a power of two between these sizes. Large steps are what make large allreduces
-#: fast where the cores do not share a cache (benchmarks/RESULTS.md: 64 MiB 2.5x faster with
-#: 16 MiB slots than with 1 MiB ones on the dev VM); never less than 1 MiB per step.
+#: Slots are a power of two between these sizes. Which step suits a host depends on its caches:
+#: where the cores share one, 1 MiB steps that stay in it are fastest; where they do not, large
+#: ones are (a peer's writes reach memory before they are read). Each segment times both (see
+#: ShmGroup.choose_step); benchmarks/RESULTS.md has the figures.
 MIN_SLOT_BYTES = 1 << 20
 MAX_SLOT_BYTES = 16 << 20
 

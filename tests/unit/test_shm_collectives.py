@@ -34,14 +34,14 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 _OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
-def _segments(tmp_path: Path, n: int, members=None) -> list[Segment]:
+def _segments(tmp_path: Path, n: int, members=None, slot: int = _SLOT) -> list[Segment]:
     members = members or [Member(r, os.getpid(), -1) for r in range(n)]
     path = tmp_path / "seg"
     out: list[Segment | None] = [None] * n
 
     def setup(i: int) -> None:
-        seg = (Segment.create(path, members, _SLOT, 10) if i == 0 else
-               Segment.attach(path, members, i, _SLOT, 10, 10))
+        seg = (Segment.create(path, members, slot, 10) if i == 0 else
+               Segment.attach(path, members, i, slot, 10, 10))
         seg.mark_attached()
         if i == 0:
             seg.wait_attached()
@@ -208,6 +208,22 @@ def test_slots_grow_with_the_space_and_shrink_with_the_members(members, free_mib
     assert slot == slot_mib << 20
     if slot_mib > 1:
         assert 2 * members * slot <= min(64 << 20, (free_mib << 20) // 4)
+
+
+def test_members_agree_on_the_step_they_time_fastest(tmp_path):
+    segments = _segments(tmp_path, 2, slot=64 << 10)
+    groups = [ShmGroup(seg) for seg in segments]
+    chosen = _together(2, lambda i: groups[i].choose_step([1 << 10, 64 << 10]))
+    assert chosen[0] == chosen[1] and chosen[0] in (1 << 10, 64 << 10)
+    assert all(seg.step_bytes == chosen[0] for seg in segments)
+    tensors = [torch.arange(50_000, dtype=torch.float32) * (i + 1) for i in range(2)]
+    _together(2, lambda i: groups[i].allreduce_(tensors[i], ReduceOp.SUM))  # several steps
+    for t in tensors:
+        assert torch.equal(t, torch.arange(50_000, dtype=torch.float32) * 3)
+    with pytest.raises(ValueError, match="does not fit"):
+        segments[0].set_step_bytes(128 << 10)
+    for g in groups:
+        g.close()
 
 
 def test_attach_fails_when_the_creator_never_creates(tmp_path):
