@@ -5,8 +5,8 @@ grouped into buckets, as DDP does: the hook copies each gradient into its bucket
 (:mod:`ringtrain.torch.grad_bucket`), and when a bucket's last gradient has arrived the bucket is
 submitted as one named, asynchronous, in-place allreduce that peers recognise as a unit (see
 :mod:`ringtrain.engine.readiness`): it costs no negotiation and one collective, overlapping the
-rest of backward. ``step()`` waits for the buckets, copies the averaged gradients back, then runs
-the user's optimizer.
+rest of backward. ``step()`` waits for the buckets, copies the averaged gradients back (an
+average is summed on the wire and divided in that copy), then runs the user's optimizer.
 The returned object is an instance of the user's optimizer class sharing its state, so
 ``isinstance`` checks, schedulers and ``state_dict`` keep working.
 """
