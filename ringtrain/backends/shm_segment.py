@@ -50,6 +50,9 @@ from ringtrain.proc_stat import is_alive
 
 _MAGIC = 0x52494E47_53484D31  # "RINGSHM1"
 _LINE = 64
+#: A flag line as int64 words: a member's sequence number, its state, the member it sleeps on + 1.
+_LINE_WORDS = _LINE // 8
+_SEQ, _SLEEPS_ON = 0, 2
 _OK, _ABORTED, _CLOSED = 0, 1, 2
 #: Pure spinning this long before sleeping: a peer already in the collective arrives within
 #: microseconds. Then the waiter sleeps on the futex of the member it waits for, which that
@@ -121,10 +124,10 @@ class Segment:
         lines = np.ndarray((n, _LINE // 8), np.int64, buffer=buf, offset=_LINE)
         self._seq = lines[:, 0]
         # The same numbers as Python ints, without numpy's per-call cost (a small collective's
-        # own Python is its cost): word 8 * j is member j's sequence number, 8 * j + 2 the
-        # member it sleeps on, + 1.
+        # own Python is its cost): member j's line starts at word _LINE_WORDS * j.
         self._words = memoryview(buf)[_LINE:_LINE + n * _LINE].cast("q")
-        self._seq_words = range(0, n * _LINE // 8, _LINE // 8)
+        self._lines = range(0, n * _LINE_WORDS, _LINE_WORDS)
+        self._my_line = _LINE_WORDS * me
         # The low 32 bits of each member's sequence number: the futex its publishes wake.
         low = 0 if sys.byteorder == "little" else 4
         base = lines.__array_interface__["data"][0]
@@ -307,10 +310,10 @@ class Segment:
     def publish(self, step: int, phase: int) -> None:
         """This member finished ``phase`` (1..3) of ``step``; wake the members waiting for it."""
         words = self._words
-        words[8 * self.me] = 3 * step + phase
+        words[self._my_line + _SEQ] = 3 * step + phase
         sleeper = self.me + 1
-        for j in self._seq_words:
-            if words[j + 2] == sleeper:
+        for line in self._lines:
+            if words[line + _SLEEPS_ON] == sleeper:
                 futex.wake(self._seq_addresses[self.me])
                 return
 
@@ -324,11 +327,11 @@ class Segment:
 
     def wait_all(self, target: int, what: str) -> None:
         """Wait until every member's sequence number reaches ``target``."""
-        words, indices = self._words, self._seq_words
+        words, lines = self._words, self._lines
 
         def ready() -> bool:
-            for j in indices:
-                if words[j] < target:
+            for line in lines:
+                if words[line + _SEQ] < target:
                     return False
             return True
 
@@ -338,10 +341,10 @@ class Segment:
 
     def wait_one(self, member: int, target: int, what: str) -> None:
         """Wait until member ``member``'s sequence number reaches ``target``."""
-        words, j = self._words, 8 * member
-        if words[j] >= target:
+        words, seq = self._words, _LINE_WORDS * member + _SEQ
+        if words[seq] >= target:
             return
-        self._wait(lambda: words[j] >= target, (member,), target, what)
+        self._wait(lambda: words[seq] >= target, (member,), target, what)
 
     def _wait(self, ready, among: Sequence[int], target: int, what: str) -> None:
         start = last_check = time.monotonic()
@@ -352,19 +355,20 @@ class Segment:
                 os.sched_yield()
         while True:
             # Sleep on the first late member's number: its next publish wakes this waiter.
-            late = next((j for j in among if self._words[8 * j] < target), None)
+            words = self._words
+            late = next((j for j in among if words[_LINE_WORDS * j + _SEQ] < target), None)
             if late is None:
                 return
-            self._words[8 * self.me + 2] = late + 1  # before reading: see the module's docstring
+            words[self._my_line + _SLEEPS_ON] = late + 1  # before reading: see the docstring
             try:
-                seen = self._words[8 * late] & 0xFFFFFFFF
+                seen = words[_LINE_WORDS * late + _SEQ] & 0xFFFFFFFF
                 if ready():
                     return
                 now = time.monotonic()
                 futex.wait(self._seq_addresses[late], seen,
                            max(last_check + _CHECK_S - now, 1e-4))
             finally:
-                self._words[8 * self.me + 2] = 0
+                words[self._my_line + _SLEEPS_ON] = 0
             if ready():
                 return
             now = time.monotonic()

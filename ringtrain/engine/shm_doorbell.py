@@ -68,6 +68,7 @@ _BELL_ENTRY = 128  # round + 1, length, then the bell's bytes
 _MAX_BELL = _BELL_ENTRY - 16
 _COUNTERS = 16384
 _COUNTER_ENTRY = 32  # two uint64 of digest, the value, padding
+_COUNTER_WORDS = _COUNTER_ENTRY // 8
 _COUNTERS_USED_MAX = _COUNTERS * 3 // 4
 #: How long a waiting engine polls the ring word before it sleeps on it: a peer that rings at
 #: once is seen without a system call, and the core is soon given back.
@@ -136,26 +137,22 @@ class ShmDoorbell:
         self._word_address = self._word.__array_interface__["data"][0]
         self._callers_word = data[24:28].view(np.uint32)
         self._callers_address = self._callers_word.__array_interface__["data"][0]
-        self._header = data[:_LINE].view(np.int64)
-        self._progress = data[_LINE:_LINE + size * 8].view(np.int64)
-        self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].view(
-            np.int64).reshape(size, 2)
-        bells = data[_bells_offset(size):_counters_offset(size)]
-        # The same words as Python ints, without numpy's per-call cost: word
-        # ``i * _BELL_ENTRY // 8`` is entry i's round + 1, the next its length.
-        self._bell_words = bells.data.cast("B").cast("q")
-        self._bell_mv = bells.data.cast("B")
-        self._progress_words = self._progress.data.cast("B").cast("q")
-        self._claim_words = self._claims.data.cast("B").cast("q")
+        # The tables as int64 words (Python ints on every access, without numpy's per-call
+        # cost): the header's, each rank's progress, each rank's claim (round + 1, key digest),
+        # the bells (entry i's round + 1 at word i * _BELL_ENTRY // 8, its length next, then its
+        # bytes) and the counters (entry i's digest at words 4 i and 4 i + 1, its value at 4 i + 2).
+        self._header = data[:_LINE].data.cast("q")
+        self._progress = data[_LINE:_LINE + size * 8].data.cast("q")
+        self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].data.cast("q")
+        self._bell_bytes = data[_bells_offset(size):_counters_offset(size)].data
+        self._bell_words = self._bell_bytes.cast("q")
+        counters = data[_counters_offset(size):bytes_needed(size)].data
+        self._digest_words = counters.cast("Q")
+        self._values = counters.cast("q")
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
-        self._header_words = data[:_LINE].data.cast("q")
         self._table_lock = _TableLock(self)
-        self._value_words = _counters_view(data, size)
         self._slots: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
-        counters = data[_counters_offset(size):bytes_needed(size)]
-        self._counters = counters.view(np.uint64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
-        self._values = counters.view(np.int64).reshape(_COUNTERS, _COUNTER_ENTRY // 8)
 
     # -- the lock --------------------------------------------------------------------------------
 
@@ -189,7 +186,7 @@ class ShmDoorbell:
                 nap = min(nap * 2, 1e-3)
 
     def _lock_stuck(self, waited: float) -> str:
-        holder = int(self._header[1]) - 1
+        holder = self._header[1] - 1
         me = self._segment.members[self._me].rank
         if holder < 0 or holder >= self._segment.n:
             return (f"rank {me} could not take the shared-memory doorbell's lock within "
@@ -211,7 +208,7 @@ class ShmDoorbell:
         if words[first] != round_ + 1:
             return None
         start = round_ % _ROUNDS * _BELL_ENTRY + 16
-        return bytes(self._bell_mv[start:start + words[first + 1]])
+        return bytes(self._bell_bytes[start:start + words[first + 1]])
 
     def ring(self, round_: int, bell: bytes) -> bytes:
         if len(bell) > _MAX_BELL:
@@ -223,12 +220,12 @@ class ShmDoorbell:
                 held = words[first] - 1
                 if held == round_:
                     return self._bell_locked(round_)  # type: ignore[return-value]
-                lagging = min(self._progress_words)
+                lagging = min(self._progress)
                 if held < lagging:  # a free entry, or one of a round every engine is past
                     # The bytes before the round: a reader without the lock that sees the
                     # round sees its bell (see _bell_locked).
                     start = round_ % _ROUNDS * _BELL_ENTRY + 16
-                    self._bell_mv[start:start + len(bell)] = bell
+                    self._bell_bytes[start:start + len(bell)] = bell
                     words[first + 1] = len(bell)
                     words[first] = round_ + 1
                     self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
@@ -237,7 +234,7 @@ class ShmDoorbell:
                     break
             if time.monotonic() > deadline:
                 slow = [self._segment.members[j].rank for j in range(self._segment.n)
-                        if int(self._progress[j]) <= held]
+                        if self._progress[j] <= held]
                 raise HorovodInternalError(
                     f"rank {self._segment.members[self._me].rank} cannot ring round {round_}: "
                     f"rank(s) {slow} have not finished round {held} within "
@@ -253,7 +250,7 @@ class ShmDoorbell:
     def _all_claimed(self, round_: int, bell: bytes) -> bool:
         """Whether every rank's caller claimed ``round_`` for the unit ``bell`` rings."""
         key = self._digest(bell.rpartition(b"@")[0])
-        claims = self._claim_words
+        claims = self._claims
         for j in range(0, len(claims), 2):
             if claims[j] != round_ + 1 or claims[j + 1] != key:
                 return False
@@ -277,7 +274,7 @@ class ShmDoorbell:
         # Without the lock (one writer per entry): a ring that reads the claim half written or
         # not yet visible does not match it and wakes the engines, as without a claim. The key
         # first: a new key beside an old claim's round matches no ring (that round is past).
-        claims, mine = self._claim_words, 2 * self._me
+        claims, mine = self._claims, 2 * self._me
         claims[mine + 1] = self._digest(key.encode())
         claims[mine] = round_ + 1
 
@@ -285,7 +282,8 @@ class ShmDoorbell:
         if not wake:
             return  # the claimed round ran here: a claim of a past round matches no ring
         with self._locked():
-            self._claims[self._me] = (0, 0)
+            self._claims[2 * self._me] = 0  # the round first: no ring matches it then
+            self._claims[2 * self._me + 1] = 0
         futex.wake(self._word_address)
 
     @contextmanager
@@ -312,14 +310,14 @@ class ShmDoorbell:
                 if bell is not None:
                     # Only this rank writes its progress; a stale engine's write under the
                     # lock may lower it for a while, which only delays reusing an entry.
-                    mine = self._progress_words
+                    mine = self._progress
                     if mine[self._me] < round_:
                         mine[self._me] = round_
                     return bell
             with self._locked():
                 # An engine that slept through rounds its callers ran waits for one that is
                 # past: what this rank has done is the most any of its waits knew.
-                self._progress[self._me] = max(int(self._progress[self._me]), round_)
+                self._progress[self._me] = max(self._progress[self._me], round_)
                 bell = self._bell_locked(round_)
                 if bell is not None:
                     return bell
@@ -350,17 +348,17 @@ class ShmDoorbell:
         d0 = int.from_bytes(digest[:8], "little") | 1  # never 0: 0 marks an empty entry
         d1 = int.from_bytes(digest[8:], "little")
         i = d0 % _COUNTERS
-        counters = self._counters
+        digests = self._digest_words
         while True:
-            first = int(counters[i, 0])
+            first = digests[i * _COUNTER_WORDS]
             if first == 0:
-                if not insert or int(self._header[2]) >= _COUNTERS_USED_MAX:
+                if not insert or self._header[2] >= _COUNTERS_USED_MAX:
                     return None
-                counters[i, 0], counters[i, 1] = d0, d1
-                self._values[i, 2] = 0
+                digests[i * _COUNTER_WORDS], digests[i * _COUNTER_WORDS + 1] = d0, d1
+                self._values[i * _COUNTER_WORDS + 2] = 0
                 self._header[2] += 1
                 return i
-            if first == d0 and int(counters[i, 1]) == d1:
+            if first == d0 and digests[i * _COUNTER_WORDS + 1] == d1:
                 return i
             i = (i + 1) % _COUNTERS
 
@@ -371,8 +369,8 @@ class ShmDoorbell:
                 slot = self._slot_locked(key, insert=True)
             if slot is not None:
                 self._slots[key] = slot
-                value = self._value_words[slot * (_COUNTER_ENTRY // 8) + 2] + 1
-                self._value_words[slot * (_COUNTER_ENTRY // 8) + 2] = value
+                value = self._values[slot * _COUNTER_WORDS + 2] + 1
+                self._values[slot * _COUNTER_WORDS + 2] = value
                 return value
         return self._fallback.count(key)
 
@@ -383,15 +381,10 @@ class ShmDoorbell:
                 slot = self._slot_locked(key, insert=False)
             if slot is not None:
                 self._slots[key] = slot
-                return self._value_words[slot * (_COUNTER_ENTRY // 8) + 2]
-            if int(self._header[2]) < _COUNTERS_USED_MAX:
+                return self._values[slot * _COUNTER_WORDS + 2]
+            if self._header[2] < _COUNTERS_USED_MAX:
                 return 0  # the table had room all along: nobody counted it anywhere
         return self._fallback.read(key)
-
-
-def _counters_view(data: np.ndarray, size: int) -> memoryview:
-    """The counter table of a doorbell's data area as int64 words (entry i at word 4 * i)."""
-    return data[_counters_offset(size):bytes_needed(size)].data.cast("q")
 
 
 class _TableLock:
@@ -412,12 +405,12 @@ class _TableLock:
         except BaseException:
             bell._thread_lock.release()
             raise
-        bell._header_words[1] = bell._me + 1
+        bell._header[1] = bell._me + 1
 
     def __exit__(self, *exc: object) -> None:
         bell = self._bell
         try:
-            bell._header_words[1] = 0
+            bell._header[1] = 0
             fcntl.flock(bell._fd, fcntl.LOCK_UN)
         finally:
             bell._thread_lock.release()

@@ -47,6 +47,14 @@ def results(handles: list[Handle]) -> list:
     return [_plain(handle.wait(WAIT_S)) for handle in handles]
 
 
+def sum_ones(engines: list[Engine], names: Sequence[str]) -> None:
+    """Every engine allreduces ones under each of ``names`` in turn; each sums to the number of
+    engines everywhere (the first time negotiates a name, later times run it from the cache)."""
+    for name in names:
+        assert results([submit(e, name, torch.ones(1)) for e in engines]) == (
+            [[float(len(engines))]] * len(engines)), name
+
+
 def _plain(value):
     if isinstance(value, torch.Tensor):
         return value.tolist()

@@ -17,7 +17,7 @@ from ringtrain.engine import engine as engine_module
 from ringtrain.engine.doorbell import NEGOTIATE
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
 from ringtrain.op_types import OpType, ReduceOp
-from tests.engine.calls import WAIT_S, errors, results, step, submit, wait_until
+from tests.engine.calls import WAIT_S, errors, results, step, submit, sum_ones, wait_until
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -108,8 +108,7 @@ def test_lone_operations_give_exact_averages_sums_and_maxima_in_their_dtypes(sta
 def test_lone_operations_counted_on_one_rank_and_negotiated_on_another_run_once_and_resume(
         start_engines):
     world, engines = start_engines(2)
-    for name in ("mix.a", "mix.b"):
-        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    sum_ones(engines, ("mix.a", "mix.b"))
     # rank 0 submits a then b; rank 1 b then a: each counts its first alone, and its second
     # (queued behind it) rings for a negotiation, which runs both whatever was counted
     for i in range(3):
@@ -120,8 +119,7 @@ def test_lone_operations_counted_on_one_rank_and_negotiated_on_another_run_once_
         assert results(handles) == [[i + 1.0]] * 4, f"step {i}"
     # the counters were renewed alike on both ranks: lone operations have unit rounds again
     rounds, negotiations = len(world.doorbell.bells()), world.completed["control_allreduce"]
-    for name in ("mix.a", "mix.b"):
-        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    sum_ones(engines, ("mix.a", "mix.b"))
     assert NEGOTIATE not in world.doorbell.bells()[rounds:]
     assert world.completed["control_allreduce"] == negotiations
 
@@ -133,8 +131,7 @@ def test_an_operation_a_peer_negotiated_before_this_rank_submitted_it_is_not_cou
     # by itself, y's counter could never complete (rank 0 offered it uncounted) and nothing
     # would ring for it (the pending watch is off here). Rank 1 must ring a negotiation for it.
     _, engines = start_engines(2)
-    for name in ("burst.x", "burst.y"):
-        assert results([submit(e, name, torch.ones(1)) for e in engines]) == [[2.0]] * 2
+    sum_ones(engines, ("burst.x", "burst.y"))
     for i in range(3):
         first = [submit(engines[0], "burst.x", torch.full((1,), float(i))),
                  submit(engines[0], "burst.y", torch.full((1,), float(i)))]
