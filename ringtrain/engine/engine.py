@@ -217,7 +217,6 @@ class Engine:
         self._inline = inline
         self._turn = threading.Lock()
         self._claimed_key = ""  # the counter key of the unit the turn's holder claimed
-        self._synchronous = threading.local()  # this thread waits for its next submission at once
         self._thread = threading.Thread(target=self._run, name="ringtrain-engine", daemon=True)
         self._thread.start()
         self._watch = threading.Thread(target=self._watch_pending, name="ringtrain-pending-watch",
@@ -226,8 +225,12 @@ class Engine:
 
     # -- the caller's side ----------------------------------------------------------------------
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, synchronous: bool = False) -> None:
         """Queue a request; its handle completes when every rank has run it.
+
+        ``synchronous``: the calling thread waits for the result right after submitting
+        (``hvd.allreduce_``), so a lone cached request may run in this thread, during this call,
+        instead of on the engine thread (see the module's docstring).
 
         Raises:
             ValueError: an operation of the same name is already in flight on this rank.
@@ -258,7 +261,7 @@ class Engine:
                 # ring, but runs with no control collective, and no peer's engine wakes for it
                 # before every member has submitted it (a round that would find it missing
                 # there and decide nothing).
-                claimed = self._claim_locked(request)
+                claimed = self._claim_locked(request) if synchronous else None
                 self._queue_unit_locked([request])
                 if claimed is not None and not (request.counted or "").startswith(
                         f"{self._claimed_key}@"):
@@ -276,26 +279,13 @@ class Engine:
         if claimed is not None:
             self._run_claimed(request, claimed)
 
-    @contextlib.contextmanager
-    def synchronous(self) -> Iterator[None]:
-        """Mark this thread's submissions in the block as ones it waits for right after
-        submitting (``hvd.allreduce_``): a lone cached one may then run in this thread, during
-        :meth:`submit`, instead of on the engine thread (see the module's docstring)."""
-        previous = getattr(self._synchronous, "active", False)
-        self._synchronous.active = True
-        try:
-            yield
-        finally:
-            self._synchronous.active = previous
-
     def _claim_locked(self, request: Request) -> int | None:
-        """Take the turn for the round this lone request, about to be counted, may run in, if
-        this thread may run it itself; the round, or None (the engine runs it). Claimed before
-        counting: the peer whose count completes the unit rings it knowing that this rank's
-        engine need not wake. Caller holds the lock."""
-        if (not self._inline or not getattr(self._synchronous, "active", False)
-                or self._queue or self._pending or self._drained or self._peers_joined
-                or self._failure is not None or request.meta.op is OpType.JOIN
+        """Take the turn for the round this lone synchronous request, about to be counted, may
+        run in, if its caller may run it itself; the round, or None (the engine runs it).
+        Claimed before counting: the peer whose count completes the unit rings it knowing that
+        this rank's engine need not wake. Caller holds the lock."""
+        if (not self._inline or self._queue or self._pending or self._drained
+                or self._peers_joined or self._failure is not None or request.meta.op is OpType.JOIN
                 # CUDA tensors keep to the engine thread and the streams it set up.
                 or any(t.device != "cpu" for t in request.meta.tensors)):
             return None

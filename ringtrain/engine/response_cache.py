@@ -32,6 +32,10 @@ class ResponseCache:
         self._bits: dict[str, int] = {}
         self._responses: list[Response] = []
         self._generations: list[int] = []
+        #: per bit, the last meta found equal to this rank's cached one: the frontend submits
+        #: the same meta object again and again (see ``submit._describe``), which then needs no
+        #: comparison field by field
+        self._matched: list[RequestMeta | None] = []
 
     def __len__(self) -> int:
         return len(self._responses)
@@ -41,9 +45,12 @@ class ResponseCache:
         bit = self._bits.get(meta.name)
         if bit is None:
             return None
+        if self._matched[bit] is meta:
+            return bit
         cached = self._responses[bit].metas.get(meta.rank)
         if cached is None or cached != meta:
             return None
+        self._matched[bit] = meta
         return bit
 
     def response(self, bit: int) -> Response:
@@ -69,7 +76,9 @@ class ResponseCache:
             return
         if bit is not None:
             self._responses[bit] = response
+            self._matched[bit] = None
         elif len(self._responses) < self.capacity:
             self._bits[response.name] = len(self._responses)
             self._responses.append(response)
             self._generations.append(0)
+            self._matched.append(None)

@@ -48,8 +48,6 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -151,6 +149,7 @@ class ShmDoorbell:
         self._values = counters.cast("q")
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
         self._table_lock = _TableLock(self)
+        self._deferring = _DeferredWakes(self)
         self._slots: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
 
@@ -286,19 +285,17 @@ class ShmDoorbell:
             self._claims[2 * self._me + 1] = 0
         futex.wake(self._word_address)
 
-    @contextmanager
-    def deferring_wakes(self) -> Iterator[None]:
+    def deferring_wakes(self) -> _DeferredWakes:
+        return self._deferring
+
+    def _wake_owed(self) -> None:
+        """Make the wakes this thread's rings owe, at the end of its outermost deferring
+        block."""
         deferred = self._deferred
-        depth = getattr(deferred, "depth", 0)
-        deferred.depth = depth + 1
-        try:
-            yield
-        finally:
-            deferred.depth = depth
-            if not depth and getattr(deferred, "owed", False):
-                deferred.owed = False
-                engines, deferred.engines = getattr(deferred, "engines", False), False
-                self._wake(engines)
+        if getattr(deferred, "owed", False):
+            deferred.owed = False
+            engines, deferred.engines = getattr(deferred, "engines", False), False
+            self._wake(engines)
 
     def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
         deadline = time.monotonic() + timeout_s
@@ -414,3 +411,23 @@ class _TableLock:
             fcntl.flock(bell._fd, fcntl.LOCK_UN)
         finally:
             bell._thread_lock.release()
+
+
+class _DeferredWakes:
+    """What :meth:`ShmDoorbell.deferring_wakes` returns: one object for every block (each
+    submission enters one), the depth of this thread's blocks kept per thread."""
+
+    __slots__ = ("_bell",)
+
+    def __init__(self, bell: ShmDoorbell):
+        self._bell = bell
+
+    def __enter__(self) -> None:
+        deferred = self._bell._deferred
+        deferred.depth = getattr(deferred, "depth", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        deferred = self._bell._deferred
+        deferred.depth -= 1
+        if not deferred.depth:
+            self._bell._wake_owed()

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.contract.env import WorkerEnv
 from ringtrain.engine.engine import Engine
+from ringtrain.engine.request import RequestMeta
 from ringtrain.torch.topology import Topology
+
+#: Request metas a runtime keeps for reuse (see ``submit._describe``), at most: an unnamed
+#: operation gets a new name every time, and its metas must not pile up.
+METAS_KEPT = 4096
 
 
 @dataclass
@@ -30,6 +35,8 @@ class Runtime:
     next_set_id: int = 1
     name_counters: dict[int, itertools.count] = field(default_factory=dict)
     joins: int = 0  # joins completed: unnamed operations are counted afresh after each
+    #: request metas by their arguments, with the inputs' shapes, dtypes and devices
+    metas: dict[tuple, tuple[list, RequestMeta]] = field(default_factory=dict)
 
     def auto_name(self, kind: str, process_set_id: int) -> str:
         """A name for an unnamed operation. Counted per process set: only members submit on a

@@ -20,9 +20,10 @@ WAIT_S = 5.0
 def submit(engine: Engine, name: str, tensor: torch.Tensor | Sequence[torch.Tensor] | None = None,
            op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
            root_rank: int = -1, ranks: tuple[int, ...] | None = None,
-           splits: Sequence[int] | None = None) -> Handle:
+           splits: Sequence[int] | None = None, synchronous: bool = False) -> Handle:
     """Submit one operation on ``engine`` over ``ranks`` (the world by default), as the
-    frontend would; a list of tensors is a grouped operation."""
+    frontend would; a list of tensors is a grouped operation. ``synchronous``: as
+    ``hvd.allreduce_`` submits, its caller waiting for the result at once."""
     grouped = isinstance(tensor, (list, tuple))
     given = list(tensor) if grouped else [] if tensor is None else [tensor]
     tensors = [t.clone() for t in given]
@@ -34,7 +35,8 @@ def submit(engine: Engine, name: str, tensor: torch.Tensor | Sequence[torch.Tens
                        else None,
                        root_rank=root_rank, splits=None if splits is None else tuple(splits))
     handle = Handle(name)
-    engine.submit(Request(meta=meta, outputs=tensors, handle=handle, grouped=grouped))
+    engine.submit(Request(meta=meta, outputs=tensors, handle=handle, grouped=grouped),
+                  synchronous=synchronous)
     return handle
 
 

@@ -41,9 +41,7 @@ def _record_allreduce_threads(world: ThreadWorld, engines: list[Engine]) -> list
 
 def _sync(engine: Engine, name: str, value: float) -> list[float]:
     """A synchronous allreduce, as ``hvd.allreduce_`` submits it."""
-    with engine.synchronous():
-        handle = submit(engine, name, torch.full((2,), value))
-    return handle.wait(WAIT_S).tolist()
+    return submit(engine, name, torch.full((2,), value), synchronous=True).wait(WAIT_S).tolist()
 
 
 def _in_threads(calls: list[Callable[[], Any]], names: list[str]) -> list[Any]:

@@ -70,6 +70,51 @@ def test_same_name_twice_in_flight_is_a_value_error(world2):
         assert "already in flight" in message and ("dup" if rank == 0 else "dup2") in message
 
 
+def _one_name_changing_tensors() -> tuple[list, int]:
+    """One name submitted with tensors and arguments that change, each twice (the second time
+    from the response cache); then unnamed operations, each under a name of its own."""
+    from ringtrain.torch import runtime
+
+    r = hvd.rank() + 1
+    cases = [(torch.ones(2), hvd.Sum, 1.0), (torch.ones(3), hvd.Sum, 1.0),
+             (torch.ones(3, dtype=torch.float64), hvd.Sum, 1.0), (torch.ones(3), hvd.Sum, 2.0),
+             (torch.ones(3), hvd.Max, 1.0), (torch.ones(2, 2), hvd.Sum, 1.0)]
+    results = []
+    for tensor, op, prescale in cases:
+        for _ in range(2):
+            out = hvd.allreduce(tensor * r, name="same", op=op, prescale_factor=prescale)
+            results.append((list(out.shape), str(out.dtype), out.flatten().tolist()))
+    kept = runtime.METAS_KEPT
+    runtime.METAS_KEPT = len(runtime.current().metas) + 3
+    try:
+        for _ in range(10):
+            hvd.allreduce(torch.ones(1), op=hvd.Sum)
+        same = hvd.allreduce(torch.ones(2), name="same", op=hvd.Sum)  # a known name, described
+        over = len(runtime.current().metas) - runtime.METAS_KEPT
+    finally:
+        runtime.METAS_KEPT = kept
+    try:  # rank 0's tensor grows where the others' does not: a mismatch, as on first use
+        hvd.allreduce(torch.ones(2 if hvd.rank() else 3), name="same", op=hvd.Sum)
+        mismatch = "no error"
+    except RuntimeError as exc:
+        mismatch = str(exc)
+    return results + [same.tolist(), mismatch], over
+
+
+def test_a_name_resubmitted_with_other_tensors_or_arguments_is_described_anew(world):
+    n = world.size
+    total = n * (n + 1) // 2
+    expected = [([2], "torch.float32", [total] * 2), ([3], "torch.float32", [total] * 3),
+                ([3], "torch.float64", [total] * 3), ([3], "torch.float32", [2 * total] * 3),
+                ([3], "torch.float32", [n] * 3), ([2, 2], "torch.float32", [total] * 4)]
+    for results, over in world.run(_one_name_changing_tensors):
+        *reduced, same, mismatch = results
+        assert reduced == [case for case in expected for _ in range(2)]
+        assert same == [float(n)] * 2
+        assert "same" in mismatch and "rank 0: [3]" in mismatch and "rank 1: [2]" in mismatch
+        assert over <= 0  # the metas a runtime keeps stay within METAS_KEPT
+
+
 def _bad_arguments() -> list[str]:
     errors = []
     for call in (lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True),
