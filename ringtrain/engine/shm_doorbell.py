@@ -13,6 +13,7 @@ Layout of the segment's data area::
     progress  one int64 per rank: the round its engine waits for (rounds before it are done)
     claims    two int64 per rank: the round + 1 its caller runs itself (0: none), and a digest
               of the unit's counter key it runs it for
+    sleepers  two int64 per rank: 1 while its caller, and while its engine, sleeps on its word
     bells     _ROUNDS entries of (round + 1, length, bytes): round r lives in entry r % _ROUNDS
     counters  _COUNTERS entries of (16-byte key digest, value), open addressing
 
@@ -34,6 +35,8 @@ A caller that runs its own round (see :mod:`ringtrain.engine.engine`) claims it,
 the callers' word. A ring whose bell is the unit every rank claimed for that round wakes only the
 callers: the engines, which would only wait for the callers to finish, sleep on (they see the
 round done at the next ring, or within their wait's timeout). Any other ring wakes both words.
+A ring makes a wake-up call for a word only when a rank says (in its sleepers entry) that a
+thread of its sleeps on it.
 A claim is written without the lock (a ring that misses it only wakes the engines as it would
 without one) and left in place once its round ran (a claim of a past round matches no ring); a
 caller that gives its round back clears it under the lock and wakes the engines.
@@ -94,8 +97,12 @@ def _claims_offset(size: int) -> int:
     return _LINE + _lines(size * 8)
 
 
-def _bells_offset(size: int) -> int:
+def _sleepers_offset(size: int) -> int:
     return _claims_offset(size) + _lines(size * 16)
+
+
+def _bells_offset(size: int) -> int:
+    return _sleepers_offset(size) + _lines(size * 16)
 
 
 def _key_digest(key: bytes) -> int:
@@ -142,6 +149,8 @@ class ShmDoorbell:
         self._header = data[:_LINE].data.cast("q")
         self._progress = data[_LINE:_LINE + size * 8].data.cast("q")
         self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].data.cast("q")
+        self._sleepers = data[_sleepers_offset(size):_sleepers_offset(size) + size * 16].data.cast(
+            "q")
         self._bell_bytes = data[_bells_offset(size):_counters_offset(size)].data
         self._bell_words = self._bell_bytes.cast("q")
         counters = data[_counters_offset(size):bytes_needed(size)].data
@@ -265,9 +274,29 @@ class ShmDoorbell:
         return digest
 
     def _wake(self, engines: bool) -> None:
-        futex.wake(self._callers_address)
-        if engines:
+        """Wake the callers, and the engines if ``engines``, that sleep on the words a ring has
+        just bumped (after the lock, whose release orders the bump before the reads below)."""
+        if self._sleeping(0):
+            futex.wake(self._callers_address)
+        if engines and self._sleeping(1):
             futex.wake(self._word_address)
+
+    def _sleeping(self, which: int) -> bool:
+        """Whether some rank's caller (``which`` 0) or engine (1) says it sleeps on its word.
+
+        A wake-up is a system call of several microseconds, and most waits end while spinning.
+        A sleeper cannot be missed: it says so before the futex call, whose kernel side orders
+        that store before it compares the word with the value it read before the ring; the
+        ringer bumped the word before the lock's release, which orders it before these reads.
+        So either the ringer sees the sleeper, or the sleeper sees the new word and does not
+        sleep. Where stores may be seen out of order every ring wakes both kinds."""
+        if not self._lock_free_reads:
+            return True
+        sleepers = self._sleepers
+        for j in range(which, len(sleepers), 2):
+            if sleepers[j]:
+                return True
+        return False
 
     def claim(self, round_: int, key: str) -> None:
         # Without the lock (one writer per entry): a ring that reads the claim half written or
@@ -332,7 +361,12 @@ class ShmDoorbell:
             if remaining <= 0:
                 return None
             # Returns at once if a ring bumped the word since it was read.
-            futex.wait(address, seen, remaining)
+            sleeper = 2 * self._me + (0 if claimed else 1)
+            self._sleepers[sleeper] = 1
+            try:
+                futex.wait(address, seen, remaining)
+            finally:
+                self._sleepers[sleeper] = 0
 
     def forget(self, round_: int) -> None:
         """Nothing to release: an entry is reused once every engine waits for a later round."""

@@ -125,53 +125,135 @@ def test_a_waiter_on_shared_memory_sleeps_until_a_ring_wakes_it(tmp_path):
     assert woke == [b"unit@7"]
 
 
-def test_rings_in_a_deferring_block_wake_the_engines_once_when_it_ends(tmp_path, monkeypatch):
-    first, second = shm_doorbells(tmp_path)
+def _recorded_wakes(monkeypatch) -> list[int]:
+    """The addresses of the futex wake-up calls the doorbells make from now on."""
     wakes: list[int] = []
     wake = shm_doorbell.futex.wake
     monkeypatch.setattr(shm_doorbell.futex, "wake", lambda address: (wakes.append(address),
                                                                      wake(address))[1])
+    return wakes
+
+
+def _asleep(bell: ShmDoorbell, caller: bool) -> None:
+    """Wait until ``bell``'s rank says its caller (or engine) sleeps on its word."""
+    flag = 2 * bell._me + (0 if caller else 1)
+    deadline = time.monotonic() + 5.0
+    while not bell._sleepers[flag]:
+        assert time.monotonic() < deadline, "the waiter never went to sleep"
+        time.sleep(1e-3)
+
+
+def _waiting(bell: ShmDoorbell, round_: int, caller: bool = False
+             ) -> tuple[threading.Thread, list[bytes | None]]:
+    """A thread of ``bell``'s rank asleep waiting for ``round_``, and where its bell will be."""
     woke: list[bytes | None] = []
-    waiter = threading.Thread(target=lambda: woke.append(first.wait(1, 30.0)))
+    waiter = threading.Thread(target=lambda: woke.append(bell.wait(round_, 30.0,
+                                                                   claimed=caller)))
     waiter.start()
+    _asleep(bell, caller)
+    return waiter, woke
+
+
+def test_rings_in_a_deferring_block_wake_the_engines_once_when_it_ends(tmp_path, monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes = _recorded_wakes(monkeypatch)
+    waiter, woke = _waiting(first, 1)
     with second.deferring_wakes():
         with second.deferring_wakes():  # nested: still owed to the outermost block
             assert second.ring(0, NEGOTIATE) == NEGOTIATE
             assert second.ring(1, b"unit@1") == b"unit@1"
         assert wakes == []
-    assert wakes.count(second._word_address) == 1  # and the callers' word once
+    assert wakes == [second._word_address]  # once; no caller sleeps on the callers' word
     waiter.join(10.0)
     assert woke == [b"unit@1"]
+    waiter, woke = _waiting(first, 2)
     second.ring(2, NEGOTIATE)  # outside a block: at once
-    assert wakes.count(second._word_address) == 2
+    assert wakes == [second._word_address] * 2
+    waiter.join(10.0)
+    assert woke == [NEGOTIATE]
+
+
+def test_a_ring_wakes_only_the_words_a_thread_sleeps_on(tmp_path, monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes = _recorded_wakes(monkeypatch)
+    second.ring(0, NEGOTIATE)
+    assert wakes == []  # nobody sleeps: no system call
+    caller, woke = _waiting(first, 1, caller=True)
+    second.ring(1, NEGOTIATE)
+    caller.join(10.0)
+    assert woke == [NEGOTIATE] and wakes == [second._callers_address]
+    engine, woke = _waiting(second, 2)
+    first.ring(2, NEGOTIATE)  # a rank's own engine is woken alike
+    engine.join(10.0)
+    assert woke == [NEGOTIATE] and wakes[1:] == [first._word_address]
+
+
+def test_a_waiter_going_to_sleep_as_the_ring_comes_never_misses_it(tmp_path):
+    import multiprocessing
+
+    first, second = shm_doorbells(tmp_path)
+    rounds = 400
+
+    def ring_each() -> None:  # rank 1, in a process of its own
+        for round_ in range(rounds):
+            # Around the waiter's switch from spinning to sleeping (20 µs), and well past it.
+            until = time.perf_counter() + (round_ % 40) * 2e-6 + (round_ % 7 == 0) * 1e-3
+            while time.perf_counter() < until:
+                pass
+            second.ring(round_, b"u@%d" % round_)
+            deadline = time.monotonic() + 20.0
+            while second._progress[0] < round_:  # rank 0 took this round's bell
+                if time.monotonic() > deadline:
+                    os._exit(3)
+        os._exit(0)
+
+    ringer = multiprocessing.get_context("fork").Process(target=ring_each)
+    ringer.start()
+    waits = []
+    try:
+        for round_ in range(rounds):
+            start = time.monotonic()
+            bell = first.wait(round_, 10.0, claimed=round_ % 2 == 0)
+            waits.append((bell, time.monotonic() - start))
+            if waits[-1][1] > 5.0:
+                break  # missed: the rest would each wait the whole timeout too
+    finally:
+        ringer.join(30.0)
+        ringer.kill()
+    assert max(took for _, took in waits) < 5.0  # a missed wake-up sleeps the whole 10 s
+    assert [bell for bell, _ in waits] == [b"u@%d" % r for r in range(rounds)]
+    assert ringer.exitcode == 0
 
 
 def test_a_ring_of_a_unit_every_rank_claimed_wakes_only_the_callers(tmp_path, monkeypatch):
     first, second = shm_doorbells(tmp_path)
-    wakes: list[int] = []
-    wake = shm_doorbell.futex.wake
-    monkeypatch.setattr(shm_doorbell.futex, "wake", lambda address: (wakes.append(address),
-                                                                     wake(address))[1])
+    wakes = _recorded_wakes(monkeypatch)
     engines, callers = second._word_address, second._callers_address
     first.claim(3, "k")
     second.claim(3, "k")
-    woke: list[bytes | None] = []
-    caller = threading.Thread(target=lambda: woke.append(first.wait(3, 30.0, claimed=True)))
-    caller.start()
+    engine, _ = _waiting(first, 3)
+    caller, woke = _waiting(first, 3, caller=True)
     second.ring(3, b"k@1")
     caller.join(10.0)
     assert woke == [b"k@1"]
     assert wakes == [callers]  # the engines sleep on: their callers run the round
     first.unclaim(wake=False)
     second.unclaim(wake=False)
+    caller, _ = _waiting(first, 4, caller=True)
     second.ring(4, b"k@2")  # claimed by nobody
+    for thread in (engine, caller):  # woken, the engine finds round 3 rung
+        thread.join(10.0)
     assert wakes[1:] == [callers, engines]
     first.claim(5, "k")
     second.claim(5, "other")
+    engine, _ = _waiting(first, 5)
+    caller, _ = _waiting(first, 5, caller=True)
     second.ring(5, b"k@3")  # rank 1 claimed another unit: its engine must run this round
     assert wakes[3:] == [callers, engines]
     first.unclaim(wake=True)  # a caller that gives its round back wakes the engines
     assert wakes[5:] == [first._word_address]
+    for thread in (engine, caller):
+        thread.join(10.0)
 
 
 def test_a_wait_for_a_round_long_past_returns_at_once(tmp_path):
