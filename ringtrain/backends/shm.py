@@ -20,10 +20,11 @@ and the others' pieces copied straight out of their owners' slots into the tenso
 (``torch.cat`` and ``torch.split_with_sizes_copy``, one call per slot), so no fusion buffer and no
 copies into and out of one are needed.
 
-A small allreduce (up to :data:`ONE_STEP_BYTES`) instead takes one wait: each member copies its
-whole tensor into its slot, waits for everyone, and reduces all the slots into its tensor itself,
-in member order (so every member gets the same bits). Each member then reduces everything, but
-for a few KiB that costs less than a second wait for the slowest member.
+A small allreduce (up to :data:`ONE_STEP_BYTES`, or more among few members: see
+:func:`_one_step`) instead takes one wait: each member copies its whole tensor into its slot,
+waits for everyone, and reduces all the slots into its tensor itself, in member order (so every
+member gets the same bits). Each member then reduces everything, but for a few KiB that costs
+less than a second wait for the slowest member.
 
 No member leaves a collective before every member has entered it (an empty tensor still takes a
 step, a broadcast's root waits for the others to arrive): the engine counts on a collective of
@@ -42,8 +43,10 @@ from ringtrain.backends.shm_segment import Segment
 from ringtrain.op_types import ReduceOp
 
 _HALF = (torch.float16, torch.bfloat16)
-#: Allreduces up to this size take one wait, every member reducing the whole tensor.
+#: Allreduces up to this size take one wait, every member reducing the whole tensor...
 ONE_STEP_BYTES = 64 << 10
+#: ...and larger ones too while each member reads at most this much to reduce them all.
+ONE_STEP_READ_BYTES = 512 << 10
 #: Small allreduces keep the slot views of this many (dtype, buffer, size) at most.
 _SMALL_VIEWS = 256
 #: Reductions of two tensors into a third.
@@ -111,7 +114,7 @@ class ShmGroup:
         flat = tensor if tensor.dim() == 1 else tensor.view(-1)
         cap = seg.step_elements(flat.dtype)
         m = flat.numel()
-        if m <= cap and m * flat.element_size() <= ONE_STEP_BYTES:
+        if m <= cap and _one_step(m * flat.element_size(), n):
             step, buf = seg.begin("allreduce")
             pieces = self._pieces(flat.dtype, buf, m)
             pieces[me].copy_(flat)
@@ -154,7 +157,7 @@ class ShmGroup:
         dtype = tensors[0].dtype
         cap = seg.step_elements(dtype)
         total = flats.numel
-        if total <= cap and total * tensors[0].element_size() <= ONE_STEP_BYTES:
+        if total <= cap and _one_step(total * tensors[0].element_size(), self.n):
             step, buf = seg.begin("allreduce")
             slots = seg.slots(dtype, buf)
             if total:
@@ -341,6 +344,13 @@ class _Concatenation:
             pieces[0].copy_(source)
         else:
             torch.split_with_sizes_copy(source, [p.numel() for p in pieces], out=pieces)
+
+
+def _one_step(nbytes: int, n: int) -> bool:
+    """Whether an allreduce of ``nbytes`` among ``n`` members takes one wait. Among few members
+    a second wait (for the slowest member, woken or scheduled late) costs more than reducing a
+    few hundred KiB; among many, each member would read too much."""
+    return nbytes <= ONE_STEP_BYTES or nbytes * n <= ONE_STEP_READ_BYTES
 
 
 def _starts(length: int, cap: int) -> range:

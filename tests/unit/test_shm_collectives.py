@@ -119,6 +119,37 @@ def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n, len
                 assert torch.equal(results[i][dtype, op], want), (dtype, op, i)
 
 
+@pytest.mark.parametrize("n, phases", [(2, [1, 3]), (3, [1, 2, 3])])
+def test_a_few_hundred_kib_take_one_wait_among_few_members(tmp_path, n, phases):
+    # 48 Ki elements: 192 KiB of float32, 96 KiB of float16, each a slot's step of 1 MiB. Two
+    # members read 384 KiB to reduce it all in one wait; three would read 576 KiB: two waits.
+    length = 48 << 10
+    groups = [ShmGroup(s) for s in _segments(tmp_path, n, slot=1 << 20)]
+    published: list[list[int]] = [[] for _ in range(n)]
+    for i, group in enumerate(groups):
+        publish = group.segment.publish
+        group.segment.publish = (  # type: ignore[method-assign]
+            lambda step, phase, _i=i, _publish=publish: (published[_i].append(phase),
+                                                         _publish(step, phase))[1])
+    cases = [(dtype, op) for dtype in (torch.float32, torch.float16, torch.int64)
+             for op in _OPS]
+
+    def work(i: int) -> dict:
+        out = {}
+        for dtype, op in cases:
+            t = _input(dtype, i, length)
+            groups[i].allreduce_(t, op)
+            out[dtype, op] = t
+        return out
+
+    results = _together(n, work)
+    for dtype, op in cases:
+        want = _expected(dtype, op, n, length)
+        for i in range(n):
+            assert torch.equal(results[i][dtype, op], want), (dtype, op, i)
+    assert published[0][:len(phases)] == phases
+
+
 def test_half_precision_sums_in_fp32(tmp_path):
     # 2048 + 1 + 1 in fp16 step by step is 2048 (2049 is not representable); in fp32, 2050.
     groups = [ShmGroup(s) for s in _segments(tmp_path, 3)]
