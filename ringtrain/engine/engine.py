@@ -134,6 +134,9 @@ class Engine:
                              between rounds): a round stuck past the    the watch reads it
                              stall shutdown time looks for stopped
                              peers (see liveness)
+    ``_negotiating``         the round in progress is a negotiation:    engine, without the lock;
+                             once drained, the watch leaves the         the watch reads it
+                             requests it took to it
     ``_waiters``             threads blocked with no timeout on a       callers, entering and
                              handle, with how many such waits each      leaving waits (``_lock``)
     ``_awaited``             handles such threads are blocked on        callers (``_lock``)
@@ -189,6 +192,7 @@ class Engine:
         self._liveness = Liveness(self.rank, self.size, doorbell, clock)
         self._peers = Peers(self.rank, peers)
         self._round_since: float | None = None
+        self._negotiating = False  # the round in progress is a negotiation
         self._lock = threading.Lock()
         self._queue: collections.deque[Request] = collections.deque()
         self._pending: dict[str, Request] = {}
@@ -546,6 +550,7 @@ class Engine:
         """Run round ``_round`` (its bell read) and move on to the next; False once every rank
         must stop. The calling thread holds the turn."""
         self._round_since = self._clock()
+        self._negotiating = bell == NEGOTIATE
         if bell == NEGOTIATE:
             self._gather()
             if self._cycle() is None:
@@ -553,6 +558,7 @@ class Engine:
         else:
             self._unit_round(bell.decode())
         self._round_since = None
+        self._negotiating = False
         with self._lock:
             self._round += 1
             self._drained = False
@@ -593,7 +599,14 @@ class Engine:
             try:
                 with self._lock:
                     waiting = list(self._pending.values()) + list(self._queue)
-                    if waiting and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S:
+                    # Not while a negotiation round that took every waiting request runs: it
+                    # decides them, and a ring now would add a round after it in which this
+                    # rank might offer its peers' next submissions before they make them (a
+                    # round that splits what one round would have fused); the next probe rings
+                    # for whatever still waits.
+                    decided_now = self._negotiating and self._drained and not self._queue
+                    if (waiting and not decided_now
+                            and self._clock() - min(r.submitted_at for r in waiting) > _PROBE_S):
                         self._ring_locked(NEGOTIATE)
                 if waiting or self._round_since is not None:
                     _reach_store(self._liveness.beat)

@@ -161,6 +161,36 @@ def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds
     assert world.completed["allreduce"] == 4  # each step: one round, both names fused
 
 
+def test_the_watch_rings_no_round_for_requests_a_negotiation_in_progress_took(
+        start_engines, clock):
+    # Rank 1's negotiation round is held inside its control collective while the requests it
+    # took grow old: the watches must leave them to it, not ring another round behind it (in
+    # which a rank could offer its peers' next submissions before they make them).
+    world, engines = start_engines(2, probe_s=0.01)
+    sum_ones(engines, ("held.x",))
+    held, entered = threading.Event(), threading.Event()
+    backend = world.backend(1)
+
+    def holding(counts, _original=backend.control_allreduce):
+        entered.set()
+        assert held.wait(WAIT_S), "the test never released the round"
+        return _original(counts)
+
+    backend.control_allreduce = holding  # type: ignore[method-assign]
+    negotiations = world.completed["control_allreduce"]
+    rounds = len(world.doorbell.bells())
+    handles = [submit(e, "held.y", torch.ones(1)) for e in engines]  # new: negotiated
+    assert entered.wait(WAIT_S)
+    clock.advance(1.0)  # the requests are old: a watch between rounds would ring now
+    wait_until(lambda: all(not e._queue and e._drained for e in engines),
+               "both rounds took their requests")
+    threading.Event().wait(0.1)  # ten probes of the watches
+    held.set()
+    assert results(handles) == [[2.0], [2.0]]
+    assert len(world.doorbell.bells()) == rounds + 1
+    assert world.completed["control_allreduce"] == negotiations + 1
+
+
 def test_a_process_set_runs_among_its_members_and_its_units_leave_the_others_idle(
         start_engines):
     world, engines = start_engines(3)
