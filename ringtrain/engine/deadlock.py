@@ -15,7 +15,9 @@ every minute and wait; here every such operation fails, on every rank that submi
 Pure: every rank runs :func:`find` on the same gathered metas and gets the same responses. Only
 ranks seen blocked in the same state in two consecutive negotiation rounds count as blocked (the
 engine's job), so a thread that leaves a wait between rounds (a timeout, a signal handler) is
-never taken for blocked.
+never taken for blocked; a rank waiting in ``join`` counts from the first round that sees it
+wait there (a joined rank submits nothing more), so that a join waiting for ranks found
+deadlocked fails with them even when it began waiting between those two rounds.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def find(metas_by_rank: Sequence[Sequence[RequestMeta]], decision: Decision,
         when no rank is deadlocked.
     """
     world = len(metas_by_rank)
+    blocked = set(blocked) | {r for r, metas in enumerate(metas_by_rank)
+                              if any(m.op is OpType.JOIN and m.waited for m in metas)}
     if not blocked or decision.join_done is not None:
         return []
     decided = {response.name for response in decision.responses}

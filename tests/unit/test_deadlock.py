@@ -78,6 +78,10 @@ def test_join_waits_on_the_ranks_that_have_not_joined():
     assert failed(join, [0, 1, 2]) == {"a": [1], "b": [2], "join": [0]}
     responses = find(join, decide(join), [0, 1, 2])
     assert "rank 0 waits for join() (not submitted by rank(s) [1, 2])" in responses[0].error
+    # a join waited on since the previous round only still fails with the ranks it waits for
+    assert failed(join, [1, 2]) == {"a": [1], "b": [2], "join": [0]}
+    unwaited = [[meta("join", 0, (0, 1, 2), OpType.JOIN, waited=False)], *join[1:]]
+    assert failed(unwaited, [1, 2]) == {"a": [1], "b": [2]}  # nobody waits on that join
     # a joined rank stands in for an allreduce: it runs, nobody is deadlocked
     stand_in = [[meta("join", 0, op=OpType.JOIN)], [meta("a", 1)]]
     assert failed(stand_in, [0, 1]) == {}
