@@ -157,7 +157,7 @@ class ShmGroup:
         dtype = tensors[0].dtype
         cap = seg.step_elements(dtype)
         total = flats.numel
-        if total <= cap and _one_step(total * tensors[0].element_size(), self.n):
+        if total <= cap and _one_step(total * tensors[0].element_size(), n):
             step, buf = seg.begin("allreduce")
             slots = seg.slots(dtype, buf)
             if total:

@@ -149,8 +149,8 @@ class ShmDoorbell:
         self._header = data[:_LINE].data.cast("q")
         self._progress = data[_LINE:_LINE + size * 8].data.cast("q")
         self._claims = data[_claims_offset(size):_claims_offset(size) + size * 16].data.cast("q")
-        self._sleepers = data[_sleepers_offset(size):_sleepers_offset(size) + size * 16].data.cast(
-            "q")
+        sleepers = _sleepers_offset(size)
+        self._sleepers = data[sleepers:sleepers + size * 16].data.cast("q")
         self._bell_bytes = data[_bells_offset(size):_counters_offset(size)].data
         self._bell_words = self._bell_bytes.cast("q")
         counters = data[_counters_offset(size):bytes_needed(size)].data

@@ -121,8 +121,9 @@ def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n, len
 
 @pytest.mark.parametrize("n, phases", [(2, [1, 3]), (3, [1, 2, 3])])
 def test_a_few_hundred_kib_take_one_wait_among_few_members(tmp_path, n, phases):
-    # 48 Ki elements: 192 KiB of float32, 96 KiB of float16, each a slot's step of 1 MiB. Two
-    # members read 384 KiB to reduce it all in one wait; three would read 576 KiB: two waits.
+    # 48 Ki elements in slots of 1 MiB: 192 KiB of float32, which two members reduce in one
+    # wait (each reads 384 KiB) and three in two (576 KiB); float16 (96 KiB) takes one wait
+    # either way, int64 (384 KiB) two.
     length = 48 << 10
     groups = [ShmGroup(s) for s in _segments(tmp_path, n, slot=1 << 20)]
     published: list[list[int]] = [[] for _ in range(n)]
