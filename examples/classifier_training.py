@@ -4,7 +4,6 @@ of a worker, one training epoch and the evaluation, with metrics averaged over a
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +17,6 @@ import ringtrain.torch as hvd
 def init_worker(seed: int) -> torch.device:
     """``hvd.init()``, a fair share of the host's cores, this rank's device and seed."""
     hvd.init()
-    # Processes on one host share its cores; more threads than cores only adds contention.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // hvd.local_size()))
     # Each rank its own dropout and augmentation; the broadcast of rank 0's weights follows.
     torch.manual_seed(seed + hvd.rank())
     if torch.cuda.is_available():

@@ -144,9 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     hvd.init()
-    # Processes on one host share its cores; more threads than cores only adds contention.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // hvd.local_size()))
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
         device = torch.device("cuda", hvd.local_rank())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import timeit
 
 import numpy as np
@@ -52,8 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
         device = torch.device("cuda", hvd.local_rank())
     else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(max(1, (cores or 1) // hvd.local_size()))
         device = torch.device("cpu")
 
     model = vision_model(args.model, num_classes=args.num_classes).to(device)

@@ -200,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     hvd.init()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // hvd.local_size()))
     # Each rank its own flips; the broadcast below makes the initial weights rank 0's.
     torch.manual_seed(args.seed + hvd.rank())
 
