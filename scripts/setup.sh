@@ -18,8 +18,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
   echo "setup: apt-get install ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Another apt-get (an unattended upgrade, a second set-up) may hold apt's locks: wait for
+  # them, up to 10 minutes, instead of failing at once. install waits by itself; update does not
+  # (it gives up on the lists' lock at once), so it is tried again while that is the error.
+  for attempt in $(seq 120); do
+    if err=$(apt-get update -qq 2>&1 >/dev/null); then break; fi
+    if [[ $err != *"Could not get lock"* || $attempt == 120 ]]; then echo "$err" >&2; exit 1; fi
+    [ "$attempt" != 1 ] || echo "setup: another apt-get holds its lock; waiting (up to 10 min)"
+    sleep 5
+  done
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    "${missing[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
