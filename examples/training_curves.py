@@ -48,7 +48,9 @@ class TrainingCurves:
             return
         now = time.perf_counter()
         w = self.writer
-        w.add_scalar("train/loss", float(loss), self.steps)
+        # A loss tensor still holds its graph: its value without it (float() would warn).
+        value = loss.detach().item() if hasattr(loss, "detach") else float(loss)
+        w.add_scalar("train/loss", value, self.steps)
         w.add_scalar("train/lr", optimizer.param_groups[0]["lr"], self.steps)
         w.add_scalar("train/images_per_s", self._images * hvd.size() / (now - self._since),
                      self.steps)

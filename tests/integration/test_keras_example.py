@@ -18,6 +18,8 @@ from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "keras_cifar_cnn.py"
 RINGTRAIN = str(Path(sys.executable).with_name("ringtrain"))
+#: Training images of the quality run, and the test accuracy it must reach.
+TRAIN_IMAGES, KERAS_FLOOR = 4096, 0.6
 COLLECTIVES = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER"}
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / "train-images-idx3-ubyte.gz").exists(),
@@ -42,26 +44,29 @@ def _report(stdout: str) -> dict:
 
 @needs_data
 @pytest.mark.slow
-def test_two_workers_under_horovod_compat(tmp_path):
+def test_two_workers_under_horovod_compat_learn_fashion_mnist(tmp_path):
     out, timeline = tmp_path / "out", tmp_path / "timeline.json"
     result = subprocess.run(
         [RINGTRAIN, "run", "--horovod-compat", "-np", "2", "--timeline-filename", str(timeline),
-         sys.executable, str(EXAMPLE), "--hvd", "horovod", "--epochs", "2", "--limit-train",
-         "256", "--limit-val", "128", "--lr", "1e-3", "--output-dir", str(out)],
+         sys.executable, str(EXAMPLE), "--hvd", "horovod", "--epochs", "4", "--limit-train",
+         str(TRAIN_IMAGES), "--limit-val", "1000", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=400, env=_env(), check=False)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     report = _report(result.stdout)
-    # Horovod's recipe: 2 epochs of one worker are ceil(2 / 2) = 1 epoch on each of two
-    assert (report["world_size"], report["epochs"], report["train_images"]) == (2, 1, 256)
-    assert 0 <= report["test_accuracy"] <= 1
-    # rank 0 alone wrote the checkpoint and the model (the other rank's would clash)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1.keras", "model.json",
-                                                     "model.keras"]
+    # Horovod's recipe: 4 epochs of one worker are ceil(4 / 2) = 2 epochs on each of two
+    assert (report["world_size"], report["epochs"], report["train_images"]) == (
+        2, 2, TRAIN_IMAGES)
+    # The tutorial's own learning rate (1e-4 x 2 workers); benchmarks/RESULTS.md ("Quality
+    # floors") has the accuracies measured with this command. Chance is 0.1.
+    assert report["test_accuracy"] >= KERAS_FLOOR, report
+    # rank 0 alone wrote the checkpoints and the model (the other rank's would clash)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1.keras", "checkpoint-2.keras",
+                                                     "model.json", "model.keras"]
     events = json.loads(timeline.read_text())
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     collectives = [rows[e["tid"]] for e in events
                    if e.get("ph") == "X" and e.get("name") in COLLECTIVES]
-    steps = 256 // 32  # every worker trains on the whole (limited) set, batch 32
+    steps = 2 * TRAIN_IMAGES // 32  # every worker trains on the whole (limited) set, batch 32
     gradients = [r for r in collectives if r.startswith("DistributedRMSprop.")]
     once = [r for r in collectives if r.startswith("BroadcastGlobalVariables.")]
     # the tutorial CNN's 12 gradients: one bucket, one collective per step; besides it only the
