@@ -2,7 +2,10 @@
 
 The CLI needs no set-up: with no server running for ``RINGTRAIN_HOME`` it starts one as a
 detached process (its own session, output in ``server.log``), which outlives the CLI and keeps
-supervising jobs until ``ringtrain server stop``.
+supervising jobs until ``ringtrain server stop``. Starting one says so on stderr, and says when
+the home is new and which other homes have a server (:mod:`ringtrain.jobs.known_homes`): a
+command run with another ``RINGTRAIN_HOME`` than the one that holds the jobs must not look like
+a service that lost them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ringtrain.jobs import envvars
 from ringtrain.jobs.client import JobsClient
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
 from ringtrain.jobs.home import Home, service_token, service_url
+from ringtrain.jobs.known_homes import elsewhere_hint, remember
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.proc_stat import is_alive
 
@@ -60,6 +64,7 @@ def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
             the end of ``server.log``.
     """
     home.ensure()
+    remember(home)
     with open(home.server_log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ringtrain.cli", "server"],
@@ -101,9 +106,15 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
         # The home's server now: after a restart it may listen on another port.
         info = running_server(home)
         if info is None:
+            hint = elsewhere_hint(home)
             if not autostart:
-                raise ServiceUnavailableError(f"no job server runs for {home.root}")
+                raise ServiceUnavailableError(f"no job server runs for {home.root}"
+                                              + (f"; {hint}" if hint else ""))
+            new = not home.db_path.exists()
             info = start_server(home)
+            print(f"ringtrain: started the job service for {home.root} (pid {info.pid}; log "
+                  f"{home.server_log})" + ("; a new home: no clusters or jobs yet" if new else "")
+                  + (f". {hint[0].upper()}{hint[1:]}" if hint else ""), file=sys.stderr)
         return info.url, token or info.token
 
     return JobsClient(*locate(), locate=locate)

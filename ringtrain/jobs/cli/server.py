@@ -10,6 +10,7 @@ from pathlib import Path
 from ringtrain.jobs.cli import output
 from ringtrain.jobs.connect import running_server, start_server, stop_server
 from ringtrain.jobs.home import Home, service_token
+from ringtrain.jobs.known_homes import remember
 from ringtrain.jobs.server_info import ServerInfo
 
 
@@ -39,7 +40,9 @@ def _serve(args: argparse.Namespace) -> int:
     from ringtrain.jobs.server import serve
 
     logging.getLogger("ringtrain").setLevel(logging.INFO)
-    serve(Home.from_environ(), args.host, args.port, args.token or service_token(),
+    home = Home.from_environ()
+    remember(home)
+    serve(home, args.host, args.port, args.token or service_token(),
           args.public_host, args.ray_node_ip)
     return 0
 
