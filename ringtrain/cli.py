@@ -27,7 +27,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 #: The optional extra (pyproject.toml) that brings each top-level package a command may import.
 _EXTRA_OF_PACKAGE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "pydantic", "httpx", "pathspec",
-                     "swagger_ui_bundle", "prometheus_client"), "jobs"),
+                     "fastapi_offline", "prometheus_client"), "jobs"),
     **dict.fromkeys(("torchvision", "PIL", "pycocotools", "matplotlib", "simplejpeg", "tqdm"),
                     "vision"),
     "ray": "ray", "keras": "keras", "bayes_opt": "autotune", "tensorboard": "tensorboard",

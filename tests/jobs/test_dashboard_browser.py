@@ -172,3 +172,30 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     page.wait_for_selector("#deployments .panel")
     page.screenshot(path=str(artifacts / "deployments.png"), full_page=True)
     assert problems == [], "\n".join(problems)
+
+
+def test_the_api_docs_render_every_operation_offline(service: JobsClient, browser: Any,
+                                                     artifacts: Path) -> None:
+    # FastAPI writes OpenAPI 3.1, which Swagger UI before 5 cannot render ("Unable to render
+    # this definition"): assets that load are not enough, the operations must be listed.
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+
+    def only_the_service(route: Any) -> None:
+        if route.request.url.startswith(service.url):
+            route.continue_()
+        else:  # a CDN: the page must work offline
+            problems.append(f"request off the service: {route.request.url}")
+            route.abort()
+
+    page.route("**/*", only_the_service)
+    page.goto(service.dashboard_url().replace("/dashboard", "/docs"))
+    page.wait_for_selector(".opblock")
+    text = page.inner_text("body")
+    paths = page.eval_on_selector_all(".opblock-summary-path",
+                                      "nodes => nodes.map(n => n.textContent.trim())")
+    page.screenshot(path=str(artifacts / "api-docs.png"), full_page=True)
+    assert "Unable to render" not in text
+    assert len(paths) >= 20 and "/v1/jobs" in paths and "/v1/clusters" in paths, paths
+    assert problems == [], "\n".join(problems)

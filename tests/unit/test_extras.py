@@ -12,7 +12,7 @@ import textwrap
 _BLOCK = textwrap.dedent("""
     import importlib.abc, sys
     BLOCKED = {"fastapi", "starlette", "uvicorn", "pydantic", "httpx", "pathspec",
-               "swagger_ui_bundle", "prometheus_client", "torchvision", "PIL", "pycocotools",
+               "fastapi_offline", "prometheus_client", "torchvision", "PIL", "pycocotools",
                "matplotlib", "simplejpeg", "ray", "keras"}
 
     class Blocker(importlib.abc.MetaPathFinder):
