@@ -108,8 +108,14 @@ def main(argv: list[str]) -> int:
             threads=args.threads)
         with ExitStack() as stack:
             model = _model_path(args, stack)
-            serve(model, config, on_ready=lambda url: _announce(
-                url, model, config.model_name, args.ready_file))
+
+            def ready(url: str) -> None:
+                # The model is in memory by now: a fetched copy goes at once, since a stop
+                # signal ends the process (uvicorn re-raises it) before any `finally` could.
+                stack.close()
+                _announce(url, model, config.model_name, args.ready_file)
+
+            serve(model, config, on_ready=ready)
     except (RingtrainError, OSError) as e:
         print(f"ringtrain serve: {e}", file=sys.stderr)
         return 2

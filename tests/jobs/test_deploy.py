@@ -218,6 +218,29 @@ def test_serve_job_id_fetches_the_model_and_names_a_port_in_use(trained: tuple[H
     assert result.returncode == 2 and "no job with id 'nosuch-abcdef'" in result.stderr
 
 
+def test_serve_job_id_leaves_no_copy_of_the_model_after_sigterm(trained: tuple[Home, str],
+                                                               tmp_path: Path) -> None:
+    home, job_id = trained
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "RINGTRAIN_HOME": str(home.root), "TMPDIR": str(scratch),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ringtrain.cli", "serve", job_id, "--port",
+                             "0", "--ready-file", str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready.exists, timeout_s=120)
+        url = json.loads(ready.read_text())["url"]
+        assert httpx.get(f"{url}/v2/health/ready", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert f"fetched the model of job {job_id}" in out, err
+    assert list(scratch.iterdir()) == []  # the fetched copy is gone
+
+
 def test_a_replica_that_cannot_load_the_model_fails_the_deployment_and_says_why(
         trained: tuple[Home, str], cli: CLI, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
