@@ -41,6 +41,7 @@ from ringtrain.jobs.executors.records import (
     read_result,
 )
 from ringtrain.jobs.job_folder import JobFolder, prep_log_path, rank_log_path
+from ringtrain.runner.threads import LOCAL_SIZE_VAR, default_threads_environ
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: An elastic attempt's node N is the host ``nodeN.localhost`` (a name of this machine, RFC 6761)
@@ -122,12 +123,14 @@ class JobRunner:
         outcome is the attempt's, unless another node failed by itself."""
         launch = self.launch
         endpoint = f"127.0.0.1:{_free_port()}"
+        ranks = launch.node_count * launch.process_count_per_node
+        env = os.environ | machine_threads_environ(ranks)
         children = []
         for k in range(launch.node_count):
             argv = node_argv(launch.runner, self.job_dir, k, launch.node_count,
                              launch.process_count_per_node, endpoint, launch.command)
             try:
-                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env))
             except OSError as e:
                 for child in children:  # the nodes started so far wait for this one
                     child.terminate()
@@ -153,6 +156,8 @@ class JobRunner:
         endpoint = f"127.0.0.1:{_free_port()}"
         running: dict[int, subprocess.Popen] = {}  # by cluster node index
         started = 0  # node ranks given so far: a node offered again joins as a new one
+        # Sized for the most nodes the attempt may have, so that no number of them oversubscribes.
+        env = os.environ | machine_threads_environ(launch.max_nodes * launch.process_count_per_node)
 
         def start(index: int) -> None:
             nonlocal started
@@ -160,7 +165,7 @@ class JobRunner:
                              launch.process_count_per_node, endpoint, launch.command,
                              node_range, name=_NODE_HOST.format(index))
             started += 1
-            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
             self._children = list(running.values())
 
         first = launch.nodes[0]
@@ -230,6 +235,20 @@ class JobRunner:
             print(f"job runner: killed {left} processes the job left running", file=sys.stderr)
         self.status(Phase.EXITED, code, message)
         return code
+
+
+def machine_threads_environ(ranks: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for an attempt whose ``ranks`` all run on this machine, whatever the
+    nodes they are split into: the machine's cores shared by all of them (each node's
+    ``ringtrain run`` alone would give its few ranks every core, and the nodes together would run
+    more busy threads than there are cores). ``{}`` when the job's environment sets it; a line in
+    the runner's log says what was chosen.
+    """
+    chosen = default_threads_environ({**os.environ, LOCAL_SIZE_VAR: str(ranks)})
+    if chosen:
+        print(f"jobrunner: each rank gets OMP_NUM_THREADS={next(iter(chosen.values()))}: this "
+              f"machine's cores / the attempt's {ranks} rank(s) on it", flush=True)
+    return chosen
 
 
 def node_argv(runner: Sequence[str], job_dir: Path, node: int, node_count: int,
