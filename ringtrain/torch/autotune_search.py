@@ -75,6 +75,13 @@ class Search:
                  "cycle": _clip(math.log2(max(setting.cycle_time_ms, 1e-3)), _CYCLE_LOG2_MS)}
         if self._threads > 1:
             point["threads"] = float(min(max(setting.threads, 1), self._threads))
+        # A setting measured again is a second sample of a noisy score, which the process
+        # model should keep; the library takes a repeated point but prints a red line on the
+        # training's stdout for it, so a repeat is registered a hair's breadth away instead.
+        low, high = _BUCKET_LOG2_MB
+        inward = 1e-9 if point["bucket"] < (low + high) / 2 else -1e-9  # stays inside the bounds
+        while self._bo.space.params_to_array(point) in self._bo.space:
+            point["bucket"] += inward
         self._bo.register(params=point, target=score)
         self.samples.append((setting, score))
 

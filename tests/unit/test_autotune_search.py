@@ -80,3 +80,13 @@ def test_autotune_settings_travel_to_the_workers():
                          autotune=AutotuneConfig("t.csv", 1, 4, 9, 0.25))
     assert read_engine_config(engine_environ(knobs)) == knobs
     assert read_engine_config(engine_environ(EngineConfig())) == EngineConfig()
+
+
+def test_a_setting_measured_again_is_kept_as_a_sample_and_prints_nothing(capsys) -> None:
+    search = Search(max_threads=2, noise=0.01)
+    setting = Setting(64.0, 32.0, 2)  # the upper corner: a repeat must stay inside the bounds
+    for score in (10.0, 11.0, 12.0):
+        search.register(setting, score)
+    assert len(search._bo.space) == 3 and len(search.samples) == 3
+    assert capsys.readouterr().out == ""  # the library's red "is not unique" line
+    assert isinstance(search.suggest(), Setting)
