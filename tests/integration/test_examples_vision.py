@@ -122,6 +122,7 @@ def test_retinanet_recipes_share_the_batch_or_scale_the_learning_rate() -> None:
 @needs_deepforest
 @needs_vision
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 40 epochs: over two minutes alone, more beside the other tests
 def test_retinanet_default_recipe_on_two_workers_reaches_its_map_floor(tmp_path: Path) -> None:
     # The README's data and command, scored once at the end (--eval-every past the last epoch).
     data = tmp_path / "trees"
