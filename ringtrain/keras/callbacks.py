@@ -8,6 +8,9 @@
 - :class:`LearningRateWarmupCallback`: from ``initial_lr / size`` to ``initial_lr`` over the
   warmup epochs (Goyal et al., "Accurate, Large Minibatch SGD").
 - :class:`BestModelCheckpoint`: ``ModelCheckpoint`` keeping only the best model.
+- :class:`TensorBoard` (ringtrain's): the training curves as TensorBoard event files, written
+  by rank 0 without TensorFlow (Keras' own callback needs it), which the job service's
+  dashboard draws.
 """
 
 from __future__ import annotations
@@ -263,3 +266,57 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
                          save_best_only=True, save_weights_only=save_weights_only, mode=mode,
                          save_freq=save_freq)
+
+
+class TensorBoard(keras.callbacks.Callback):
+    """Rank 0 writes ``fit``'s metrics to TensorBoard event files in ``log_dir``.
+
+    Keras' ``TensorBoard`` callback writes through TensorFlow, which a Keras 3 on torch does not
+    have; this one writes the same files through ``torch.utils.tensorboard`` (the
+    ``tensorboard`` package, ``pip install 'ringtrain[tensorboard]'``). Every epoch's logs
+    (``loss``, ``accuracy``, ``val_*``, ...) go to ``epoch/<name>`` at the epoch's number, and
+    every ``update_freq`` batches the batch's logs to ``train/<name>`` at the step, with the
+    optimizer's learning rate as ``train/lr``. Other ranks write nothing.
+
+    Args:
+        log_dir: The folder of the event files (created); in a job, under its outputs, where
+            the dashboard finds them.
+        update_freq: Batches between ``train/*`` points; 0 for epoch points only.
+
+    Raises:
+        ImportError: The ``tensorboard`` package is not installed.
+        ValueError: ``update_freq`` is negative.
+    """
+
+    def __init__(self, log_dir: str = "logs", update_freq: int = 20) -> None:
+        super().__init__()
+        if update_freq < 0:
+            raise ValueError(f"update_freq must be 0 or more (got {update_freq})")
+        self.update_freq = update_freq
+        self._step = 0
+        self._writer: Any = None
+        if runtime.rank() == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir, flush_secs=2)
+
+    def _scalars(self, prefix: str, logs: dict[str, Any] | None, step: int) -> None:
+        for name, value in (logs or {}).items():
+            if _is_number(value):
+                self._writer.add_scalar(f"{prefix}/{name}", float(value), step)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._step += 1
+        if self._writer is None or not self.update_freq or self._step % self.update_freq:
+            return
+        self._scalars("train", logs, self._step)
+        self._writer.add_scalar("train/lr", _get_lr(self.model.optimizer), self._step)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is not None:
+            self._scalars("epoch", logs, epoch + 1)
+            self._writer.flush()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -146,7 +146,9 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
     def model_metadata(name: str) -> ModelMetadata:
         check_model(name)
         return ModelMetadata(
-            name=name, versions=["1"], platform="pytorch", task=predictor.info.task,
+            name=name, versions=["1"],
+            platform="keras" if predictor.info.arch == "keras" else "pytorch",
+            task=predictor.info.task,
             classes=predictor.info.classes,
             inputs=[TensorSpec(name="input", datatype="FP32", shape=[-1, *predictor.item_shape])],
             outputs=[TensorSpec(**spec) for spec in predictor.output_specs()])

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("ringtrain.keras")  # keras on torch, or skip
 from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR
+from ringtrain.jobs.monitor.tfevents import EventFileReader
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "keras_cifar_cnn.py"
@@ -61,7 +62,13 @@ def test_two_workers_under_horovod_compat_learn_fashion_mnist(tmp_path):
     assert report["test_accuracy"] >= KERAS_FLOOR, report
     # rank 0 alone wrote the checkpoints and the model (the other rank's would clash)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1.keras", "checkpoint-2.keras",
-                                                     "model.json", "model.keras"]
+                                                     "model.json", "model.keras", "tb"]
+    # its training curves, as the job service's dashboard reads them
+    (events,) = (out / "tb").glob("*tfevents*")
+    points = [(s.tag, s.step) for s in EventFileReader(events).read()]
+    assert {("epoch/val_accuracy", 1), ("epoch/val_accuracy", 2), ("epoch/loss", 2)} <= set(
+        points)
+    assert ("train/loss", 20) in points and ("train/lr", 20) in points
     events = json.loads(timeline.read_text())
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     collectives = [rows[e["tid"]] for e in events

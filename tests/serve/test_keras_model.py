@@ -55,6 +55,7 @@ def test_served_keras_model_answers_its_own_probabilities(keras_folder):
     with running(Predictor.load(keras_folder), ServeConfig()) as client:
         meta = client.get("/v2/models/model").json()
         assert meta["inputs"][0]["shape"] == [-1, 3, 10, 8] and meta["classes"] == CLASSES
+        assert meta["platform"] == "keras"
         x = torch.rand(4, 3, 10, 8)
         got = _infer(client, x)
         # the Keras model on the same images, channels last

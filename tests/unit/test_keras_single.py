@@ -214,3 +214,27 @@ def test_the_bug_report_block_names_keras_and_its_backend():
 
     info = collect()
     assert info["keras"] == keras.__version__ and info["keras_backend"] == "torch"
+
+
+def test_tensorboard_callback_writes_the_curves_the_dashboard_reads(tmp_path):
+    from ringtrain.jobs.monitor.tfevents import EventFileReader
+
+    pytest.importorskip("tensorboard")
+    with pytest.raises(ValueError, match="update_freq"):
+        hvd.callbacks.TensorBoard(str(tmp_path / "bad"), update_freq=-1)
+    model = _model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+                  loss="categorical_crossentropy", metrics=["accuracy"])
+    x, y = _data()
+    history = model.fit(x, y, batch_size=16, epochs=2, validation_data=_data(16, seed=1),
+                        verbose=0, callbacks=[hvd.callbacks.TensorBoard(str(tmp_path / "tb"),
+                                                                        update_freq=2)])
+    (events,) = (tmp_path / "tb").glob("*tfevents*")
+    points = {(s.tag, s.step): s.value for s in EventFileReader(events).read()}
+    for epoch in (1, 2):
+        for name in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            assert points[f"epoch/{name}", epoch] == pytest.approx(
+                history.history[name][epoch - 1], rel=1e-5)
+    # 4 batches an epoch, a point every 2: steps 2, 4, 6, 8
+    assert sorted(step for tag, step in points if tag == "train/loss") == [2, 4, 6, 8]
+    assert points["train/lr", 8] == pytest.approx(0.05)
