@@ -103,6 +103,9 @@ def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
         was measured so far is printed).
     """
     runs: dict[str, list[ScriptRun]] = {"synthetic": [], "real": []}
+    # Ctrl-C stops the trials and reports them, also when this process was started with SIGINT
+    # ignored (a background job of a shell), which Python would otherwise keep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _run_trials(args, command, runs)
         return _report(args, command, runs)

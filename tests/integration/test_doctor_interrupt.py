@@ -38,7 +38,9 @@ def test_ctrl_c_reports_the_finished_run(tmp_path: Path) -> None:
     doctor = subprocess.Popen([sys.executable, "-m", "ringtrain.cli", "doctor", "--steps", "3",
                                "--warmup", "1", "--work-dir", str(tmp_path / "doc"), "--",
                                sys.executable, str(tmp_path / "train.py")], env=env,
-                              stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path)
+                              stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
+                              # as a shell's background job starts it: Ctrl-C must still work
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 180
         while "trial real-data run" not in (tmp_path / "stderr").read_text():
