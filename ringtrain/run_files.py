@@ -5,7 +5,7 @@ executor). Both import this module, so a field is named in one place, and the re
 are the format's own. A leaf: standard library only.
 
 - ``--output-filename DIR``: each rank's streams, ``DIR/rank.N/{stdout,stderr,output}``
-  (:func:`rank_log`), ``output`` holding both streams line by line as they arrived;
+  (:func:`rank_log`), as written, ``output`` holding both streams in the order they arrived;
 - ``--result-file FILE``: how the launch ended (:class:`RunReport`);
 - ``--world-file FILE``: an elastic launch's current world and every worker it lost
   (:class:`WorldReport`), replaced atomically as each world forms::
@@ -30,7 +30,7 @@ from typing import Any
 
 #: The streams ``--output-filename`` writes per rank.
 OUTPUT_STREAMS = ("stdout", "stderr")
-#: The file of both streams, line by line in the order they arrived (what a follower reads).
+#: The file of both streams in the order they arrived (what a follower reads).
 COMBINED_STREAM = "output"
 RANK_STREAMS = (*OUTPUT_STREAMS, COMBINED_STREAM)
 

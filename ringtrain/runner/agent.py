@@ -3,8 +3,9 @@
 ``Agent.run`` has three phases, as torchrun's agent: start every rank; monitor until all have
 exited, stopping the rest on the first failure (or on an interrupt); return a
 :class:`~ringtrain.runner.result.RunResult`. Three threads per rank feed it: one per output
-stream (which also parse the task wrapper's markers) and one waiting for the process to exit;
-they talk to the monitor through one queue.
+stream (which pass on lines, progress-bar updates and unfinished lines as they come, and parse
+the task wrapper's markers) and one waiting for the process to exit; they talk to the monitor
+through one queue.
 
 What a failure means is the one policy a subclass changes (the elastic agent re-forms the world
 instead of stopping it): ``_on_rank_failed``, ``_on_rank_succeeded`` and ``_on_tick`` are its
@@ -20,12 +21,12 @@ import signal
 import threading
 import time
 from enum import Enum
-from functools import partial
 from typing import IO
 
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.hints import failure_hint
 from ringtrain.runner.output import RankOutput
+from ringtrain.runner.output_pieces import read_pieces
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import (
     RankOutcome,
@@ -35,7 +36,7 @@ from ringtrain.runner.result import (
     signal_name,
 )
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
-from ringtrain.runner.task import Marker, MarkerEvent, split_marker
+from ringtrain.runner.task import Marker, MarkerEvent, marker_hold, split_marker
 
 log = logging.getLogger(__name__)
 
@@ -198,25 +199,30 @@ class Agent:
 
     def _pump_stdout(self, rank: SupervisedRank, pipe: IO[bytes]) -> None:
         with pipe:
-            for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
-                self._sink.write(rank.spec.number, "stdout", line)
+            for piece in read_pieces(pipe.fileno(), _LINE_LIMIT):
+                self._sink.write(rank.spec.number, "stdout", piece)
 
     def _pump_stderr(self, index: int, pipe: IO[bytes]) -> None:
         rank = self._ranks[index]
+        line = b""  # the unfinished line so far, for the failure's tail
         with pipe:
-            for line in iter(partial(pipe.readline, _LINE_LIMIT), b""):
+            pieces = read_pieces(pipe.fileno(), _LINE_LIMIT, hold=marker_hold(self._options.token))
+            for piece in pieces:
                 try:
-                    text, marker = split_marker(self._options.token, line)
+                    text, marker = split_marker(self._options.token, piece)
                 except ValueError as e:  # a wrapper of another ringtrain version, say
                     log.warning("rank %d: %s; passed on as output", rank.spec.number, e)
-                    text, marker = line, None
+                    text, marker = piece, None
+                line += text
+                if marker is not None and line and not line.endswith((b"\n", b"\r")):
+                    text += b"\n"  # a marker after a partial line (the command died mid-line)
+                    line += b"\n"
                 if text:
-                    # A marker after a partial line (the command died mid-line) ends that line.
-                    self._sink.write(rank.spec.number, "stderr",
-                                     text if marker is None else text + b"\n")
-                    stripped = text.decode(errors="replace").strip()
-                    if stripped:
+                    self._sink.write(rank.spec.number, "stderr", text)
+                if line.endswith((b"\n", b"\r")) or len(line) >= _LINE_LIMIT:
+                    if stripped := line.decode(errors="replace").strip():
                         rank.stderr_tail.append(stripped)
+                    line = b""
                 if marker is not None:
                     self._on_marker(rank, marker)
                     self._events.put((_Event.MARKER, index))

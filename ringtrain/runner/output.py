@@ -1,9 +1,14 @@
 """Rank output: each line to the terminal with horovodrun's ``[rank]<stdout>:`` prefix, and
 optionally, unprefixed, to ``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr``, and both streams
-interleaved line by line as they arrive to ``DIR/rank.N/output`` (what a follower of the rank
-reads: progress bars on stderr among the prints on stdout).
+interleaved as they arrive to ``DIR/rank.N/output`` (what a follower of the rank reads: progress
+bars on stderr among the prints on stdout).
 
-Every line is flushed as soon as it is written, so a reader tailing the files sees it at once.
+What arrives are the pieces :mod:`ringtrain.runner.output_pieces` reads: lines ending with
+``\n`` or ``\r`` and unfinished lines. The rank files keep them as written (a reader renders a
+``\r`` as an update of the line). On the terminal a progress bar stays one updating line
+with its prefix, a line finished in pieces reads as one line, and a line another rank or stream
+cuts into is ended first and shown whole when it continues. Every piece is flushed as soon as
+it is written, so a reader tailing the files sees it at once.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ class RankOutput(Protocol):
 
 
 class OutputSink:
-    """Where the lines of all ranks go; safe to call from one reader thread per stream."""
+    """Where the output of all ranks goes; safe to call from one reader thread per stream."""
 
     def __init__(self, terminal: dict[str, BinaryIO], directory: str | None = None,
                  timestamps: bool = False):
@@ -48,8 +53,10 @@ class OutputSink:
         self._terminal = terminal
         self._directory = directory
         self._timestamps = timestamps
-        self._lock = threading.Lock()  # one line at a time on the shared terminal
+        self._lock = threading.Lock()  # the terminal and the combined files are shared
         self._files: dict[tuple[int, str], BinaryIO] = {}
+        self._screen = _Screen()
+        self._combined_open: dict[int, str] = {}  # rank -> the stream whose line is unfinished
 
     def open_rank(self, rank: int) -> None:
         """Create the rank's output files now, so they exist (empty) before it prints; a rank
@@ -66,29 +73,100 @@ class OutputSink:
             self._files[rank, stream] = open(path, "wb")
 
     def write(self, rank: int, stream: str, line: bytes) -> None:
-        """Write one line (as read, usually newline-terminated) of ``stream`` of ``rank``."""
+        """Write one piece (a line ending with ``\\n`` or ``\\r``, or part of one) of
+        ``stream`` of ``rank``."""
         file = self._files.get((rank, stream))
         if file is not None:
             file.write(line)
             file.flush()
-            combined = self._files[rank, COMBINED]
-            with self._lock:  # the two streams' reader threads write here
-                combined.write(line)
-                combined.flush()
-        prefix = f"[{rank}]<{stream}>:".encode()
-        if self._timestamps:
-            prefix = time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix
-        text = prefix + line if line.endswith(b"\n") else prefix + line + b"\n"
         with self._lock:
-            out = self._terminal[stream]
-            try:
-                out.write(text)
-                out.flush()
-            except OSError:  # e.g. the terminal's reader (`| head`) is gone; keep the job going
-                pass
+            if file is not None:
+                self._write_combined(rank, stream, line)
+            prefix = f"[{rank}]<{stream}>:".encode()
+            if self._timestamps:
+                prefix = time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix
+            for target, text in self._screen.show((rank, stream), prefix, line):
+                out = self._terminal[target]
+                try:
+                    out.write(text)
+                    out.flush()
+                except OSError:  # e.g. the terminal's reader (`| head`) is gone; keep the job going
+                    pass
+
+    def _write_combined(self, rank: int, stream: str, piece: bytes) -> None:
+        combined = self._files[rank, COMBINED]
+        other = self._combined_open.get(rank)
+        if other is not None and other != stream:
+            combined.write(b"\n")  # the other stream's unfinished line (or bar) stays readable
+        combined.write(piece)
+        combined.flush()
+        if piece.endswith(b"\n"):
+            self._combined_open.pop(rank, None)
+        elif piece:
+            self._combined_open[rank] = stream
 
     def close(self) -> None:
-        """Close the rank files (the terminal streams stay open)."""
+        """End a line left unfinished on the terminal; close the rank files (the terminal
+        streams stay open)."""
+        with self._lock:
+            for target, text in self._screen.finish():
+                try:
+                    self._terminal[target].write(text)
+                    self._terminal[target].flush()
+                except OSError:
+                    pass
         for file in self._files.values():
             file.close()
         self._files.clear()
+
+
+class _Screen:
+    """What the terminal shows: which rank stream's line the cursor is on, and the unfinished
+    line of each rank stream (the caller holds the lock)."""
+
+    def __init__(self) -> None:
+        self._owner: tuple[int, str] | None = None  # whose line the cursor is on
+        self._at_start = False  # the owner's last piece ended with \r: the cursor is at column 0
+        self._unfinished: dict[tuple[int, str], bytes] = {}
+
+    def show(self, key: tuple[int, str], prefix: bytes,
+             piece: bytes) -> list[tuple[str, bytes]]:
+        """What to write, to which terminal stream, for one piece of ``key``'s output."""
+        writes: list[tuple[str, bytes]] = []
+        text, end = _split_end(piece)
+        newline = end.endswith(b"\n")
+        if self._owner is not None and self._owner != key:
+            writes.append((self._owner[1], b"\n"))  # leave that line (or bar) as it stands
+            self._owner = None
+        before = self._unfinished.pop(key, b"")
+        if self._owner == key and not self._at_start:
+            out = text + end  # the cursor is after the start of this very line
+        elif text or newline or (before and end != b"\r"):
+            out = prefix + before + text + end
+        else:
+            out = b""  # a lone \r ending a line that is shown (or empty) already
+        if out:
+            writes.append((key[1], out))
+        if newline:
+            self._owner = None
+        elif out:
+            self._owner, self._at_start = key, end == b"\r"
+        if not end:
+            self._unfinished[key] = (before + text)[-_KEEP_UNFINISHED:]
+        return writes
+
+    def finish(self) -> list[tuple[str, bytes]]:
+        """The newline that ends the line the cursor is on, if any."""
+        owner, self._owner = self._owner, None
+        return [] if owner is None else [(owner[1], b"\n")]
+
+
+_KEEP_UNFINISHED = 1 << 16  # of a line never ended, the last bytes kept for reprinting it
+
+
+def _split_end(piece: bytes) -> tuple[bytes, bytes]:
+    """A piece's text and its line end: ``\\r\\n``, ``\\n``, ``\\r``, or none (unfinished)."""
+    for end in (b"\r\n", b"\n", b"\r"):
+        if piece.endswith(end):
+            return piece[:-len(end)], end
+    return piece, b""

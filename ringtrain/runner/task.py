@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -82,6 +82,24 @@ class Marker:
 def format_marker(token: str, event: MarkerEvent, detail: str) -> bytes:
     """The marker line for ``event`` (newline-terminated)."""
     return _PREFIX + f"{token}:{event.value} {detail}\n".encode()
+
+
+def marker_hold(token: str) -> Callable[[bytes], int]:
+    """A ``hold`` for :func:`ringtrain.runner.output_pieces.read_pieces` on a wrapper's stderr:
+    of an unfinished line, the bytes before a marker that may be under way (a marker is passed
+    on only whole, so that :func:`split_marker` finds it)."""
+    head = _PREFIX + token.encode() + b":"
+
+    def hold(tail: bytes) -> int:
+        at = tail.find(head)
+        if at >= 0:
+            return at
+        for n in range(min(len(head) - 1, len(tail)), 0, -1):
+            if tail.endswith(head[:n]):
+                return len(tail) - n
+        return len(tail)
+
+    return hold
 
 
 def split_marker(token: str, line: bytes) -> tuple[bytes, Marker | None]:

@@ -107,6 +107,34 @@ def test_rank_files_are_flushed_line_by_line(tmp_path):
         thread.join()
 
 
+def test_a_progress_bar_reaches_the_rank_files_while_its_line_is_unfinished(tmp_path):
+    # tqdm redraws its line with "\r" and never ends it while it runs.
+    stop = tmp_path / "stop"
+    script = write_script(tmp_path, "bar.py", (
+        "import os, time\n"
+        "from tqdm import tqdm\n"
+        "with tqdm(total=1000, desc='train', mininterval=0) as bar:\n"
+        "    for _ in range(600):\n"
+        f"        if os.path.exists({str(stop)!r}):\n"
+        "            break\n"
+        "        bar.update(1)\n"
+        "        time.sleep(0.1)\n"))
+    log = tmp_path / "logs" / "rank.0" / "stderr"
+    thread = threading.Thread(target=run_job, args=(
+        ["-np", "1", "--output-filename", str(tmp_path / "logs"), PY, script], tmp_path))
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not (log.exists() and b"train:" in log.read_bytes() and b"5/1000" in
+                   log.read_bytes()):
+            assert time.time() < deadline, "no progress update reached the rank's file"
+            time.sleep(0.05)
+        assert b"\n" not in log.read_bytes()  # the bar's line was still unfinished
+    finally:
+        stop.touch()
+        thread.join()
+
+
 def test_first_failure_stops_the_others_quickly(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
     result = run_job(["-np", "3", PY, script, "exit:1:3"], tmp_path)

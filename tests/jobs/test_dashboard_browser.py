@@ -125,8 +125,17 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     page.wait_for_selector('.chart[data-tag="loss"]')
     page.click('button[data-tab="logs"]')
     page.select_option("#log-rank", "1")
+    # stdout and stderr together by default: the steps and the progress bar.
     page.wait_for_function("() => document.querySelector('#log').textContent"
-                           ".includes('rank 1 step')")
+                           ".includes('rank 1 step') && document.querySelector('#log')"
+                           ".textContent.includes('progress ')")
+    page.select_option("#log-stream", "stderr")
+    # The bar redraws its line with "\r": one updating line, not one line per update.
+    bar = ("() => /^progress (\\d+)\\/600$/.exec(document.querySelector('#log')"
+           ".textContent.trim())?.[1]")
+    first_step = int(page.wait_for_function(bar).json_value())
+    page.wait_for_function(f"() => Number(({bar})()) > {first_step}")
+    page.select_option("#log-stream", "output")
     (job_dir / "say.1").write_text("written after the page opened: 7f3e")
     page.wait_for_function("() => document.querySelector('#log').textContent"
                            ".includes('written after the page opened: 7f3e')")

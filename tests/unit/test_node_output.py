@@ -35,7 +35,7 @@ def test_chunks_reach_the_launcher_s_terminal_and_files_unchanged(tmp_path: Path
     sink.close()
     assert before == [b"a login shell's greeting\n"]
     assert terminal["stdout"].getvalue() == (b"[3]<stdout>:hello\n[4]<stdout>:\x00\xff binary\n"
-                                             b"[3]<stdout>:no newline\n[4]<stdout>:\n")
+                                             b"[3]<stdout>:no newline\n")
     assert terminal["stderr"].getvalue() == b"[3]<stderr>:warn\n"
     assert (tmp_path / "rank.3" / "stdout").read_bytes() == b"hello\nno newline"
     assert (tmp_path / "rank.3" / "output").read_bytes() == b"hello\nwarn\nno newline"

@@ -1,5 +1,6 @@
 """A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events, a step
-profiler record and a numbered line to stdout every 0.2 s, echoes what the test writes to
+profiler record, a numbered line to stdout and a progress update to stderr (a "\\r" redrawing one
+unfinished line, as tqdm's) every 0.2 s, echoes what the test writes to
 ``say.<rank>`` in the job's folder, and exits 0 once the test creates ``release`` there (1 after
 120 s without it)."""
 
@@ -29,6 +30,8 @@ for step in range(600):
                                      summary=summary_pb2.Summary(value=[value])))
     writer.flush()
     print(f"rank {rank} step {step}", flush=True)
+    sys.stderr.write(f"\rprogress {step}/600")
+    sys.stderr.flush()
     say = job_dir / f"say.{rank}"
     if say.exists() and say.read_text() != said:
         said = say.read_text()

@@ -7,7 +7,7 @@ const WRITE = { "X-Ringtrain-Request": "1" }; // the guard wants it on cookie-au
 const TERMINAL = new Set(["succeeded", "failed", "terminated"]);
 const COLORS = ["#2f6fed", "#e8590c", "#12805c", "#9c36b5", "#c92a2a", "#0b7285", "#5c940d", "#862e9c"];
 const LOG_TAIL_BYTES = 512 * 1024; // a rank's log is shown from at most this far before its end
-const LOG_KEEP_NODES = 4000; // text chunks kept in a log pane; older ones are dropped
+const LOG_KEEP_NODES = 4000; // lines kept in a log pane; older ones are dropped
 const PHASES = ["data_ms", "h2d_ms", "forward_backward_ms", "communication_ms", "optimizer_ms", "other_ms"];
 const SPLIT_STEPS = 50;
 
@@ -457,8 +457,10 @@ function logsPane(id, getJob) {
       const s = state.jobs.get(id);
       const total = s ? s.node_count * s.process_count_per_node : 1;
       const rank = el("select", { id: "log-rank" }, Array.from({ length: total }, (_, r) => el("option", { value: String(r), text: `rank ${r}` })));
-      const stream = el("select", { id: "log-stream" }, el("option", { value: "stdout", text: "stdout" }),
-        el("option", { value: "stderr", text: "stderr" }),
+      // stdout and stderr as the rank wrote them by default: a training script's progress bar and
+      // warnings go to stderr, so stdout alone can be one line for a whole run.
+      const stream = el("select", { id: "log-stream" }, el("option", { value: "output", text: "stdout + stderr" }),
+        el("option", { value: "stdout", text: "stdout" }), el("option", { value: "stderr", text: "stderr" }),
         Array.from({ length: s ? s.node_count : 1 }, (_, k) => el("option", { value: `prep:${k}`, text: `preparation (node ${k})` })));
       const follow = el("input", { type: "checkbox", id: "log-follow", checked: "" });
       const out = el("pre", { class: "log", id: "log" });
@@ -475,11 +477,7 @@ function logsPane(id, getJob) {
     const ctl = new AbortController();
     abort = ctl;
     const jid = encodeURIComponent(id);
-    const append = text => {
-      out.appendChild(document.createTextNode(text));
-      while (out.childNodes.length > LOG_KEEP_NODES) out.removeChild(out.firstChild);
-      if (follow.checked) out.scrollTop = out.scrollHeight;
-    };
+    const append = terminalText(out, () => { if (follow.checked) out.scrollTop = out.scrollHeight; });
     try {
       if (stream.startsWith("prep:")) {
         const node = stream.slice(5);
@@ -513,6 +511,25 @@ function logsPane(id, getJob) {
       if (e.name !== "AbortError") note.textContent = `stopped: ${e.message}`;
     }
   }
+}
+
+// Text appended to `out` as a terminal shows it: one text node per line, and a "\r" returns to
+// the start of its line, whose next text replaces it (a progress bar is one updating line).
+function terminalText(out, after) {
+  let line = null, returned = false;
+  return text => {
+    for (const part of text.split(/(\r|\n)/)) {
+      if (part === "\r") { returned = true; continue; }
+      if (!part) continue;
+      if (!line) { line = document.createTextNode(""); out.appendChild(line); }
+      if (part === "\n") { line.data += "\n"; line = null; }
+      else if (returned) line.data = part;
+      else line.data += part;
+      returned = false;
+    }
+    while (out.childNodes.length > LOG_KEEP_NODES) out.removeChild(out.firstChild);
+    after();
+  };
 }
 
 async function filesPane(pane, id, keep) {

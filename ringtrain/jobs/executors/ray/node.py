@@ -8,7 +8,7 @@ address, on a port node 0's runner picks, drives the job and writes its result f
 nodes' ``ringtrain run`` follow it. A job asking for GPUs gets, in ``CUDA_VISIBLE_DEVICES`` of
 every rank of a node, the GPUs Ray assigned to the node's bundle (read by a task placed in the
 bundle). Logs go straight into the job's folder on the share (``stdouterr/rank.N/``,
-``prep/node.K.*``), written line by line, so ``job logs --follow`` reads them as they come.
+``prep/node.K.*``), written as they come, so ``job logs --follow`` reads them as they come.
 
 A node that does not see the job's folder (no shared filesystem there), or whose machine sets
 ``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
