@@ -1,10 +1,13 @@
 """The scheduler: supervises running attempts and starts queued jobs in synchronous ticks.
 
-Rules: a job starts only when all the nodes it needs are idle (gang allocation); high priority
-before normal before low, first come first served within a priority. The first job that waits
-for nodes holds a reservation: a later job may start before it (backfill) only where that cannot
-delay it — on nodes it will not need once the running jobs have ended, or when the later job's
-``max_wall_clock_time`` ends it before the running jobs' limits free the nodes the waiting job
+Rules: jobs are placed on slots, as Batch AI and Ray place tasks on cores: a job takes
+``process_count_per_node`` slots on each of ``node_count`` nodes, and starts only when that many
+nodes have them free at once (gang allocation); jobs share a node up to the cluster's ``slots``,
+packed onto the fullest nodes that fit, so that whole nodes stay free for larger jobs. High
+priority before normal before low, first come first served within a priority. The first job that
+waits holds a reservation: a later job may start before it (backfill) only where that cannot
+delay it — on slots it will not need once the running jobs have ended, or when the later job's
+``max_wall_clock_time`` ends it before the running jobs' limits free the slots the waiting job
 needs. A job needing more nodes than the cluster has holds no reservation: it cannot start
 before a resize, so it blocks nobody. An elastic job (``min_nodes``/``max_nodes``) gives back
 the nodes it loses while it runs, fails below ``min_nodes``, and is offered idle nodes up to
@@ -164,9 +167,11 @@ class Scheduler:
             return job
         if len(nodes) < most and not self._waiting_jobs(job.cluster):
             # A node this attempt lost stays out of it: its driver would not use it again.
-            idle = [n.index for n in self.store.list_nodes(job.cluster)
-                    if n.state == NodeState.IDLE and n.index not in lost]
-            nodes += idle[:most - len(nodes)]
+            free = _free_slots(self.store.list_nodes(job.cluster),
+                               self.store.get_cluster(job.cluster).slots)
+            offered = _place({i: f for i, f in free.items() if i not in lost and i not in nodes},
+                             1, job.spec.process_count_per_node, most - len(nodes))
+            nodes += offered or []
         running = [n for n in nodes if n in seen.world]
         message = f"elastic: running on nodes {_listed(running)}"
         if len(running) < len(nodes):
@@ -218,24 +223,26 @@ class Scheduler:
 
     def _allocate(self, cluster: ClusterInfo) -> None:
         nodes = self.store.list_nodes(cluster.name)
-        idle = [n for n in nodes if n.state == NodeState.IDLE]
+        free = _free_slots(nodes, cluster.slots)
         queued = self.store.list_jobs(cluster=cluster.name, states=[JobState.QUEUED])
         # Stable sort: submission order (the store's order) is kept within a priority.
         queued.sort(key=lambda j: -j.spec.priority.rank)
         now = self.clock()
         reservation: _Reservation | None = None
         for job in queued:
-            need = job.spec.node_count
-            fits = need <= len(idle)
+            need, per = job.spec.node_count, job.spec.process_count_per_node
+            chosen = _place(free, need, per)
             if need > cluster.target_nodes:
-                pass  # waits for a resize, so no node it could use now is held back for it
-            elif reservation is None and not fits:
-                reservation = self._reserve(need, len(idle), nodes, now)
-            elif fits and (reservation is None or reservation.admit(
-                    self._latest_end(job, now), need)):
-                idle = idle[need:] if self._start(job, idle[:need], now) else idle
-                continue
-            self._note_waiting(job, cluster, len(idle))
+                chosen = None  # waits for a resize, so no slot it could use now is held for it
+            elif reservation is None and chosen is None:
+                reservation = self._reserve(need, per, free, nodes, now)
+            elif chosen is not None and reservation is not None:
+                chosen = reservation.admit(self._latest_end(job, now), need, per, free)
+            if chosen is None:
+                self._note_waiting(job, cluster, free)
+            elif self._start(job, [n for n in nodes if n.index in chosen], now):
+                for index in chosen:
+                    free[index] -= per
 
     def _start(self, job: JobInfo, nodes: list[NodeInfo], now: float) -> bool:
         """Give ``nodes`` to ``job`` and start its attempt; False if that could not start."""
@@ -253,23 +260,31 @@ class Scheduler:
             return False
         return True
 
-    def _reserve(self, need: int, idle: int, nodes: list[NodeInfo], now: float) -> _Reservation:
-        """The reservation of a job needing ``need`` nodes: the latest time it can start, given
-        the running jobs' wall-clock limits, and how many nodes it will not need then."""
-        held: dict[str, int] = {}
-        for node in nodes:  # a leaving node goes away with its job: it frees nothing
-            if node.job_id is not None and node.state != NodeState.LEAVING:
-                held[node.job_id] = held.get(node.job_id, 0) + 1
-        ends = sorted((self._latest_end(self.store.get_job(job_id), now), count)
-                      for job_id, count in held.items())
-        free, start = idle, now
-        for end, count in ends:
-            if free >= need:
+    def _reserve(self, need: int, per: int, free: dict[int, int], nodes: list[NodeInfo],
+                 now: float) -> _Reservation:
+        """The reservation of a job needing ``per`` slots on ``need`` nodes: the latest time it
+        can start, given the running jobs' wall-clock limits, and the slots it will not need
+        then."""
+        held: dict[str, list[int]] = {}
+        for node in nodes:  # a leaving node goes away with its jobs: it frees nothing
+            if node.index in free:
+                for job_id in node.jobs:
+                    held.setdefault(job_id, []).append(node.index)
+        jobs = {job_id: self.store.get_job(job_id) for job_id in held}
+        ends = sorted((self._latest_end(job, now), job_id) for job_id, job in jobs.items())
+        later, start = dict(free), now
+        chosen = _place(later, need, per)
+        for end, job_id in ends:
+            if chosen is not None:
                 break
-            free, start = free + count, end
-        if free < need:  # unusable nodes: no end of a running job frees enough
-            return _Reservation(math.inf, 0)
-        return _Reservation(start, free - need)
+            for index in held[job_id]:
+                later[index] += jobs[job_id].spec.process_count_per_node
+            start = end
+            # The nodes that are busy now are the ones to wait for: those free now stay lendable.
+            chosen = _place(later, need, per, prefer_busy=free)
+        if chosen is None:  # unusable nodes: no end of a running job frees enough
+            return _Reservation(math.inf, {})
+        return _Reservation(start, {i: f - (per if i in chosen else 0) for i, f in later.items()})
 
     def _latest_end(self, job: JobInfo, now: float) -> float:
         """When the job's attempt (if started now, for a queued one) ends at the latest: its
@@ -282,13 +297,18 @@ class Scheduler:
         started = now if job.state == JobState.QUEUED or job.started_at is None else job.started_at
         return started + limit + self.stop_grace_s
 
-    def _note_waiting(self, job: JobInfo, cluster: ClusterInfo, idle: int) -> None:
-        need = job.spec.node_count
+    def _note_waiting(self, job: JobInfo, cluster: ClusterInfo, free: dict[int, int]) -> None:
+        need, per = job.spec.node_count, job.spec.process_count_per_node
         if need > cluster.target_nodes:
             message = (f"waiting: needs {need} nodes but cluster {cluster.name} has "
                        f"{cluster.target_nodes}; resize it (`ringtrain cluster resize`)")
-        else:
+        elif per == cluster.slots:  # it fills whole nodes
+            idle = sum(f == cluster.slots for f in free.values())
             message = f"waiting for {need} idle nodes ({idle} idle now)"
+        else:
+            fits = sum(f >= per for f in free.values())
+            message = (f"waiting for {need} node{'s' if need > 1 else ''} with {per} free "
+                       f"slot{'s' if per > 1 else ''} each ({fits} have them now)")
         if job.message != message:
             self.store.set_message(job.id, message)
 
@@ -302,25 +322,48 @@ def _losses(seen: Observation) -> str:
     return "; ".join(f"lost node {loss.node} ({loss.reason})" for loss in seen.lost)
 
 
+def _free_slots(nodes: list[NodeInfo], slots: int) -> dict[int, int]:
+    """Free slots by node index, of the nodes a job may be placed on (not leaving, usable)."""
+    return {n.index: slots - n.slots_used for n in nodes
+            if n.state not in (NodeState.LEAVING, NodeState.UNUSABLE)}
+
+
+def _place(free: dict[int, int], need: int, per: int, most: int | None = None,
+           prefer_busy: dict[int, int] | None = None) -> list[int] | None:
+    """The nodes for a job taking ``per`` slots on each of ``need`` nodes (up to ``most``,
+    for an elastic job's offer), or None when fewer nodes have them.
+
+    The fullest nodes that fit come first (best fit), so that whole nodes stay free for jobs
+    that need them; with ``prefer_busy`` (the free slots now) the nodes busiest now come first.
+    """
+    fits = [i for i, f in free.items() if f >= per]
+    if len(fits) < need:
+        return None
+    now = prefer_busy or {}
+    fits.sort(key=lambda i: (now.get(i, 0), free[i], i))
+    return sorted(fits[:need if most is None else most])
+
+
 @dataclass
 class _Reservation:
     """What the first waiting job of a cluster is owed.
 
     Attributes:
-        start: when enough nodes are idle for it at the latest (infinity when a running job has
+        start: when enough slots are free for it at the latest (infinity when a running job has
             no wall-clock limit on the way).
-        spare: nodes idle by then that it will not need; backfilled jobs that may still run
-            then use them up.
+        spare: free slots by node by then that it will not need; backfilled jobs that may still
+            run then use them up.
     """
 
     start: float
-    spare: int
+    spare: dict[int, int]
 
-    def admit(self, end: float, need: int) -> bool:
-        """Whether a job ending by ``end`` and needing ``need`` nodes may start before it."""
+    def admit(self, end: float, need: int, per: int, free: dict[int, int]) -> list[int] | None:
+        """The nodes on which a job ending by ``end`` and taking ``per`` slots on each of
+        ``need`` nodes may start before it, or None."""
         if end <= self.start < math.inf:
-            return True
-        if need <= self.spare:
-            self.spare -= need
-            return True
-        return False
+            return _place(free, need, per)
+        chosen = _place({i: min(f, self.spare.get(i, 0)) for i, f in free.items()}, need, per)
+        for index in chosen or []:
+            self.spare[index] -= per
+        return chosen

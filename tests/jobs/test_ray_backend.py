@@ -650,7 +650,7 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
     # The store: no attempt left running, every job node free, no placement group left.
     assert [j.state for j in s.store.list_jobs(cluster="r")] == [JobState.FAILED,
                                                                   JobState.SUCCEEDED]
-    assert [(n.state.value, n.job_id) for n in s.store.list_nodes("r")] == [("idle", None)] * 4
+    assert [(n.state.value, n.jobs) for n in s.store.list_nodes("r")] == [("idle", [])] * 4
     assert _placement_groups(f"{retried.id}.") == []
     s.store.close()
 

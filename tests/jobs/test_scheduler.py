@@ -343,3 +343,52 @@ def test_node_count_beyond_the_clusters_maximum_is_refused_at_submit(
     with pytest.raises(InvalidRequestError, match="at most 2 nodes"):
         service.resize_cluster("c", 3)
     assert service.resize_cluster("c", 2).target_nodes == 2
+
+
+def test_a_one_process_job_runs_beside_a_job_on_every_node(scheduler, store, fake_executor,
+                                                           cluster, add_job) -> None:
+    # The README's cluster: 2 nodes x 2 slots; its main job takes 1 slot of each node.
+    cluster("c", nodes=2, slots=2)
+    main = add_job("c", node_count=2)
+    scheduler.tick()
+    small = add_job("c", node_count=1)
+    replicas = add_job("c", node_count=1)
+    scheduler.tick()
+    assert [state(store, j.id) for j in (main, small, replicas)] == ["preparing"] * 3
+    assert {n.index: n.jobs for n in store.list_nodes("c")} == {
+        0: [main.id, small.id], 1: [main.id, replicas.id]}
+    late = add_job("c", node_count=1)
+    scheduler.tick()
+    assert state(store, late.id) == "queued"
+    assert "waiting for 1 node with 1 free slot each (0 have them now)" in (
+        store.get_job(late.id).message)
+    fake_executor.exit(small.id, 0)
+    scheduler.tick()
+    assert state(store, late.id) == "preparing" and store.get_job(late.id).nodes == [0]
+
+
+def test_small_jobs_pack_onto_one_node_so_a_whole_node_stays_free(
+        scheduler, store, fake_executor, cluster, add_job) -> None:
+    cluster("c", nodes=2, slots=2)
+    first, second = add_job("c"), add_job("c")
+    scheduler.tick()
+    assert store.get_job(first.id).nodes == store.get_job(second.id).nodes
+    whole = add_job("c", process_count_per_node=2)
+    scheduler.tick()
+    assert state(store, whole.id) == "preparing"
+    assert store.get_job(whole.id).nodes != store.get_job(first.id).nodes
+
+
+def test_backfill_never_takes_the_slots_a_waiting_job_needs(scheduler, store, fake_executor,
+                                                           cluster, add_job) -> None:
+    cluster("c", nodes=2, slots=2)
+    running = add_job("c", process_count_per_node=2)  # node 0, whole, for ever
+    scheduler.tick()
+    head = add_job("c", node_count=2, process_count_per_node=2)
+    later = add_job("c")  # would fit on node 1, which `head` needs whole
+    scheduler.tick()
+    assert (state(store, head.id), state(store, later.id)) == ("queued", "queued")
+    assert "waiting for 2 idle nodes (1 idle now)" in store.get_job(head.id).message
+    fake_executor.exit(running.id, 0)
+    scheduler.tick()
+    assert (state(store, head.id), state(store, later.id)) == ("preparing", "queued")

@@ -50,9 +50,9 @@ def test_transitions_claim_and_release_nodes(store: SQLiteStore, cluster, add_jo
     job = add_job("c", node_count=2)
     job = store.update_job(job.id, JobState.PREPARING, 10.0, nodes=[0, 2])
     assert job.nodes == [0, 2] and job.started_at == 10.0
-    states = {n.index: (n.state, n.job_id) for n in store.list_nodes("c")}
-    assert states == {0: (NodeState.PREPARING, job.id), 1: (NodeState.IDLE, None),
-                      2: (NodeState.PREPARING, job.id)}
+    states = {n.index: (n.state, n.jobs, n.slots_used) for n in store.list_nodes("c")}
+    assert states == {0: (NodeState.PREPARING, [job.id], 1), 1: (NodeState.IDLE, [], 0),
+                      2: (NodeState.PREPARING, [job.id], 1)}
     store.update_job(job.id, JobState.RUNNING, 11.0)
     assert store.get_cluster("c").node_counts.running == 2
     job = store.update_job(job.id, JobState.SUCCEEDED, 12.0, exit_code=0)
@@ -77,11 +77,38 @@ def test_cannot_claim_busy_or_missing_nodes(store: SQLiteStore, cluster, add_job
     cluster("c", nodes=1)
     a, b = add_job("c"), add_job("c")
     store.update_job(a.id, JobState.PREPARING, 1.0, nodes=[0])
-    with pytest.raises(ConflictError, match="not idle"):
+    with pytest.raises(ConflictError, match="has 0 free slot"):
         store.update_job(b.id, JobState.PREPARING, 1.0, nodes=[0])
     with pytest.raises(NotFoundError, match="no node 5"):
         store.update_job(b.id, JobState.PREPARING, 1.0, nodes=[5])
     assert store.get_job(b.id).state == JobState.QUEUED  # rolled back
+
+
+def test_jobs_share_a_node_up_to_its_slots(store: SQLiteStore, cluster, add_job) -> None:
+    cluster("c", nodes=2, slots=3)
+    two = add_job("c", process_count_per_node=2)
+    one = add_job("c")
+    other = add_job("c", process_count_per_node=2)
+    store.update_job(two.id, JobState.PREPARING, 1.0, nodes=[0])
+    store.update_job(one.id, JobState.PREPARING, 1.0, nodes=[0])
+    with pytest.raises(ConflictError, match="node c/0 has 0 free slot"):
+        store.update_job(other.id, JobState.PREPARING, 1.0, nodes=[0])
+    node = store.list_nodes("c")[0]
+    assert (node.jobs, node.slots_used, node.state) == ([two.id, one.id], 3, NodeState.PREPARING)
+    assert store.get_cluster("c").free_slots == 3  # node 1's
+    store.update_job(two.id, JobState.RUNNING, 2.0)
+    assert store.list_nodes("c")[0].state == NodeState.RUNNING  # one of its jobs runs
+    store.update_job(two.id, JobState.SUCCEEDED, 3.0, exit_code=0)
+    node = store.list_nodes("c")[0]  # the one still preparing there is what it does now
+    assert (node.jobs, node.slots_used, node.state) == ([one.id], 1, NodeState.PREPARING)
+    store.update_job(other.id, JobState.PREPARING, 4.0, nodes=[0])
+    assert store.list_nodes("c")[0].slots_used == 3
+    info = store.resize_cluster("c", 0)  # a busy node leaves with its last job
+    assert (info.current_nodes, info.node_counts.leaving) == (1, 1)
+    store.update_job(one.id, JobState.FAILED, 5.0, exit_code=1)
+    assert store.get_cluster("c").current_nodes == 1
+    store.update_job(other.id, JobState.FAILED, 6.0, exit_code=1)
+    assert store.get_cluster("c").current_nodes == 0
 
 
 def test_retry_bumps_attempt(store: SQLiteStore, cluster, add_job) -> None:
@@ -225,6 +252,7 @@ def test_a_database_of_version_1_opens_with_the_new_columns(tmp_path: Path) -> N
     db.close()
     store = SQLiteStore(path)
     assert store.get_cluster("old").max_nodes is None
+    assert store.list_nodes("old") == []
     job = JobInfo(id="j", cluster="old", spec=parse_job_spec({"node_count": 1, "command": "x"}),
                   state="queued", created_at=2.0, job_dir="/j")
     assert store.add_job(job, idempotency_key="k").id == "j"
@@ -232,6 +260,33 @@ def test_a_database_of_version_1_opens_with_the_new_columns(tmp_path: Path) -> N
     store.close()
     store = SQLiteStore(path)  # a second opening changes nothing
     assert store.find_job("k").id == "j"
+    store.close()
+
+
+def test_a_node_s_job_of_a_version_5_database_holds_its_slots(tmp_path: Path) -> None:
+    path = tmp_path / "v5.sqlite"
+    store = SQLiteStore(path)
+    store.add_cluster(ClusterSpec(name="c", nodes=2, slots=2), 1.0)
+    store.add_job(JobInfo(id="j", cluster="c", state="queued", created_at=2.0, job_dir="/j",
+                          spec=parse_job_spec({"node_count": 1, "process_count_per_node": 2,
+                                               "command": "x"})))
+    store.close()
+    # What a server of schema version 5 stored: the node's one job in nodes.job_id.
+    db = sqlite3.connect(path)
+    db.executescript("""
+        DROP TABLE node_jobs;
+        ALTER TABLE nodes ADD COLUMN job_id TEXT;
+        UPDATE nodes SET state='running', job_id='j' WHERE idx=1;
+        UPDATE jobs SET state='running', nodes='[1]';
+        PRAGMA user_version = 5;
+    """)
+    db.close()
+    store = SQLiteStore(path)
+    nodes = store.list_nodes("c")
+    assert [(n.state, n.jobs, n.slots_used) for n in nodes] == [
+        (NodeState.IDLE, [], 0), (NodeState.RUNNING, ["j"], 2)]
+    store.update_job("j", JobState.SUCCEEDED, 3.0, exit_code=0)
+    assert store.get_cluster("c").node_counts.idle == 2
     store.close()
 
 

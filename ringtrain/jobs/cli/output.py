@@ -79,9 +79,9 @@ def duration(job: JobInfo, now: float | None = None) -> str:
 def clusters_table(clusters: list[ClusterInfo]) -> str:
     """The table of `cluster list`."""
     return table(
-        ["name", "backend", "nodes", "slots", "allocation", "idle", "preparing", "running",
-         "leaving", "unusable"],
-        [[c.name, c.backend.value, f"{c.current_nodes}/{c.target_nodes}", c.slots,
+        ["name", "backend", "nodes", "slots", "free slots", "allocation", "idle", "preparing",
+         "running", "leaving", "unusable"],
+        [[c.name, c.backend.value, f"{c.current_nodes}/{c.target_nodes}", c.slots, c.free_slots,
           c.allocation_state.value, *c.node_counts.model_dump().values()] for c in clusters])
 
 
@@ -91,7 +91,8 @@ def cluster_text(c: ClusterInfo) -> str:
     return "\n".join([
         f"name:        {c.name}", f"backend:     {c.backend.value}",
         f"nodes:       {c.current_nodes} (target {c.target_nodes}"
-        + ("" if c.max_nodes is None else f", at most {c.max_nodes}") + f"), {c.slots} slots each",
+        + ("" if c.max_nodes is None else f", at most {c.max_nodes}")
+        + f"), {c.slots} slots each, {c.free_slots} free",
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
         f"created:     {when(c.created_at)}"]
         + ([f"address:     {c.address}"] if c.address else [])

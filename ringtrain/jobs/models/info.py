@@ -10,12 +10,18 @@ from ringtrain.jobs.models.states import AllocationState, JobState, NodeState
 
 
 class NodeInfo(BaseModel):
-    """One node of a cluster and the job it serves, if any."""
+    """One node of a cluster: its state, and the jobs whose ranks (or replicas) hold its slots.
+
+    Jobs share a node as Batch AI and Ray share a machine's cores: each takes
+    ``process_count_per_node`` of the cluster's ``slots``.
+    """
 
     cluster: str
     index: int
     state: NodeState
-    job_id: str | None = None
+    jobs: list[str] = Field(default_factory=list,
+                            description="The jobs holding slots on it, in the order they came.")
+    slots_used: int = Field(0, description="The process slots those jobs hold.")
 
 
 class NodeCounts(BaseModel):
@@ -46,6 +52,8 @@ class ClusterInfo(BaseModel):
     name: str
     backend: Backend
     slots: int = Field(description="Process slots per node.")
+    free_slots: int = Field(0, description="Slots no job holds, on nodes jobs may use (neither "
+                                           "leaving nor unusable).")
     target_nodes: int = Field(description="Nodes asked for by create or the last resize.")
     max_nodes: int | None = Field(None, description="The most nodes a resize may set.")
     current_nodes: int = Field(description="Nodes that exist now, leaving ones included.")

@@ -74,7 +74,9 @@ _N = NodeState
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     _N.IDLE: frozenset({_N.PREPARING, _N.UNUSABLE}),
     _N.PREPARING: frozenset({_N.RUNNING, _N.IDLE, _N.LEAVING, _N.UNUSABLE}),
-    _N.RUNNING: frozenset({_N.IDLE, _N.LEAVING, _N.UNUSABLE}),
+    # Jobs share a node's slots: when its running jobs end, one that came later may still
+    # be preparing there.
+    _N.RUNNING: frozenset({_N.IDLE, _N.PREPARING, _N.LEAVING, _N.UNUSABLE}),
     _N.LEAVING: frozenset(),  # a leaving node is removed, never reused
     _N.UNUSABLE: frozenset({_N.IDLE}),
 }

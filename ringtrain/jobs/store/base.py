@@ -1,9 +1,11 @@
 """The Store protocol: where clusters, nodes and jobs live, with transitions enforced on write.
 
 A store keeps node allocation consistent with job states: moving a job to ``preparing`` claims
-idle nodes, moving it to ``running`` marks them running, and moving it to a final state (or back
-to ``queued`` for a retry) releases them, removing those a shrink marked ``leaving``. Each call is
-one transaction.
+``process_count_per_node`` slots on each of its nodes (jobs share a node up to the cluster's
+``slots``), moving it to ``running`` marks them running, and moving it to a final state (or back
+to ``queued`` for a retry) releases them, removing a node a shrink marked ``leaving`` once its
+last job is gone. A node's state follows its jobs: ``running`` while one runs there,
+``preparing`` while they prepare, ``idle`` without any. Each call is one transaction.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ class Store(Protocol):
             job_id: the job.
             target: the new state.
             now: the time of the change (the scheduler's clock).
-            nodes: for ``preparing``: the idle cluster nodes to claim.
+            nodes: for ``preparing``: the cluster nodes to claim slots on (each with
+                ``process_count_per_node`` free slots).
             message: replaces the job's message when given.
             exit_code: recorded with a final state.
             ends_as: for ``terminating``: the final state once its processes are gone.
@@ -103,8 +106,9 @@ class Store(Protocol):
 
     def set_job_nodes(self, job_id: str, nodes: list[int], message: str | None = None
                       ) -> JobInfo:
-        """Change the nodes of a started elastic job: nodes it gains are claimed (they must be
-        idle), nodes it loses are released (idle again, or removed if they were leaving).
+        """Change the nodes of a started elastic job: slots on nodes it gains are claimed (they
+        must be free), slots on nodes it loses are released (a leaving node without jobs is
+        removed).
 
         Args:
             job_id: the job, preparing or running.
@@ -112,7 +116,7 @@ class Store(Protocol):
             message: replaces the job's message when given.
 
         Raises:
-            ConflictError: the job is not started, or a node to claim is not idle.
+            ConflictError: the job is not started, or a node to claim lacks the free slots.
         """
         ...
 

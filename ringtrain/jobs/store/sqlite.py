@@ -31,15 +31,19 @@ from ringtrain.jobs.models import (
 )
 from ringtrain.jobs.store.changes import ChangeLog
 
-SCHEMA_VERSION = 5  # 5: jobs.front (a deployment's front)
+SCHEMA_VERSION = 6  # 6: node_jobs (jobs share a node's slots)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
     target_nodes INTEGER NOT NULL, deleting INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL,
     max_nodes INTEGER, address TEXT);
 CREATE TABLE IF NOT EXISTS nodes (
-    cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL, job_id TEXT,
+    cluster TEXT NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL,
     PRIMARY KEY (cluster, idx));
+CREATE TABLE IF NOT EXISTS node_jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, cluster TEXT NOT NULL, idx INTEGER NOT NULL,
+    job_id TEXT NOT NULL, slots INTEGER NOT NULL, running INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (cluster, idx, job_id));
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, cluster TEXT NOT NULL,
     experiment TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
@@ -60,6 +64,13 @@ _TAG_OLD_HANDLES = """
 UPDATE jobs SET launch = json_set(launch, '$.backend',
     CASE WHEN json_type(launch, '$.placement_group') IS NULL THEN 'local' ELSE 'ray' END)
 WHERE launch IS NOT NULL AND json_valid(launch) AND json_type(launch, '$.backend') IS NULL
+"""
+#: Before version 6 a node held one job, in ``nodes.job_id``: that job holds its slots now.
+_MOVE_NODE_JOBS = """
+INSERT INTO node_jobs (cluster, idx, job_id, slots, running)
+SELECT nodes.cluster, nodes.idx, nodes.job_id,
+       json_extract(jobs.spec, '$.process_count_per_node'), nodes.state = 'running'
+FROM nodes JOIN jobs ON jobs.id = nodes.job_id
 """
 
 
@@ -82,8 +93,11 @@ class SQLiteStore:
             if db.execute("PRAGMA user_version").fetchone()[0] < 4:
                 db.execute(_TAG_OLD_HANDLES)
             for table, column, kind in _ADDED_COLUMNS:
-                if column not in {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}:
+                if column not in _columns(db, table):
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            if "job_id" in _columns(db, "nodes"):
+                db.execute(_MOVE_NODE_JOBS)
+                db.execute("ALTER TABLE nodes DROP COLUMN job_id")
             # Unique, so that two submissions with one key can never both be recorded.
             db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency_key "
                        "ON jobs (idempotency_key)")
@@ -161,8 +175,7 @@ class SQLiteStore:
     def list_nodes(self, cluster: str) -> list[NodeInfo]:
         db = self._conn()
         self._cluster_row(db, cluster)
-        return [_node(r) for r in db.execute(
-            "SELECT * FROM nodes WHERE cluster=? ORDER BY idx", (cluster,))]
+        return _nodes(db, cluster)
 
     def resize_cluster(self, name: str, nodes: int) -> ClusterInfo:
         with self._tx() as db:
@@ -199,8 +212,7 @@ class SQLiteStore:
 
     def _resize(self, db: sqlite3.Connection, name: str, target: int) -> None:
         db.execute("UPDATE clusters SET target_nodes=? WHERE name=?", (target, name))
-        rows = [_node(r) for r in db.execute(
-            "SELECT * FROM nodes WHERE cluster=? ORDER BY idx", (name,))]
+        rows = _nodes(db, name)
         staying = [n for n in rows if n.state != NodeState.LEAVING]
         if target > len(staying):
             first = max((n.index for n in rows), default=-1) + 1
@@ -209,14 +221,14 @@ class SQLiteStore:
                             for i in range(target - len(staying))])
             return
         # Shrink idle and unusable nodes first (highest index first); busy nodes only leave once
-        # their job ends, so a shrink never kills running work.
+        # their jobs end, so a shrink never kills running work.
         order = {NodeState.IDLE: 0, NodeState.UNUSABLE: 1}
-        victims = sorted(staying, key=lambda n: (order.get(n.state, 2), -n.index))
+        victims = sorted(staying, key=lambda n: (order.get(n.state, 2), len(n.jobs), -n.index))
         for node in victims[:len(staying) - target]:
-            if node.job_id is None:
+            if not node.jobs:
                 db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?", (name, node.index))
             else:
-                self._set_node(db, node, NodeState.LEAVING, node.job_id)
+                self._set_node(db, node, NodeState.LEAVING)
 
     def _cluster_row(self, db: sqlite3.Connection, name: str) -> sqlite3.Row:
         row = db.execute("SELECT * FROM clusters WHERE name=?", (name,)).fetchone()
@@ -237,17 +249,40 @@ class SQLiteStore:
             alloc = AllocationState.RESIZING
         else:
             alloc = AllocationState.STEADY
+        held = db.execute(
+            "SELECT COALESCE(SUM(node_jobs.slots), 0) FROM node_jobs JOIN nodes "
+            "USING (cluster, idx) WHERE cluster=? AND nodes.state NOT IN ('leaving', 'unusable')",
+            (name,)).fetchone()[0]
+        usable = current - counts.leaving - counts.unusable
         return ClusterInfo(name=name, backend=row["backend"], slots=row["slots"],
+                           free_slots=usable * row["slots"] - held,
                            target_nodes=row["target_nodes"], max_nodes=row["max_nodes"],
                            current_nodes=current,
                            allocation_state=alloc, node_counts=counts,
                            created_at=row["created_at"], address=row["address"])
 
-    def _set_node(self, db: sqlite3.Connection, node: NodeInfo, state: NodeState,
-                  job_id: str | None) -> None:
+    def _set_node(self, db: sqlite3.Connection, node: NodeInfo, state: NodeState) -> None:
         check_node_transition(f"{node.cluster}/{node.index}", node.state, state)
-        db.execute("UPDATE nodes SET state=?, job_id=? WHERE cluster=? AND idx=?",
-                   (state.value, job_id, node.cluster, node.index))
+        db.execute("UPDATE nodes SET state=? WHERE cluster=? AND idx=?",
+                   (state.value, node.cluster, node.index))
+
+    def _refresh_node(self, db: sqlite3.Connection, cluster: str, index: int) -> None:
+        """Bring a node's state in line with the jobs on it: running while one of them runs,
+        preparing while they prepare, idle without any; a leaving node goes with its last job,
+        and an unusable one stays so."""
+        node = _node_at(db, cluster, index)
+        if node.state == NodeState.LEAVING:
+            if not node.jobs:
+                db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?", (cluster, index))
+            return
+        if node.state == NodeState.UNUSABLE:
+            return
+        running = db.execute("SELECT 1 FROM node_jobs WHERE cluster=? AND idx=? AND running=1",
+                             (cluster, index)).fetchone()
+        state = (NodeState.RUNNING if running else NodeState.PREPARING if node.jobs
+                 else NodeState.IDLE)
+        if state != node.state:
+            self._set_node(db, node, state)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -302,9 +337,7 @@ class SQLiteStore:
                             nodes=json.dumps(nodes), launch=None, terminate_requested_at=None,
                             ends_as=None)
             elif target == JobState.RUNNING:
-                for node in self._job_nodes(db, job):
-                    if node.state == NodeState.PREPARING:
-                        self._set_node(db, node, NodeState.RUNNING, job_id)
+                self._mark_running(db, job, job.nodes)
                 sets["running_at"] = now
             elif target == JobState.TERMINATING:
                 sets.update(terminate_requested_at=now,
@@ -334,11 +367,11 @@ class SQLiteStore:
             gained = [i for i in nodes if i not in job.nodes]
             if gained:
                 self._claim_nodes(db, job, gained)
-            for node in self._job_nodes(db, job):
-                if node.index not in nodes:
-                    self._release_node(db, node)
-                elif job.state == JobState.RUNNING and node.state == NodeState.PREPARING:
-                    self._set_node(db, node, NodeState.RUNNING, job_id)
+            if job.state == JobState.RUNNING:  # a running job runs on what it gains
+                self._mark_running(db, job, nodes)
+            for index in self._job_nodes(db, job):
+                if index not in nodes:
+                    self._release_node(db, job, index)
             sets: dict[str, Any] = {"nodes": json.dumps(nodes)}
             if message is not None:
                 sets["message"] = message
@@ -376,29 +409,43 @@ class SQLiteStore:
     def _claim_nodes(self, db: sqlite3.Connection, job: JobInfo, indices: list[int]) -> None:
         if not indices:
             raise ConflictError(f"job {job.id}: preparing needs the nodes it runs on")
-        by_index = {n.index: n for n in (_node(r) for r in db.execute(
-            "SELECT * FROM nodes WHERE cluster=?", (job.cluster,)))}
+        slots = self._cluster_row(db, job.cluster)["slots"]
+        need = job.spec.process_count_per_node
+        by_index = {n.index: n for n in _nodes(db, job.cluster)}
         for i in indices:
             node = by_index.get(i)
             if node is None:
                 raise NotFoundError(f"cluster {job.cluster!r} has no node {i}")
-            if node.state != NodeState.IDLE:
-                raise ConflictError(f"node {job.cluster}/{i} is {node.state.value}, not idle")
-            self._set_node(db, node, NodeState.PREPARING, job.id)
+            if node.state in (NodeState.LEAVING, NodeState.UNUSABLE):
+                raise ConflictError(f"node {job.cluster}/{i} is {node.state.value}")
+            if job.id in node.jobs:
+                raise ConflictError(f"job {job.id} holds node {job.cluster}/{i} already")
+            if node.slots_used + need > slots:
+                raise ConflictError(f"node {job.cluster}/{i} has {slots - node.slots_used} free "
+                                    f"slot(s); job {job.id} needs {need}")
+            db.execute("INSERT INTO node_jobs (cluster, idx, job_id, slots) VALUES (?,?,?,?)",
+                       (job.cluster, i, job.id, need))
+            self._refresh_node(db, job.cluster, i)
 
-    def _job_nodes(self, db: sqlite3.Connection, job: JobInfo) -> list[NodeInfo]:
-        return [_node(r) for r in db.execute(
-            "SELECT * FROM nodes WHERE cluster=? AND job_id=?", (job.cluster, job.id))]
+    def _mark_running(self, db: sqlite3.Connection, job: JobInfo, indices: list[int]) -> None:
+        for i in indices:
+            db.execute("UPDATE node_jobs SET running=1 WHERE cluster=? AND idx=? AND job_id=?",
+                       (job.cluster, i, job.id))
+            self._refresh_node(db, job.cluster, i)
+
+    def _job_nodes(self, db: sqlite3.Connection, job: JobInfo) -> list[int]:
+        return [r[0] for r in db.execute(
+            "SELECT idx FROM node_jobs WHERE cluster=? AND job_id=? ORDER BY idx",
+            (job.cluster, job.id))]
 
     def _release_nodes(self, db: sqlite3.Connection, job: JobInfo) -> None:
-        for node in self._job_nodes(db, job):
-            self._release_node(db, node)
+        for index in self._job_nodes(db, job):
+            self._release_node(db, job, index)
 
-    def _release_node(self, db: sqlite3.Connection, node: NodeInfo) -> None:
-        if node.state == NodeState.LEAVING:
-            db.execute("DELETE FROM nodes WHERE cluster=? AND idx=?", (node.cluster, node.index))
-        else:
-            self._set_node(db, node, NodeState.IDLE, None)
+    def _release_node(self, db: sqlite3.Connection, job: JobInfo, index: int) -> None:
+        db.execute("DELETE FROM node_jobs WHERE cluster=? AND idx=? AND job_id=?",
+                   (job.cluster, index, job.id))
+        self._refresh_node(db, job.cluster, index)
 
     def _job_row(self, db: sqlite3.Connection, job_id: str) -> sqlite3.Row:
         row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
@@ -410,9 +457,29 @@ class SQLiteStore:
         return _job(self._job_row(db, job_id))
 
 
-def _node(row: sqlite3.Row) -> NodeInfo:
-    return NodeInfo(cluster=row["cluster"], index=row["idx"], state=NodeState(row["state"]),
-                    job_id=row["job_id"])
+def _nodes(db: sqlite3.Connection, cluster: str, index: int | None = None) -> list[NodeInfo]:
+    """The nodes of ``cluster`` by index (only node ``index`` when given), with their jobs."""
+    where, args = "cluster=?", list[object]([cluster])
+    if index is not None:
+        where, args = where + " AND idx=?", args + [index]
+    held: dict[int, list[sqlite3.Row]] = {}
+    for row in db.execute(f"SELECT * FROM node_jobs WHERE {where} ORDER BY seq", args):
+        held.setdefault(row["idx"], []).append(row)
+    return [NodeInfo(cluster=cluster, index=r["idx"], state=NodeState(r["state"]),
+                     jobs=[j["job_id"] for j in held.get(r["idx"], [])],
+                     slots_used=sum(j["slots"] for j in held.get(r["idx"], [])))
+            for r in db.execute(f"SELECT * FROM nodes WHERE {where} ORDER BY idx", args)]
+
+
+def _node_at(db: sqlite3.Connection, cluster: str, index: int) -> NodeInfo:
+    found = _nodes(db, cluster, index)
+    if not found:
+        raise NotFoundError(f"cluster {cluster!r} has no node {index}")
+    return found[0]
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
 
 
 def _job(row: sqlite3.Row) -> JobInfo:
