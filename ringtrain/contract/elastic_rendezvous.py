@@ -24,15 +24,14 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from enum import Enum
 from typing import Protocol
 
 from ringtrain.contract.slots import SlotInfo
 
 _POLL_S = 0.02
-#: A wait for a key wakes this often, so that signal handlers run (see _wait_key).
-_WAIT_SLICE_S = 0.25
+#: How often a wait for a key looks (see _wait_key).
+_KEY_POLL_S = 0.1
 
 
 class Store(Protocol):
@@ -42,7 +41,6 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
-    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
 class HostUpdate(Enum):
@@ -131,9 +129,9 @@ def join_world(store: Store, keys: Keys, worker: int, generation: int, leaving: 
     deadline = clock() + timeout_s
     if leaving:
         store.set(keys.ready(generation, worker), b"1")
-        generation = _wait_next(store, keys, generation, deadline, clock)
+        generation = _wait_next(store, keys, generation, deadline, clock, sleep)
     while True:
-        slot = _read_slot(store, keys, generation, worker, deadline, clock)
+        slot = _read_slot(store, keys, generation, worker, deadline, clock, sleep)
         store.add(keys.joined(generation), 1)
         while not world_formed(store, keys, generation, slot.size):
             if store.check([keys.next(generation)]):
@@ -155,29 +153,26 @@ def host_update(store: Store, keys: Keys, generation: int) -> HostUpdate | None:
     return HostUpdate(store.get(keys.hosts(generation)).decode())
 
 
-def _wait_key(store: Store, key: str, deadline: float, clock: Callable[[], float]) -> None:
-    """Wait until ``key`` exists, in slices of at most :data:`_WAIT_SLICE_S`: a store wait blocks
-    in C++, where Python signal handlers (Ctrl-C, a job's SIGTERM) cannot run.
+def _wait_key(store: Store, key: str, deadline: float, clock: Callable[[], float],
+              sleep: Callable[[float], None]) -> None:
+    """Wait until ``key`` exists, looking every :data:`_KEY_POLL_S`. Not a store wait in slices:
+    that blocks in C++, where Python signal handlers (Ctrl-C, a job's SIGTERM) cannot run, and
+    each slice that times out makes c10d print a warning ("waitForInput ... timed out").
 
     Raises:
-        Exception: the store's, at the deadline, or at once if the store cannot be reached.
+        TimeoutError: the deadline passed.
+        Exception: the store's, at once, if the store cannot be reached.
     """
-    while True:
-        try:
-            store.wait([key], timedelta(seconds=min(_WAIT_SLICE_S,
-                                                    max(deadline - clock(), 0.001))))
-            return
-        except Exception:
-            if store.check([key]):  # raises if the store is gone: no point waiting on
-                return
-            if clock() >= deadline:
-                raise
+    while not store.check([key]):
+        if clock() >= deadline:
+            raise TimeoutError(f"no key {key!r} in the store by the deadline")
+        sleep(_KEY_POLL_S)
 
 
 def _wait_next(store: Store, keys: Keys, generation: int, deadline: float,
-               clock: Callable[[], float]) -> int:
+               clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
     try:
-        _wait_key(store, keys.next(generation), deadline, clock)
+        _wait_key(store, keys.next(generation), deadline, clock, sleep)
     except Exception as exc:  # the store reports a timeout as a generic error
         raise RendezvousTimeout(
             f"the launcher did not form a new world within the elastic timeout after world "
@@ -186,10 +181,10 @@ def _wait_next(store: Store, keys: Keys, generation: int, deadline: float,
 
 
 def _read_slot(store: Store, keys: Keys, generation: int, worker: int, deadline: float,
-               clock: Callable[[], float]) -> SlotInfo:
+               clock: Callable[[], float], sleep: Callable[[float], None]) -> SlotInfo:
     key = keys.slot(generation, worker)
     try:
-        _wait_key(store, key, deadline, clock)
+        _wait_key(store, key, deadline, clock, sleep)
     except Exception as exc:
         raise RendezvousTimeout(f"no place in world {generation} for worker {worker} within "
                                 f"the elastic timeout ({exc})") from exc

@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 # Collectives may legitimately wait long (a slow rank writing a checkpoint); a dead peer is
 # detected by its closed connection, not by this timeout.
 _COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
-#: init() waits for its peers in slices this long, so that signal handlers run meanwhile.
-_ARRIVAL_SLICE_S = 0.25
+#: init() looks this often whether its peers arrived. It polls rather than waiting on the store
+#: in slices: signal handlers run between looks, and a store wait that times out makes c10d
+#: print a warning ("waitForInput ... timed out") for every rank that comes later.
+_ARRIVAL_POLL_S = 0.05
 
 
 _lock = threading.RLock()
@@ -216,7 +218,7 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
 
 
 def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> None:
-    """Announce this rank and wait, in slices, until every rank of the world has announced itself.
+    """Announce this rank and wait until every rank of the world has announced itself.
 
     torch.distributed's own rendezvous would wait in C++ for the collective timeout (hours),
     where no Python signal handler (Ctrl-C, a job's SIGTERM) can run; after this it finds every
@@ -229,18 +231,14 @@ def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> N
     store.set(f"arrived/{rank}", b"1")  # type: ignore[arg-type]  # stub says str; bytes work
     keys = [f"arrived/{r}" for r in range(size)]
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            store.wait(keys, datetime.timedelta(seconds=_ARRIVAL_SLICE_S))
-            return
-        except dist.DistStoreError:
-            if time.monotonic() < deadline:
-                continue
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
             missing = [r for r, key in enumerate(keys) if not store.check([key])]
             raise HorovodInternalError(
                 f"rank(s) {missing} did not call hvd.init() within {timeout_s:g} s of rank "
                 f"{rank} (the start timeout, --start-timeout or HOROVOD_START_TIMEOUT): they "
-                "failed or are still starting") from None
+                "failed or are still starting")
+        time.sleep(_ARRIVAL_POLL_S)
 
 
 def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,

@@ -135,6 +135,26 @@ def test_a_progress_bar_reaches_the_rank_files_while_its_line_is_unfinished(tmp_
         thread.join()
 
 
+def test_a_rank_that_calls_init_late_causes_no_c10d_warnings(tmp_path):
+    # Rank 0 waits for its peers in init(); a store wait that times out makes c10d print
+    # "socket.cpp ... waitForInput ... timed out" on every rank that waits.
+    script = write_script(tmp_path, "late.py", (
+        "import os, time\n"
+        "import torch\n"
+        "import ringtrain.torch as hvd\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(1.5)\n"
+        "hvd.init()\n"
+        "print('sum', hvd.allreduce(torch.ones(1), op=hvd.Sum).item())\n"))
+    out_dir = tmp_path / "logs"
+    result = run_job(["-np", "2", "--output-filename", str(out_dir), PY, script], tmp_path)
+    assert result.exit_code == 0, result.message
+    for r in range(2):
+        assert "sum 2.0" in (out_dir / f"rank.{r}" / "stdout").read_text()
+        stderr = (out_dir / f"rank.{r}" / "stderr").read_text()
+        assert "socket.cpp" not in stderr and "c10d" not in stderr, stderr
+
+
 def test_first_failure_stops_the_others_quickly(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
     result = run_job(["-np", "3", PY, script, "exit:1:3"], tmp_path)
