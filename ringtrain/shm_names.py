@@ -1,4 +1,5 @@
-"""Where a job's shared-memory segments live, and how the launcher sweeps them away.
+"""Where a job's shared-memory segments live, which ranks share them, and how the launcher sweeps
+them away.
 
 A leaf (standard library only): the shared-memory backend names its segments with
 :func:`segment_path`, and ``ringtrain run`` removes what is left of a launch with :func:`sweep`
@@ -14,6 +15,10 @@ from pathlib import Path
 #: The tmpfs where segments are created (POSIX shared memory on Linux).
 SHM_DIR = Path("/dev/shm")
 _PREFIX = "ringtrain-"
+#: The variable that widens shared memory from the ranks of one host name to every rank of the
+#: machine ("machine"; "host" is the default): the job service sets it for the nodes of a local
+#: cluster, which are several host names of one machine.
+SCOPE_VAR = "RINGTRAIN_SHM_SCOPE"
 
 
 def segment_path(run_id: str, token: str, key: str, directory: Path = SHM_DIR) -> Path:

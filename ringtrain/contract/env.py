@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringtrain import shm_names
 from ringtrain.engine.config import DEFAULT_BUCKET_BYTES, AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
 
@@ -40,6 +41,8 @@ BUCKET_BYTES = "RINGTRAIN_BUCKET_BYTES"
 THREADS_PER_RANK = "RINGTRAIN_THREADS_PER_RANK"
 # Collectives within a host through shared memory (unset: wherever ranks share a host).
 SHM = "RINGTRAIN_SHM"
+SHM_SCOPE = shm_names.SCOPE_VAR
+SHM_SCOPES = ("host", "machine")
 HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 
 
@@ -79,6 +82,8 @@ def engine_environ(config: EngineConfig) -> dict[str, str]:
             env["HOROVOD_AUTOTUNE_LOG"] = tune.log_file
     if config.shared_memory is not None:
         env[SHM] = "1" if config.shared_memory else "0"
+    if config.shared_memory_scope != "host":
+        env[SHM_SCOPE] = config.shared_memory_scope
     if config.hierarchical_allreduce is not None:
         env[HIERARCHICAL_ALLREDUCE] = "1" if config.hierarchical_allreduce else "0"
     return env
@@ -110,6 +115,10 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
     if shm is False and hierarchical:
         raise ConfigError(f"{HIERARCHICAL_ALLREDUCE}=1 reduces within each host through shared "
                           f"memory, which {SHM}=0 turns off; unset one of them")
+    scope = environ.get(SHM_SCOPE, "").strip() or "host"
+    if scope not in SHM_SCOPES:
+        raise ConfigError(f"environment variable {SHM_SCOPE}={scope!r} is not one of "
+                          f"{', '.join(SHM_SCOPES)}")
     return EngineConfig(
         fusion_threshold_bytes=r.int("HOROVOD_FUSION_THRESHOLD", default.fusion_threshold_bytes),
         cycle_time_ms=r.float("HOROVOD_CYCLE_TIME", default.cycle_time_ms),
@@ -124,6 +133,7 @@ def read_engine_config(environ: Mapping[str, str]) -> EngineConfig:
         threads_per_rank=r.opt_int(THREADS_PER_RANK),
         autotune=_read_autotune(r, environ),
         shared_memory=shm,
+        shared_memory_scope=scope,
         hierarchical_allreduce=hierarchical,
     )
 

@@ -50,6 +50,10 @@ class EngineConfig:
     #: Collectives between ranks of one host through shared memory: None = wherever two ranks
     #: share a host, False = never (Gloo over loopback), True = the same as None, but asked for.
     shared_memory: bool | None = None
+    #: Which ranks share memory: "host", those of one host name (Horovod's rule, and what a
+    #: launch over several host names of one machine tests), or "machine", every rank of one
+    #: kernel, whatever its host name (the nodes of a local job cluster, all on one machine).
+    shared_memory_scope: str = "host"
     #: Allreduce of sets spanning hosts: within each host, then across one leader per host
     #: (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). None = whenever shared memory is used.
     hierarchical_allreduce: bool | None = None

@@ -247,9 +247,12 @@ def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
     off (``RINGTRAIN_SHM=0``) or no two ranks share a host."""
     # Ranks share memory only on one running kernel in one pid namespace, under one host name
     # (the nodes of a local job cluster are several hosts of one machine: kept apart, as they
-    # would be on real machines). Without /proc nothing can be told, and nothing is shared.
-    places = [RankPlace(host=f"{p.host}/{p.machine}" if p.machine else f"rank{r}", pid=p.pid,
-                        start_ticks=p.start_ticks) for r, p in enumerate(processes)]
+    # would be on real machines, unless RINGTRAIN_SHM_SCOPE=machine, which the job service sets
+    # for them). Without /proc nothing can be told, and nothing is shared.
+    by_machine = env.knobs.shared_memory_scope == "machine"
+    places = [RankPlace(host=(p.machine if by_machine else f"{p.host}/{p.machine}")
+                        if p.machine else f"rank{r}", pid=p.pid, start_ticks=p.start_ticks)
+              for r, p in enumerate(processes)]
     if env.knobs.shared_memory is False or len({p.host for p in places}) == len(places):
         return gloo
     if env.knobs.shared_memory is None and platform.machine().lower() not in STORES_IN_ORDER:

@@ -1,5 +1,6 @@
-"""A job's ranks share the machine's cores whatever the nodes they are split into: two nodes of a
-local cluster on one machine must not each give their ranks every core."""
+"""A job's ranks share the machine whatever the nodes they are split into: two nodes of a local
+cluster on one machine must not each give their ranks every core, and their ranks reduce through
+shared memory as the ranks of one node do."""
 
 from __future__ import annotations
 
@@ -37,3 +38,26 @@ def test_two_nodes_on_one_machine_share_its_cores_unless_the_job_says(
     rc, out, err = cli("job", "submit", spec, "--cluster", "local", "--follow")
     assert rc == 0, err
     assert _threads_of_ranks(home, out.splitlines()[0], 2) == ["3", "3"]
+
+
+PRINT_BACKEND = (f"{sys.executable} -c \"import torch, ringtrain.torch as hvd\n"
+                 "from ringtrain.torch import runtime\n"
+                 "hvd.init()\n"
+                 "total = hvd.allreduce(torch.ones(3) * (hvd.rank() + 1), op=hvd.Sum)\n"
+                 "print('backend', type(runtime.current().backend).__name__, total.tolist())\"")
+
+
+def test_two_nodes_on_one_machine_reduce_through_shared_memory(home: Home, cli: CLI,
+                                                               tmp_path: Path) -> None:
+    # Each node is a host name of its own (a launch over two host names of one machine keeps
+    # them apart: Gloo over loopback); the job service tells the ranks they are one machine, so
+    # they share memory as `ringtrain run -np 2` does.
+    rc, _, err = cli("cluster", "create", "local", "--nodes", "2", "--slots", "1")
+    assert rc == 0, err
+    spec = spec_file(tmp_path, "shm", node_count=2, command=PRINT_BACKEND)
+    rc, out, err = cli("job", "submit", spec, "--cluster", "local", "--follow")
+    assert rc == 0, err
+    logs = home.share_root / "jobs" / out.splitlines()[0] / "stdouterr"
+    for r in range(2):
+        assert (logs / f"rank.{r}" / "stdout").read_text().split() == [
+            "backend", "HierarchicalBackend", "[3.0,", "3.0,", "3.0]"]

@@ -153,3 +153,13 @@ def test_engine_config_round_trips_through_horovods_variables():
     assert read_engine_config(engine_environ(config)) == config
     env = read_worker_env({"HOROVOD_CYCLE_TIME": "3", "HOROVOD_STALL_CHECK_DISABLE": "yes"})
     assert env.knobs.cycle_time_ms == 3.0 and not env.knobs.stall_check_enabled
+
+
+def test_shared_memory_scope_is_read_round_tripped_and_checked():
+    assert read_engine_config({}).shared_memory_scope == "host"
+    knobs = read_engine_config({"RINGTRAIN_SHM_SCOPE": "machine"})
+    assert knobs.shared_memory_scope == "machine"
+    assert read_engine_config(engine_environ(knobs)) == knobs
+    with pytest.raises(ConfigError, match="RINGTRAIN_SHM_SCOPE='node' is not one of host, "
+                                          "machine"):
+        read_engine_config({"RINGTRAIN_SHM_SCOPE": "node"})

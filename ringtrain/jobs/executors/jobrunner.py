@@ -42,6 +42,7 @@ from ringtrain.jobs.executors.records import (
 )
 from ringtrain.jobs.job_folder import JobFolder, prep_log_path, rank_log_path
 from ringtrain.runner.threads import LOCAL_SIZE_VAR, default_threads_environ
+from ringtrain.shm_names import SCOPE_VAR
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: An elastic attempt's node N is the host ``nodeN.localhost`` (a name of this machine, RFC 6761)
@@ -124,7 +125,9 @@ class JobRunner:
         launch = self.launch
         endpoint = f"127.0.0.1:{_free_port()}"
         ranks = launch.node_count * launch.process_count_per_node
-        env = os.environ | machine_threads_environ(ranks)
+        # The nodes are host names of this one machine: their ranks reduce through shared
+        # memory, as `ringtrain run -np N` does, not over loopback TCP.
+        env = os.environ | machine_threads_environ(ranks) | {SCOPE_VAR: "machine"}
         children = []
         for k in range(launch.node_count):
             argv = node_argv(launch.runner, self.job_dir, k, launch.node_count,
