@@ -63,14 +63,14 @@ def service(home: Home, tmp_path: Path) -> Iterator[JobsClient]:
     client.close()
 
 
-def _submit(client: JobsClient, tmp_path: Path, name: str) -> str:
+def _submit(client: JobsClient, tmp_path: Path, name: str, cluster: str = "c") -> str:
     wd = tmp_path / f"wd-{name}"
     if not wd.exists():
         shutil.copytree(JOB_FILES, wd)
     spec = parse_job_spec({"name": name, "node_count": 1, "process_count_per_node": 2,
                            "command": f"{sys.executable} train.py", "working_dir": str(wd),
                            "outputs": ["tb"]})
-    return client.submit("c", spec).id
+    return client.submit(cluster, spec).id
 
 
 def _state_of(page: Any, job_id: str) -> str:
@@ -180,6 +180,122 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     page.click("a[data-nav='deployments']")
     page.wait_for_selector("#deployments .panel")
     page.screenshot(path=str(artifacts / "deployments.png"), full_page=True)
+    assert problems == [], "\n".join(problems)
+
+
+# A job whose outputs look like a saved model (so that it can be deployed) but are not one: its
+# deployment's job starts, fails to load it and ends, and stays a job that `serves` another.
+BROKEN_MODEL = ('cd "$RINGTRAIN_OUTPUT_MODEL" && echo \'{"arch": "nonesuch"}\' > model.json '
+                '&& echo junk > model.pt')
+# TensorBoard's smoothing, as its scalar dashboard computes it: a debiased moving average.
+SMOOTHED = [1.0, 1.625, 2.3265306122448983, 5.852941176470588]
+
+
+def _tensorboard_smoothing(ys: list[float], weight: float) -> list[float]:
+    last, out = 0.0, []
+    for n, y in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * y
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def test_smoothing_log_scale_compare_progress_ranks_and_stack_in_a_browser(
+        service: JobsClient, tmp_path: Path, browser: Any, artifacts: Path) -> None:
+    service.create_cluster(ClusterSpec(name="d", nodes=3, slots=2))
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(service.dashboard_url())
+    page.wait_for_selector("#live.on")
+
+    # A deployment's job is no training job: out of the list unless asked for.
+    model = service.submit("d", parse_job_spec({"name": "broken", "node_count": 1,
+                                                "command": BROKEN_MODEL, "outputs": ["model"]}))
+    wait_for(lambda: service.get_job(model.id).state == JobState.SUCCEEDED, timeout_s=120)
+    serving = service.deploy(model.id).id
+    assert service.get_job(serving).serves == model.id
+    page.wait_for_function("() => document.querySelector('#jobs-table').closest('.panel')"
+                           ".textContent.includes('1 deployment job(s) hidden')")
+    assert page.query_selector(f'tr[data-job="{serving}"]') is None
+    page.check("#show-serving")
+    page.wait_for_selector(f'tr[data-job="{serving}"]')
+    page.uncheck("#show-serving")
+    page.wait_for_selector(f'tr[data-job="{serving}"]', state="detached")
+
+    jobs = [_submit(service, tmp_path, name, cluster="d") for name in ("alpha", "beta")]
+    for j in jobs:
+        page.wait_for_selector(f'tr[data-job="{j}"]')
+    wait_for(lambda: all(_state_of(page, j) == "running" for j in jobs))
+    # Progress from the step scalars, with an ETA: rank 0 logged total_steps = 600.
+    page.wait_for_function(
+        f"() => /^step \\d+ \\/ 600 · [\\d.]+ steps\\/s · ETA \\d+m \\d+s$/.test(document"
+        f".querySelector('tr[data-job=\"{jobs[0]}\"] td.progress')?.textContent || '')")
+    page.screenshot(path=str(artifacts / "jobs-progress.png"), full_page=True)
+
+    # Compare: tick both, one chart per tag with a line per job and rank.
+    assert page.is_disabled("#compare")
+    for j in jobs:
+        page.check(f'tr[data-job="{j}"] td.pick input')
+    page.click("#compare")
+    legend = '.chart[data-tag="loss"] .legend'
+    page.wait_for_function(f"() => {{ const t = document.querySelector('{legend}')?.textContent"
+                           f" || ''; return ['{jobs[0]}', '{jobs[1]}'].every(j => "
+                           "['rank0', 'rank1'].every(r => t.includes(`${j} · outputs/tb/${r}`)))"
+                           " }")
+    assert page.url.endswith(f"#/compare/{jobs[0]},{jobs[1]}")
+    page.screenshot(path=str(artifacts / "compare.png"), full_page=True)
+
+    # Smoothing (TensorBoard's formula) with the raw line faint behind, then a log scale.
+    page.goto(f"{service.url}/dashboard#/jobs/{jobs[0]}")
+    page.wait_for_function("() => Number(document.querySelector('.chart[data-tag=\"loss\"]')"
+                           "?.dataset.points) > 10")
+    got = page.evaluate("() => LineChart.smooth([1, 2, 3, 10], 0.6)")
+    assert got == pytest.approx(_tensorboard_smoothing([1, 2, 3, 10], 0.6))
+    assert got == pytest.approx(SMOOTHED)
+    page.eval_on_selector("#smoothing", "e => { e.value = '0.9'; "
+                          "e.dispatchEvent(new Event('input')); }")
+    chart = '.chart[data-tag="loss"]'
+    assert page.get_attribute(chart, "data-smoothing") == "0.9"
+    raw = page.eval_on_selector_all(f"{chart} path.raw", "ps => ps.map(p => ["
+                                    "p.getAttribute('stroke-opacity'), p.getAttribute('d')])")
+    smooth = page.eval_on_selector_all(f"{chart} path.smoothed",
+                                       "ps => ps.map(p => p.getAttribute('d'))")
+    assert len(raw) == len(smooth) == 2 and all(float(o) < 0.5 for o, _ in raw)
+    assert [d for _, d in raw] != smooth  # a line per rank, each smoothed
+    page.check("#log-y")
+    assert page.get_attribute(chart, "data-scale") == "log"
+    assert page.get_attribute(chart, "data-hidden") == "0"  # losses are all > 0
+    # Values <= 0 have no place on a log axis: left out, and the legend says how many.
+    ticks = page.evaluate("""() => {
+        const box = document.createElement('div'); document.body.appendChild(box);
+        const c = new LineChart(box, 'signs');
+        c.set([{name: 'a', color: '#000', xs: [0, 1, 2, 3, 4], ys: [-1, 0, 0.01, 1, 100]}],
+              false, {smoothing: 0, logY: true});
+        const out = [c.root.dataset.hidden, c.legend.textContent,
+                     [...c.svg.querySelectorAll('.axis text')].map(t => t.textContent)];
+        box.remove(); return out; }""")
+    assert ticks[0] == "2" and "2 value(s) ≤ 0 not shown" in ticks[1]
+    assert {"0.01", "0.1", "1", "10", "100"} <= set(ticks[2])
+    page.screenshot(path=str(artifacts / "job-curves-smoothed-log.png"), full_page=True)
+    page.reload()  # the settings stay with the browser
+    page.wait_for_selector(f"{chart} path.smoothed")
+    assert page.input_value("#smoothing") == "0.9" and page.is_checked("#log-y")
+    assert page.get_attribute(chart, "data-scale") == "log"
+
+    # Each rank's CPU and memory, and a rank's stack on demand.
+    page.click('button[data-tab="ranks"]')
+    page.wait_for_function("() => ['0', '1'].every(r => /\\d+%/.test(document.querySelector("
+                           "`tr[data-rank=\"${r}\"]`)?.children[2].textContent || ''))")
+    assert "MiB" in page.inner_text('tr[data-rank="1"]')
+    page.click('button[data-stack="0"]')
+    page.wait_for_function("() => document.querySelector('#stack').textContent"
+                           ".includes('(train.py:')")
+    assert "Thread" in page.inner_text("#stack")
+    page.screenshot(path=str(artifacts / "job-processes.png"), full_page=True)
+    for j in jobs:
+        (Path(service.get_job(j).job_dir) / "release").write_text("")
     assert problems == [], "\n".join(problems)
 
 

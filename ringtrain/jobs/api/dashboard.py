@@ -1,5 +1,6 @@
 """The dashboard's routes: the page and its assets, the event stream, scalars, host usage and
-the service's Prometheus metrics.
+the service's Prometheus metrics (and, from :mod:`ringtrain.jobs.api.job_processes`, ranks'
+usage and stack dumps and running jobs' progress).
 
 The page is static (shipped in ``ringtrain/jobs/api/static``, no build step, nothing from the
 network) and fetches everything else from the API with the cookie the guard set. Its
@@ -28,10 +29,11 @@ from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ringtrain.jobs.api.guard import DASHBOARD_PATH
+from ringtrain.jobs.api.job_processes import ACTIVE, add_process_routes, leader_pid
 from ringtrain.jobs.api.schemas import API_PREFIX
 from ringtrain.jobs.deployments import Deployments
-from ringtrain.jobs.errors import NotFoundError, RecordError
-from ringtrain.jobs.models import JobInfo, JobState
+from ringtrain.jobs.errors import NotFoundError
+from ringtrain.jobs.models import JobInfo
 from ringtrain.jobs.models.ids import JOB_ID_PATTERN
 from ringtrain.jobs.monitor.host import HostSampler
 from ringtrain.jobs.monitor.job_usage import JobUsageSampler
@@ -123,6 +125,8 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
             scraped = dict(zip(urls, pool.map(scraper.scrape, urls)))
         return {d.id: [scraped[u] for u in d.urls] for d in live}
 
+    add_process_routes(r, service)
+
     # Not in the OpenAPI schema: a stream that never ends is no operation for generated clients.
     @r.get("/events", include_in_schema=False)
     async def events(request: Request) -> StreamingResponse:
@@ -147,20 +151,9 @@ class _Usage:
         self._ray_at = -HOST_EVERY_S
 
     def sample(self) -> dict[str, Any]:
-        store = self.service.store
-        backends = self.service.backends
         leaders = {}
-        for job in store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING,
-                                           JobState.TERMINATING]):
-            try:
-                data = store.get_launch(job.id)
-                if data is None:  # not started yet
-                    continue
-                launch = backends.load_handle(data)
-            except (RecordError, NotFoundError):  # unreadable, or gone meanwhile
-                continue
-            backend = backends.find(launch.backend)
-            pid = None if backend is None else backend.leader_pid(launch.handle)
+        for job in self.service.store.list_jobs(states=ACTIVE):
+            pid = leader_pid(self.service, job)
             if pid is not None:
                 leaders[job.id] = pid
         return {**self.host.sample(), "jobs": self.jobs.sample(leaders), "ray": self._ray()}

@@ -24,7 +24,7 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _processes() -> dict[int, tuple[int, int, int, int]]:
+def read_processes() -> dict[int, tuple[int, int, int, int]]:
     """pid -> (ppid, session, cpu ticks, resident bytes) of every live process."""
     out = {}
     for entry in os.scandir(_PROC):
@@ -59,7 +59,7 @@ class JobUsageSampler:
             now = time.monotonic()
             if now - self._taken < self.max_age_s and set(self._last) == set(leaders):
                 return self._last
-            procs = _processes()
+            procs = read_processes()
             by_leader = {pid: job for job, pid in leaders.items()}
             totals: dict[str, list[int]] = {job: [0, 0, 0] for job in leaders}
             owner: dict[int, str | None] = {}

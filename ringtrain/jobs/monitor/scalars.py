@@ -34,21 +34,33 @@ MAX_SCAN_ENTRIES = 20_000
 MAX_POINTS = 500_000
 #: Seconds between scans for new files (reads of the files known happen on every refresh).
 SCAN_EVERY_S = 1.0
-_STEPS_FILE = re.compile(r"steps\.rank(\d+)\.jsonl")
-_PHASE_KEYS = ("step_ms", "data_ms", "h2d_ms", "forward_backward_ms", "communication_ms",
-               "optimizer_ms", "other_ms")
+#: A step profiler's file in the job's ``metrics/`` folder; the group is the rank.
+STEPS_FILE = re.compile(r"steps\.rank(\d+)\.jsonl")
+PHASE_KEYS = ("step_ms", "data_ms", "h2d_ms", "forward_backward_ms", "communication_ms",
+              "optimizer_ms", "other_ms")
 
 
-class _StepsFileReader:
-    """Reads one ``steps.rank<N>.jsonl`` incrementally, whole lines only."""
+class StepsFileReader:
+    """Reads one ``steps.rank<N>.jsonl`` incrementally, whole lines only.
 
-    def __init__(self, job_dir: Path, relpath: str, rank: int):
+    Args:
+        job_dir: the job's folder.
+        relpath: the file, relative to it.
+        rank: the rank that writes it (the run's name: ``rank N``).
+        keys: the record's fields to return as series (default: the step time and phases).
+    """
+
+    def __init__(self, job_dir: Path, relpath: str, rank: int,
+                 keys: tuple[str, ...] = PHASE_KEYS):
         self.job_dir = job_dir
         self.relpath = relpath
         self.run = f"rank {rank}"
+        self.keys = keys
         self.offset = 0
 
     def read(self) -> list[tuple[str, int, float, float]]:
+        """``(key, step, wall_time, value)`` of each wanted field of the lines written since
+        the last call (a file not there yet, or no regular file, yields nothing)."""
         try:
             fd = open_regular(self.job_dir, self.relpath)
         except (OSError, RingtrainError):  # not there yet, or made a link, pipe or device
@@ -66,7 +78,7 @@ class _StepsFileReader:
                 step, wall = int(record["step"]), float(record.get("time", 0.0))
             except (ValueError, KeyError, TypeError):
                 continue
-            for key in _PHASE_KEYS:
+            for key in self.keys:
                 value = record.get(key)
                 if isinstance(value, (int, float)):
                     out.append((key, step, wall, float(value)))
@@ -87,7 +99,7 @@ class JobScalars:
         self.truncated = False
         self._index: dict[tuple[str, str], int] = {}
         self._events: dict[Path, EventFileReader] = {}
-        self._steps: dict[Path, _StepsFileReader] = {}
+        self._steps: dict[Path, StepsFileReader] = {}
         self._scanned_at = 0.0
         self._lock = threading.Lock()
 
@@ -136,11 +148,11 @@ class JobScalars:
         except OSError:
             return
         for name in names[:1024]:
-            match = _STEPS_FILE.fullmatch(name)
+            match = STEPS_FILE.fullmatch(name)
             path = self.job_dir / "metrics" / name
             if match and path not in self._steps:
-                self._steps[path] = _StepsFileReader(self.job_dir, f"metrics/{name}",
-                                                     int(match.group(1)))
+                self._steps[path] = StepsFileReader(self.job_dir, f"metrics/{name}",
+                                                    int(match.group(1)))
 
     def _add(self, run: str, tag: str, step: int, wall: float, value: float) -> None:
         if len(self.points) >= MAX_POINTS:

@@ -1,8 +1,8 @@
-"""A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events, a step
-profiler record, a numbered line to stdout and a progress update to stderr (a "\\r" redrawing one
-unfinished line, as tqdm's) every 0.2 s, echoes what the test writes to
-``say.<rank>`` in the job's folder, and exits 0 once the test creates ``release`` there (1 after
-120 s without it)."""
+"""A job for the dashboard tests: each rank logs a loss scalar as TensorBoard events (rank 0 also
+``total_steps``, 600, once: the jobs list's ETA), a step profiler record, a numbered line to
+stdout and a progress update to stderr (a "\\r" redrawing one unfinished line, as tqdm's) every
+0.2 s, echoes what the test writes to ``say.<rank>`` in the job's folder, and exits 0 once the
+test creates ``release`` there (1 after 120 s without it)."""
 
 import json
 import os
@@ -20,6 +20,10 @@ print("<script>window.__pwned = 1</script> <b>not bold</b>", flush=True)
 said = ""
 (job_dir / "metrics").mkdir(exist_ok=True)
 profile = open(job_dir / "metrics" / f"steps.rank{rank}.jsonl", "a")  # as the step profiler
+if rank == 0:  # how a job says its total, for the dashboard's progress and ETA
+    total = summary_pb2.Summary.Value(tag="total_steps", simple_value=600.0)
+    writer.add_event(event_pb2.Event(wall_time=time.time(), step=0,
+                                     summary=summary_pb2.Summary(value=[total])))
 for step in range(600):
     phases = {"data_ms": 2.0 + rank, "forward_backward_ms": 10.0, "communication_ms": 3.0}
     profile.write(json.dumps({"step": step, "time": time.time(), "step_ms": 15.0 + rank,

@@ -11,7 +11,7 @@ const LOG_KEEP_NODES = 4000; // lines kept in a log pane; older ones are dropped
 const PHASES = ["data_ms", "h2d_ms", "forward_backward_ms", "communication_ms", "optimizer_ms", "other_ms"];
 const SPLIT_STEPS = 50;
 
-const state = { jobs: new Map(), clusters: [], host: null, connected: false };
+const state = { jobs: new Map(), clusters: [], host: null, connected: false, progress: {} };
 let view = { name: "", cleanup: () => {}, onChange: () => {} };
 
 // -- helpers --------------------------------------------------------------------------------------
@@ -65,7 +65,11 @@ function duration(j) {
   const start = j.running_at || j.started_at;
   if (!start) return "";
   const end = j.ended_at || Date.now() / 1000;
-  let s = Math.max(0, Math.round(end - start));
+  return hms(end - start);
+}
+
+function hms(seconds) {
+  let s = Math.max(0, Math.round(seconds));
   const h = Math.floor(s / 3600); s -= h * 3600;
   const m = Math.floor(s / 60); s -= m * 60;
   return h ? `${h}h ${m}m` : m ? `${m}m ${s}s` : `${s}s`;
@@ -149,9 +153,10 @@ function route() {
   root.textContent = "";
   const parts = (location.hash || "#/jobs").slice(2).split("/").map(decodeURIComponent);
   for (const a of document.querySelectorAll("[data-nav]")) {
-    a.classList.toggle("active", a.dataset.nav === parts[0]);
+    a.classList.toggle("active", a.dataset.nav === (parts[0] === "compare" ? "jobs" : parts[0]));
   }
   if (parts[0] === "jobs" && parts[1]) view = jobView(root, parts[1]);
+  else if (parts[0] === "compare" && parts[1]) view = compareView(root, parts[1].split(",").filter(Boolean));
   else if (parts[0] === "clusters") view = clustersView(root);
   else if (parts[0] === "deployments") view = deploymentsView(root);
   else view = jobsView(root);
@@ -165,11 +170,26 @@ const COLUMNS = [
   ["shape", "Nodes × procs", j => j.node_count * 1000 + j.process_count_per_node],
   ["created_at", "Submitted", j => j.created_at],
   ["duration", "Duration", j => (j.ended_at || Date.now() / 1000) - (j.running_at || j.started_at || Infinity)],
+  ["progress", "Progress", j => { const p = state.progress[j.id]; return p ? (p.total_steps ? p.step / p.total_steps : 0) : -1; }],
   ["exit_code", "Exit", j => j.exit_code === null ? -1e9 : j.exit_code],
   ["experiment", "Experiment", j => j.experiment || ""], ["message", "Message", j => j.message],
 ];
-const jobsUi = { filter: "", state: "", cluster: "", sort: "created_at", asc: false, page: 0 };
+const jobsUi = { filter: "", state: "", cluster: "", sort: "created_at", asc: false, page: 0,
+                 selected: new Set(), showServing: false };
 const PAGE_ROWS = 100; // rows of the jobs table per page: a thousand rows would cost the browser
+const PROGRESS_EVERY_MS = 2000;
+
+// A running job's progress cell: step (of the total it declared), steps/s and the ETA.
+function progressCell(td, p) {
+  td.textContent = "";
+  if (!p) return;
+  let text = `step ${p.step}${p.total_steps ? ` / ${p.total_steps}` : ""}`;
+  if (p.steps_per_s) text += ` · ${p.steps_per_s < 10 ? p.steps_per_s.toFixed(2) : p.steps_per_s.toFixed(1)} steps/s`;
+  if (p.eta_s !== null && p.eta_s !== undefined) text += ` · ETA ${hms(p.eta_s)}`;
+  if (p.total_steps) td.appendChild(bar(100 * p.step / p.total_steps));
+  td.appendChild(document.createTextNode(text));
+  td.dataset.step = String(p.step);
+}
 
 function jobsView(root) {
   const search = el("input", { type: "search", placeholder: "Filter by id, name, experiment, message…", value: jobsUi.filter });
@@ -178,8 +198,13 @@ function jobsView(root) {
       .map(s => el("option", { value: s, text: s })));
   stateSel.value = jobsUi.state;
   const clusterSel = el("select", {}, el("option", { value: "", text: "all clusters" }));
+  const serving = el("input", { type: "checkbox", id: "show-serving" });
+  serving.checked = jobsUi.showServing;
+  const compare = el("button", { id: "compare", onclick: () => {
+    location.hash = `#/compare/${[...jobsUi.selected].map(encodeURIComponent).join(",")}`;
+  } });
   const count = el("span", { class: "count" });
-  const head = el("tr", {}, COLUMNS.map(([key, label]) => el("th", {
+  const head = el("tr", {}, el("th", { class: "pick", title: "pick jobs to compare their curves" }), COLUMNS.map(([key, label]) => el("th", {
     "data-key": key, text: label,
     onclick: () => { jobsUi.asc = jobsUi.sort === key ? !jobsUi.asc : key === "id"; jobsUi.sort = key; render(); },
   })));
@@ -188,17 +213,21 @@ function jobsView(root) {
   const next = el("button", { id: "jobs-next", text: "older ›", onclick: () => { jobsUi.page++; render(); } });
   const pageNote = el("span", { class: "count", id: "jobs-page" });
   root.appendChild(el("h1", { text: "Jobs" }));
-  root.appendChild(el("div", { class: "sub", text: "Every job of this service, updated as it changes." }));
+  root.appendChild(el("div", { class: "sub", text: "Every training job of this service, updated as it changes; tick several to compare their curves." }));
   root.appendChild(el("div", { class: "panel" },
-    el("div", { class: "toolbar" }, search, stateSel, clusterSel, count),
+    el("div", { class: "toolbar" }, search, stateSel, clusterSel,
+      el("label", { title: "the jobs that run deployments' model servers (also on the Deployments page)" }, serving, " deployments' jobs"),
+      compare, count),
     el("table", { id: "jobs-table" }, el("thead", {}, head), body),
     el("div", { class: "toolbar pager" }, prev, pageNote, next)));
   search.addEventListener("input", () => { jobsUi.filter = search.value; jobsUi.page = 0; render(); });
   stateSel.addEventListener("change", () => { jobsUi.state = stateSel.value; jobsUi.page = 0; render(); });
   clusterSel.addEventListener("change", () => { jobsUi.cluster = clusterSel.value; jobsUi.page = 0; render(); });
-  const durations = new Map();
-  const rowTemplate = el("tr", {}, el("td", { class: "mono" }, el("a")), el("td", { class: "state" }, el("span")),
-    el("td"), el("td"), el("td"), el("td"), el("td"), el("td"), el("td", { class: "msg" }));
+  serving.addEventListener("change", () => { jobsUi.showServing = serving.checked; jobsUi.page = 0; render(); });
+  const durations = new Map(), progresses = new Map();
+  const rowTemplate = el("tr", {}, el("td", { class: "pick" }, el("input", { type: "checkbox" })),
+    el("td", { class: "mono" }, el("a")), el("td", { class: "state" }, el("span")),
+    el("td"), el("td"), el("td"), el("td"), el("td", { class: "progress" }), el("td"), el("td"), el("td", { class: "msg" }));
   // Full dates and messages as tooltips, made when hovered rather than for every row.
   body.addEventListener("mouseover", e => {
     const td = e.target.closest("td");
@@ -206,6 +235,17 @@ function jobsView(root) {
     if (td.dataset.t) td.title = new Date(Number(td.dataset.t) * 1000).toLocaleString();
     else if (td.classList.contains("msg")) td.title = td.textContent;
   });
+  body.addEventListener("change", e => {
+    const tr = e.target.closest("tr[data-job]");
+    if (!tr) return;
+    if (e.target.checked) jobsUi.selected.add(tr.dataset.job); else jobsUi.selected.delete(tr.dataset.job);
+    pickNote();
+  });
+  function pickNote() {
+    compare.textContent = `Compare${jobsUi.selected.size ? ` (${jobsUi.selected.size})` : ""}`;
+    compare.disabled = jobsUi.selected.size < 2;
+    compare.title = compare.disabled ? "tick two jobs or more" : "their curves overlaid, a chart per tag";
+  }
 
   function render() {
     const names = [...new Set([...state.jobs.values()].map(j => j.cluster))].sort();
@@ -215,17 +255,23 @@ function jobsView(root) {
       for (const n of names) clusterSel.appendChild(el("option", { value: n, text: n }));
       clusterSel.value = jobsUi.cluster;
     }
+    for (const id of jobsUi.selected) if (!state.jobs.has(id)) jobsUi.selected.delete(id);
+    pickNote();
     const f = jobsUi.filter.toLowerCase();
     const key = COLUMNS.find(c => c[0] === jobsUi.sort)[2];
-    const rows = [...state.jobs.values()].filter(j =>
-      (!jobsUi.state || j.state === jobsUi.state) && (!jobsUi.cluster || j.cluster === jobsUi.cluster) &&
-      (!f || [j.id, j.name, j.experiment || "", j.message, j.cluster].some(s => s.toLowerCase().includes(f))));
+    let serves = 0;
+    // A deployment's job runs model servers, not training: out of this list unless asked for.
+    const rows = [...state.jobs.values()].filter(j => {
+      if (j.serves && !jobsUi.showServing) { serves++; return false; }
+      return (!jobsUi.state || j.state === jobsUi.state) && (!jobsUi.cluster || j.cluster === jobsUi.cluster) &&
+        (!f || [j.id, j.name, j.experiment || "", j.message, j.cluster].some(s => s.toLowerCase().includes(f)));
+    });
     rows.sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * (jobsUi.asc ? 1 : -1); });
     for (const th of head.children) {
       th.classList.toggle("sorted", th.dataset.key === jobsUi.sort);
       th.classList.toggle("asc", jobsUi.asc);
     }
-    count.textContent = `${rows.length} of ${state.jobs.size} jobs`;
+    count.textContent = `${rows.length} of ${state.jobs.size} jobs${serves ? ` · ${serves} deployment job(s) hidden` : ""}`;
     const pages = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
     jobsUi.page = Math.min(Math.max(0, jobsUi.page), pages - 1);
     const first = jobsUi.page * PAGE_ROWS, shown = rows.slice(first, first + PAGE_ROWS);
@@ -235,33 +281,46 @@ function jobsView(root) {
     prev.parentNode.hidden = pages === 1;
     body.textContent = "";
     durations.clear();
+    progresses.clear();
     const frag = document.createDocumentFragment();
     for (const j of shown) {
       // One cloned template per row, cells filled as text: ~10x cheaper than building each.
       const tr = rowTemplate.cloneNode(true), c = tr.children;
       tr.dataset.job = j.id;
-      c[0].firstChild.href = `#/jobs/${encodeURIComponent(j.id)}`;
-      c[0].firstChild.textContent = j.id;
-      c[1].firstChild.className = `badge ${j.state}`;
-      c[1].firstChild.textContent = j.state;
-      c[2].textContent = j.cluster;
-      c[3].textContent = `${j.node_count} × ${j.process_count_per_node}`;
-      c[4].textContent = ago(j.created_at);
-      c[4].dataset.t = j.created_at;
-      c[5].textContent = duration(j);
-      if (!TERMINAL.has(j.state)) durations.set(j.id, c[5]);
-      c[6].textContent = j.exit_code === null ? "" : String(j.exit_code);
-      c[7].textContent = j.experiment || "";
-      c[8].textContent = j.message;
+      c[0].firstChild.checked = jobsUi.selected.has(j.id);
+      c[1].firstChild.href = `#/jobs/${encodeURIComponent(j.id)}`;
+      c[1].firstChild.textContent = j.id;
+      c[2].firstChild.className = `badge ${j.state}`;
+      c[2].firstChild.textContent = j.state;
+      c[3].textContent = j.cluster;
+      c[4].textContent = `${j.node_count} × ${j.process_count_per_node}`;
+      c[5].textContent = ago(j.created_at);
+      c[5].dataset.t = j.created_at;
+      c[6].textContent = duration(j);
+      if (!TERMINAL.has(j.state)) durations.set(j.id, c[6]);
+      if (j.state === "running") { progresses.set(j.id, c[7]); progressCell(c[7], state.progress[j.id]); }
+      c[8].textContent = j.exit_code === null ? "" : String(j.exit_code);
+      c[9].textContent = j.experiment || "";
+      c[10].textContent = j.message;
       frag.appendChild(tr);
     }
-    if (!rows.length) frag.appendChild(el("tr", {}, el("td", { colspan: COLUMNS.length, class: "empty", text: state.jobs.size ? "No job matches." : "No jobs yet: `ringtrain job submit spec.yaml --cluster NAME`." })));
+    if (!rows.length) frag.appendChild(el("tr", {}, el("td", { colspan: COLUMNS.length + 1, class: "empty", text: state.jobs.size ? "No job matches." : "No jobs yet: `ringtrain job submit spec.yaml --cluster NAME`." })));
     body.appendChild(frag);
   }
   const tick = setInterval(() => {
     for (const [id, td] of durations) { const j = state.jobs.get(id); if (j) td.textContent = duration(j); }
   }, 1000);
-  return { name: "jobs", onChange: render, cleanup: () => clearInterval(tick) };
+  // Progress of the running jobs only (the server reads each job's files only as they grow).
+  let asking = false;
+  async function askProgress() {
+    if (asking || ![...state.jobs.values()].some(j => j.state === "running")) return;
+    asking = true;
+    try { state.progress = await api("/v1/progress"); } catch (e) { return; } finally { asking = false; }
+    for (const [id, td] of progresses) progressCell(td, state.progress[id]);
+  }
+  askProgress();
+  const progressTick = setInterval(askProgress, PROGRESS_EVERY_MS);
+  return { name: "jobs", onChange: render, cleanup: () => { clearInterval(tick); clearInterval(progressTick); } };
 }
 
 // -- one job --------------------------------------------------------------------------------------
@@ -279,11 +338,12 @@ function jobView(root, id) {
   root.append(el("div", { class: "toolbar" }, el("a", { href: "#/jobs", text: "← Jobs" })),
     el("div", { class: "toolbar" }, el("div", { style: "flex:1" }, title, sub), terminateBtn, deleteBtn),
     cause, el("div", { class: "panel" }, tabs, pane));
-  for (const [key, label] of [["charts", "Training curves"], ["logs", "Logs"], ["files", "Files"], ["details", "Spec & attempts"]]) {
+  for (const [key, label] of [["charts", "Training curves"], ["logs", "Logs"], ["ranks", "Processes"], ["files", "Files"], ["details", "Spec & attempts"]]) {
     tabs.appendChild(el("button", { "data-tab": key, text: label, onclick: () => { tab = key; showTab(); } }));
   }
   const charts = chartsPane(id, () => state.jobs.get(id));
   const logs = logsPane(id, () => job);
+  const ranks = ranksPane(id, () => state.jobs.get(id));
 
   async function terminate() {
     if (!confirm(`Terminate job ${id}? Its processes are stopped.`)) return;
@@ -297,10 +357,11 @@ function jobView(root, id) {
   }
   function showTab() {
     for (const b of tabs.children) b.classList.toggle("active", b.dataset.tab === tab);
-    charts.hide(); logs.stop();
+    charts.hide(); logs.stop(); ranks.stop();
     pane.textContent = "";
     if (tab === "charts") charts.show(pane);
     else if (tab === "logs") logs.show(pane);
+    else if (tab === "ranks") ranks.show(pane);
     else if (tab === "files") filesPane(pane, id, f => { filesCache = f; });
     else detailsPane(pane, job, filesCache);
   }
@@ -338,14 +399,95 @@ function jobView(root, id) {
   return {
     name: "job",
     onChange: () => { header(); charts.poke(); },
-    cleanup: () => { charts.hide(); logs.stop(); timers.forEach(clearInterval); aborts.forEach(a => a.abort()); },
+    cleanup: () => { charts.hide(); logs.stop(); ranks.stop(); timers.forEach(clearInterval); aborts.forEach(a => a.abort()); },
   };
+}
+
+// -- training curves: settings, controls and a set of charts by tag ------------------------------
+
+// What TensorBoard users set once and expect to find again: smoothing (TensorBoard's default
+// 0.6), a log-scale y axis and the x axis, kept in this browser across page loads.
+const PREFS_KEY = "ringtrain.dashboard.charts";
+const chartPrefs = readChartPrefs();
+
+function readChartPrefs() {
+  const p = { smoothing: 0.6, logY: false, xMode: "step" };
+  try {
+    const saved = JSON.parse(localStorage.getItem(PREFS_KEY) || "{}") || {};
+    const w = Number(saved.smoothing);
+    if (saved.smoothing !== undefined && w >= 0 && w <= 0.99) p.smoothing = w;
+    if (typeof saved.logY === "boolean") p.logY = saved.logY;
+    if (saved.xMode === "step" || saved.xMode === "time") p.xMode = saved.xMode;
+  } catch (e) { /* storage off or the value mangled: the defaults */ }
+  return p;
+}
+
+function saveChartPrefs() {
+  try { localStorage.setItem(PREFS_KEY, JSON.stringify(chartPrefs)); } catch (e) { /* storage off */ }
+}
+
+// The x-axis choice, the smoothing slider and the log-scale box; `changed(xChanged)` redraws.
+function chartControls(changed) {
+  const xSel = el("select", { id: "x-axis" }, el("option", { value: "step", text: "x: step" }), el("option", { value: "time", text: "x: time" }));
+  xSel.value = chartPrefs.xMode;
+  const slider = el("input", { type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01", value: String(chartPrefs.smoothing) });
+  const shown = el("span", { class: "count mono", id: "smoothing-value", text: chartPrefs.smoothing.toFixed(2) });
+  const log = el("input", { type: "checkbox", id: "log-y" });
+  log.checked = chartPrefs.logY;
+  xSel.addEventListener("change", () => { chartPrefs.xMode = xSel.value; saveChartPrefs(); changed(true); });
+  slider.addEventListener("input", () => {
+    chartPrefs.smoothing = Math.min(0.99, Math.max(0, Number(slider.value)));
+    shown.textContent = chartPrefs.smoothing.toFixed(2);
+    saveChartPrefs();
+    changed(false);
+  });
+  log.addEventListener("change", () => { chartPrefs.logY = log.checked; saveChartPrefs(); changed(false); });
+  return [xSel, el("label", { title: "TensorBoard's smoothing: an exponential moving average, debiased; the raw line stays faint behind" }, "smoothing ", slider, " ", shown),
+    el("label", { title: "values ≤ 0 are left out on a log scale" }, log, " log scale")];
+}
+
+// One LineChart per tag in `container`, kept across updates (a redraw keeps its place).
+// Series are {run, tag, xs, ys, walls, label?}; the job's own tags come first, then the step
+// profiler's phases (runs "rank N").
+function chartSet(container) {
+  const charts = new Map();
+  return {
+    size: () => charts.size,
+    clear() { charts.clear(); },
+    update(series, name) {
+      const byTag = new Map();
+      for (const s of series) { if (!byTag.has(s.tag)) byTag.set(s.tag, []); byTag.get(s.tag).push(s); }
+      const profiler = list => list.every(s => /^rank \d+$/.test(s.run));
+      const ordered = [...byTag.entries()].sort((a, b) =>
+        (profiler(a[1]) - profiler(b[1])) || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+      const time = chartPrefs.xMode === "time";
+      for (const [tag, list] of ordered) {
+        let c = charts.get(tag);
+        if (!c) { c = new LineChart(container, tag); c.root.dataset.tag = tag; charts.set(tag, c); }
+        c.set(list.map((s, k) => ({ name: name(s, list, tag), color: COLORS[k % COLORS.length],
+          xs: time ? s.walls : s.xs, ys: s.ys })), time, { smoothing: chartPrefs.smoothing, logY: chartPrefs.logY });
+        c.root.dataset.points = String(c.points());
+        container.appendChild(c.root); // keeps the order above as tags appear
+      }
+    },
+  };
+}
+
+// New points of a job's scalars into `series` (one entry per series the API names).
+function takeScalars(series, d, extra) {
+  while (series.length < d.series.length) {
+    const m = d.series[series.length];
+    series.push(Object.assign({ run: m.run, tag: m.tag, xs: [], ys: [], walls: [] }, extra || {}));
+  }
+  for (const [i, step, wall, value] of d.points) {
+    const s = series[i];
+    s.xs.push(step); s.walls.push(wall); s.ys.push(value);
+  }
 }
 
 function chartsPane(id, summary) {
   const series = []; // {run, tag, xs, ys, walls}
-  let cursor = 0, timer = null, container = null, xMode = "step", busy = false, finalRead = false;
-  const charts = new Map();
+  let cursor = 0, timer = null, container = null, charts = null, busy = false, finalRead = false;
 
   async function poll() {
     if (busy) return;
@@ -354,16 +496,9 @@ function chartsPane(id, summary) {
       const s = summary();
       const ended = s && TERMINAL.has(s.state);
       const d = await api(`/v1/jobs/${encodeURIComponent(id)}/scalars?cursor=${cursor}`);
-      while (series.length < d.series.length) {
-        const m = d.series[series.length];
-        series.push({ run: m.run, tag: m.tag, xs: [], ys: [], walls: [] });
-      }
-      for (const [i, step, wall, value] of d.points) {
-        const s2 = series[i];
-        s2.xs.push(step); s2.walls.push(wall); s2.ys.push(value);
-      }
+      takeScalars(series, d);
       cursor = d.cursor;
-      if (d.points.length || !charts.size) draw(d.truncated);
+      if (d.points.length || !charts || !charts.size()) draw(d.truncated);
       if (ended) { finalRead = true; stopTimer(); }
     } catch (e) { /* shown by the banner if it is the token; retried next tick otherwise */ }
     finally { busy = false; }
@@ -377,22 +512,10 @@ function chartsPane(id, summary) {
       charts.clear();
       return;
     }
-    if (!charts.size) container.textContent = "";
+    if (!charts.size()) container.textContent = "";
     drawSplit();
-    const byTag = new Map();
-    for (const s of series) { if (!byTag.has(s.tag)) byTag.set(s.tag, []); byTag.get(s.tag).push(s); }
-    // The job's own scalars first, then the step profiler's phases (runs "rank N", tags *_ms).
-    const profiler = list => list.every(s => /^rank \d+$/.test(s.run));
-    const ordered = [...byTag.entries()].sort((a, b) =>
-      (profiler(a[1]) - profiler(b[1])) || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-    for (const [tag, list] of ordered) {
-      let c = charts.get(tag);
-      if (!c) { c = new LineChart(container, tag); c.root.dataset.tag = tag; charts.set(tag, c); }
-      c.set(list.map((s, k) => ({ name: list.length > 1 || s.run !== "outputs" ? s.run : tag,
-        color: COLORS[k % COLORS.length], xs: xMode === "step" ? s.xs : s.walls, ys: s.ys })), xMode === "time");
-      c.root.dataset.points = String(c.points());
-      container.appendChild(c.root); // keeps the order above as tags appear
-    }
+    // One line per run: per rank when each rank writes its own folder (outputs/tb/rankN).
+    charts.update(series, (s, list, tag) => list.length > 1 || s.run !== "outputs" ? s.run : tag);
     if (truncated && !container.querySelector(".trunc")) {
       container.appendChild(el("div", { class: "empty trunc", text: "Too many points: later ones are not shown." }));
     }
@@ -434,19 +557,131 @@ function chartsPane(id, summary) {
 
   return {
     show(pane) {
-      const xSel = el("select", { id: "x-axis" }, el("option", { value: "step", text: "x: step" }), el("option", { value: "time", text: "x: time" }));
-      xSel.value = xMode;
-      xSel.addEventListener("change", () => { xMode = xSel.value; charts.clear(); container.textContent = ""; draw(); });
       container = el("div", { class: "charts", id: "charts" });
-      pane.append(el("div", { class: "toolbar" }, xSel, el("span", { class: "count", text: "TensorBoard scalars under the job's outputs, and the step profiler's phases per rank; refreshed every second while the job runs." })), container);
-      charts.clear();
+      charts = chartSet(container);
+      const redraw = xChanged => { if (xChanged) { charts.clear(); container.textContent = ""; } draw(); };
+      pane.append(el("div", { class: "toolbar" }, chartControls(redraw), el("span", { class: "count", text: "TensorBoard scalars under the job's outputs (a line per run: outputs/tb/rankN per rank), and the step profiler's phases per rank; refreshed every second while the job runs." })), container);
       draw();
       poll();
       if (!finalRead) timer = setInterval(poll, 1000);
     },
-    hide() { stopTimer(); container = null; charts.clear(); },
+    hide() { stopTimer(); container = null; if (charts) charts.clear(); },
     poke() { const s = summary(); if (container && s && TERMINAL.has(s.state) && !finalRead) poll(); },
   };
+}
+
+// -- a job's processes ------------------------------------------------------------------------------
+
+// Each rank's CPU and memory while the job runs (a local cluster's job: read from /proc on the
+// service host), and a stack dump of a rank on demand (py-spy), as Ray's dashboard has per worker.
+function ranksPane(id, summary) {
+  let timer = null;
+  const jid = encodeURIComponent(id);
+  return {
+    stop() { if (timer) { clearInterval(timer); timer = null; } },
+    show(pane) {
+      const body = el("tbody", { id: "ranks-body" });
+      const note = el("div", { class: "count", id: "ranks-note" });
+      const out = el("pre", { class: "log", id: "stack", text: "Press “Stack dump” to see where a rank's Python threads are now." });
+      pane.append(el("table", { id: "ranks" }, el("thead", {}, el("tr", {}, ["Rank", "PID", "CPU", "Memory", "Processes", ""].map(t => el("th", { text: t })))), body),
+        note, el("h2", { style: "margin-top:14px", text: "Stack dump" }), out);
+      body.addEventListener("click", async e => {
+        const btn = e.target.closest("button[data-stack]");
+        if (!btn) return;
+        const rank = btn.dataset.stack;
+        btn.disabled = true;
+        out.textContent = `Dumping rank ${rank}…`;
+        try {
+          const d = await api(`/v1/jobs/${jid}/ranks/${rank}/stack`, { method: "POST" });
+          out.textContent = `rank ${d.rank} · pid ${d.pid}\n\n${d.text}`;
+        } catch (err) { out.textContent = `No stack dump of rank ${rank}: ${err.message}`; }
+        finally { btn.disabled = false; }
+      });
+      const load = async () => {
+        let d;
+        try { d = await api(`/v1/jobs/${jid}/ranks`); } catch (e) { note.textContent = e.message; return; }
+        body.textContent = "";
+        for (const r of d.ranks) {
+          body.appendChild(el("tr", { "data-rank": String(r.rank) }, el("td", { text: String(r.rank) }),
+            el("td", { class: "mono", text: r.pid === null ? "—" : String(r.pid) }),
+            el("td", {}, r.cpu_percent === null ? "…" : [bar(Math.min(100, r.cpu_percent)), `${r.cpu_percent.toFixed(0)}%`]),
+            el("td", { text: bytes(r.memory) }), el("td", { text: String(r.processes) }),
+            el("td", {}, el("button", { "data-stack": String(r.rank), text: "Stack dump", disabled: r.pid === null ? "" : null }))));
+        }
+        note.textContent = d.reason ? `No ranks to show: ${d.reason}.` : "CPU: percent of one core (200% = two busy cores), every 2 s; memory: resident, the rank's processes together.";
+        const s = summary();
+        if (s && TERMINAL.has(s.state)) this.stop();
+      };
+      load();
+      timer = setInterval(load, 2000);
+    },
+  };
+}
+
+// -- compare runs ---------------------------------------------------------------------------------
+
+// Several jobs' scalars overlaid, as TensorBoard overlays runs: a chart per tag, a line per job
+// and run (so per rank where each rank writes its own folder), the legend naming the job.
+function compareView(root, ids) {
+  const series = new Map(ids.map(id => [id, []]));
+  const cursors = new Map(ids.map(id => [id, 0]));
+  const done = new Set(); // read once more after they ended, or gone: not asked again
+  const problems = new Map();
+  const container = el("div", { class: "charts", id: "compare-charts" });
+  const charts = chartSet(container);
+  const jobs = el("div", { class: "toolbar", id: "compare-jobs" });
+  const redraw = xChanged => { if (xChanged) { charts.clear(); container.textContent = ""; } draw(); };
+  root.append(el("div", { class: "toolbar" }, el("a", { href: "#/jobs", text: "← Jobs" })),
+    el("h1", { text: `Compare ${ids.length} jobs` }),
+    el("div", { class: "sub", text: "Their scalars overlaid: a chart per tag, a line per job and run (per rank when each rank writes outputs/…/rankN); refreshed every 2 s while one runs." }),
+    el("div", { class: "panel" }, jobs, el("div", { class: "toolbar" }, chartControls(redraw)), container));
+
+  function renderJobs() {
+    jobs.textContent = "";
+    for (const id of ids) {
+      const j = state.jobs.get(id);
+      jobs.appendChild(el("span", { class: "chip", "data-job": id },
+        el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(id)}`, text: id }), " ",
+        j ? badge(j.state) : null, problems.has(id) ? el("span", { class: "count", text: ` ${problems.get(id)}` }) : null));
+    }
+  }
+  function draw() {
+    const all = ids.flatMap(id => series.get(id));
+    if (!all.length) {
+      container.textContent = "";
+      charts.clear();
+      container.appendChild(el("div", { class: "empty", text: "No scalars in these jobs yet." }));
+      return;
+    }
+    if (!charts.size()) container.textContent = "";
+    charts.update(all, s => `${s.job} · ${s.run}`);
+  }
+  let busy = false, timer = null;
+  async function poll() {
+    if (busy) return;
+    busy = true;
+    let grew = false;
+    try {
+      for (const id of ids) {
+        if (done.has(id)) continue;
+        const j = state.jobs.get(id);
+        const ended = j && TERMINAL.has(j.state);
+        try {
+          const d = await api(`/v1/jobs/${encodeURIComponent(id)}/scalars?cursor=${cursors.get(id)}`);
+          takeScalars(series.get(id), d, { job: id });
+          cursors.set(id, d.cursor);
+          grew = grew || d.points.length > 0;
+          if (ended) done.add(id);
+        } catch (e) { problems.set(id, e.message); done.add(id); renderJobs(); }
+      }
+    } finally { busy = false; }
+    if (grew || !charts.size()) draw();
+    if (done.size === ids.length && timer) { clearInterval(timer); timer = null; }
+  }
+  renderJobs();
+  poll();
+  timer = setInterval(poll, 2000);
+  return { name: "compare", onChange: renderJobs, cleanup: () => { if (timer) clearInterval(timer); } };
 }
 
 function logsPane(id, getJob) {
@@ -624,17 +859,20 @@ function clustersView(root) {
     if (!state.clusters.length) list.appendChild(el("div", { class: "panel empty", text: "No clusters: `ringtrain cluster create NAME --nodes N`." }));
     for (const c of state.clusters) {
       const counts = Object.entries(c.node_counts).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ") || "no nodes";
+      // Jobs share a node's slots: a line per job in each cell, in the order they came.
       const rows = c.nodes.map(n => {
-        const u = n.job_id && h && h.jobs ? h.jobs[n.job_id] : null;
+        const usage = n.jobs.map(j => (h && h.jobs ? h.jobs[j] : null) || null);
+        const cpu = u => u && u.cpu_percent !== null ? `${u.cpu_percent.toFixed(0)}%` : "…";
         return el("tr", { "data-node": `${c.name}/${n.index}` }, el("td", { text: String(n.index) }), el("td", {}, badge(n.state)),
-          el("td", {}, n.job_id ? el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(n.job_id)}`, text: n.job_id }) : "—"),
-          el("td", {}, u && u.cpu_percent !== null ? [bar(u.cpu_percent / (h.cpus || 1)), `${u.cpu_percent.toFixed(0)}%`] : "—"),
-          el("td", { text: u ? `${bytes(u.memory)} · ${u.processes} proc.` : "—" }),
+          el("td", { text: `${n.slots_used} / ${c.slots}` }),
+          el("td", {}, n.jobs.length ? n.jobs.map(j => el("div", {}, el("a", { class: "mono", href: `#/jobs/${encodeURIComponent(j)}`, text: j }))) : "—"),
+          el("td", {}, n.jobs.length ? usage.map(u => el("div", {}, u && u.cpu_percent !== null && n.jobs.length === 1 ? [bar(u.cpu_percent / (h.cpus || 1)), cpu(u)] : cpu(u))) : "—"),
+          el("td", {}, n.jobs.length ? usage.map(u => el("div", { text: u ? `${bytes(u.memory)} · ${u.processes} proc.` : "…" })) : "—"),
           el("td", { text: c.backend === "local" ? "service host" : "ray" }));
       });
       const panel = el("div", { class: "panel" },
-        el("h2", {}, c.name, " ", el("span", { class: "count", text: `${c.backend} · ${c.slots} slot(s)/node · ${c.allocation_state} · target ${c.target_nodes}${c.max_nodes ? ` (max ${c.max_nodes})` : ""} · ${counts}` })),
-        el("table", {}, el("thead", {}, el("tr", {}, ["Node", "State", "Job", "Job CPU", "Job memory", "Runs on"].map(t => el("th", { text: t, title: t.startsWith("Job ") ? "the whole job's processes (all its nodes)" : null })))), el("tbody", {}, rows)));
+        el("h2", {}, c.name, " ", el("span", { class: "count", text: `${c.backend} · ${c.slots} slot(s)/node, ${c.free_slots} free · ${c.allocation_state} · target ${c.target_nodes}${c.max_nodes ? ` (max ${c.max_nodes})` : ""} · ${counts}` })),
+        el("table", {}, el("thead", {}, el("tr", {}, ["Node", "State", "Slots used", "Jobs", "Job CPU", "Job memory", "Runs on"].map(t => el("th", { text: t, title: t.startsWith("Job ") ? "each job's processes (all its nodes)" : null })))), el("tbody", {}, rows)));
       if (c.backend === "ray") {
         const rn = rayNodes.get(c.name);
         if (rn === undefined) { rayNodes.set(c.name, null); api(`/v1/clusters/${encodeURIComponent(c.name)}`).then(x => { rayNodes.set(c.name, x.ray_nodes); scheduleRender(); }).catch(() => {}); }

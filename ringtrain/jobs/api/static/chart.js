@@ -1,4 +1,5 @@
-// A small SVG line chart: axes with round ticks, one path per line, a legend, and a hover read-out.
+// A small SVG line chart: axes with round ticks, one path per line, a legend, and a hover read-out;
+// TensorBoard's smoothing (the raw line kept faint behind the smoothed one) and a log-scale y axis.
 // No dependencies; text goes in through textContent only.
 "use strict";
 (function () {
@@ -22,6 +23,39 @@
     return out;
   }
 
+  // TensorBoard's smoothing: an exponential moving average, debiased as Adam's moments are, so
+  // the first points are not pulled towards 0. Non-finite values pass through and a constant
+  // series is left as it is, as TensorBoard does.
+  function smooth(ys, weight) {
+    const out = new Array(ys.length);
+    const constant = ys.every(v => v === ys[0]);
+    let last = 0, n = 0;
+    for (let i = 0; i < ys.length; i++) {
+      const y = ys[i];
+      if (constant || !isFinite(y) || !(weight > 0)) { out[i] = y; continue; }
+      last = last * weight + (1 - weight) * y;
+      n++;
+      out[i] = last / (weight === 1 ? 1 : 1 - Math.pow(weight, n));
+    }
+    return out;
+  }
+
+  // Log-scale ticks on log10 values lo..hi: the powers of ten over more than two decades; 1, 2
+  // and 5 times them over fewer, if that makes three ticks; else round values of the data's own
+  // scale (a range within a decade).
+  function logTicks(lo, hi) {
+    const decades = Math.floor(hi) - Math.ceil(lo), out = [];
+    const every = Math.max(1, Math.ceil(decades / 6)), times = decades > 2 ? [1] : [1, 2, 5];
+    for (let k = Math.floor(lo); k <= hi + 1e-9; k += every) {
+      for (const m of times) {
+        const v = k + Math.log10(m);
+        if (v >= lo && v <= hi) out.push(v);
+      }
+    }
+    if (out.length >= 3) return out;
+    return ticks(Math.pow(10, lo), Math.pow(10, hi), 6).filter(v => v > 0).map(Math.log10);
+  }
+
   function fmt(v) {
     const a = Math.abs(v);
     if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
@@ -41,14 +75,29 @@
       this.root.appendChild(this.legend);
       parent.appendChild(this.root);
       this.lines = [];
+      this.options = { smoothing: 0, logY: false };
       this.svg.addEventListener("mousemove", e => this.hover(e));
       this.svg.addEventListener("mouseleave", () => this.draw());
     }
 
-    // lines: [{name, color, xs, ys}] (xs ascending); xTime: x values are epoch seconds
-    set(lines, xTime) {
-      this.lines = lines;
+    // lines: [{name, color, xs, ys}] (xs ascending); xTime: x values are epoch seconds;
+    // options: {smoothing: 0..0.99, logY: bool} (kept from the last call when not given)
+    set(lines, xTime, options) {
       this.xTime = xTime;
+      if (options) this.options = Object.assign({}, this.options, options);
+      const w = this.options.smoothing, log = this.options.logY;
+      this.hidden = 0;
+      // Each line's values as drawn: smoothed (TensorBoard smooths the data, then scales it),
+      // then log10 on a log axis, where values <= 0 have no place and are left out (counted).
+      const toAxis = v => log ? (v > 0 ? Math.log10(v) : NaN) : v;
+      this.lines = lines.map(l => {
+        const sm = w > 0 ? smooth(l.ys, w) : l.ys;
+        if (log) this.hidden += l.ys.filter(v => isFinite(v) && v <= 0).length;
+        return Object.assign({}, l, { raw: l.ys.map(toAxis), ys: sm.map(toAxis), values: l.ys, smoothedValues: sm });
+      });
+      this.root.dataset.scale = log ? "log" : "linear";
+      this.root.dataset.smoothing = String(w);
+      this.root.dataset.hidden = String(this.hidden);
       this.draw();
     }
 
@@ -57,20 +106,36 @@
     scale() {
       let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
       for (const l of this.lines) {
-        for (let i = 0; i < l.xs.length; i++) {
-          const y = l.ys[i];
-          if (!isFinite(y)) continue;
-          x0 = Math.min(x0, l.xs[i]); x1 = Math.max(x1, l.xs[i]);
-          y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+        for (const ys of [l.raw, l.ys]) {
+          for (let i = 0; i < l.xs.length; i++) {
+            const y = ys[i];
+            if (!isFinite(y)) continue;
+            x0 = Math.min(x0, l.xs[i]); x1 = Math.max(x1, l.xs[i]);
+            y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+          }
         }
       }
       if (!isFinite(x0)) return null;
       if (x1 === x0) { x1 = x0 + 1; }
-      const pad = (y1 - y0) * 0.05 || Math.abs(y0) * 0.05 || 1;
+      const pad = (y1 - y0) * 0.05 || Math.abs(y0) * 0.05 || (this.options.logY ? 0.5 : 1);
       y0 -= pad; y1 += pad;
       const sx = v => M.l + (v - x0) / (x1 - x0) * (W - M.l - M.r);
       const sy = v => H - M.b - (v - y0) / (y1 - y0) * (H - M.t - M.b);
       return { x0, x1, y0, y1, sx, sy };
+    }
+
+    path(xs, ys, sc, attrs) {
+      const n = xs.length, stride = Math.max(1, Math.ceil(n / MAX_DRAWN));
+      let d = "";
+      for (let i = 0; i < n; i += stride) {
+        if (!isFinite(ys[i])) continue;
+        d += (d ? "L" : "M") + sc.sx(xs[i]).toFixed(1) + "," + sc.sy(ys[i]).toFixed(1);
+      }
+      if (n > 1 && (n - 1) % stride && isFinite(ys[n - 1])) {
+        d += "L" + sc.sx(xs[n - 1]).toFixed(1) + "," + sc.sy(ys[n - 1]).toFixed(1);
+      }
+      return svg("path", Object.assign({ d: d, fill: "none", "stroke-width": 1.6,
+                                         "vector-effect": "non-scaling-stroke" }, attrs), this.svg);
     }
 
     draw(hoverX) {
@@ -85,11 +150,13 @@
         return;
       }
       const axis = svg("g", { class: "axis" }, s);
-      for (const v of ticks(sc.y0, sc.y1, 5)) {
+      const log = this.options.logY, smoothed = this.options.smoothing > 0;
+      for (const v of log ? logTicks(sc.y0, sc.y1) : ticks(sc.y0, sc.y1, 5)) {
+        if (v < sc.y0 || v > sc.y1) continue;
         const y = sc.sy(v);
         svg("line", { x1: M.l, x2: W - M.r, y1: y, y2: y, class: "gridline" }, axis);
         const t = svg("text", { x: M.l - 6, y: y + 3, "text-anchor": "end" }, axis);
-        t.textContent = fmt(v);
+        t.textContent = fmt(log ? Math.pow(10, v) : v);
       }
       const xt = this.xTime ? ticks(0, sc.x1 - sc.x0, 6).map(v => v + sc.x0) : ticks(sc.x0, sc.x1, 6);
       for (const v of xt) {
@@ -101,28 +168,25 @@
       }
       svg("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b }, axis);
       for (const l of this.lines) {
-        const n = l.xs.length, stride = Math.max(1, Math.ceil(n / MAX_DRAWN));
-        let d = "";
-        for (let i = 0; i < n; i += stride) {
-          const j = Math.min(n - 1, i);
-          if (!isFinite(l.ys[j])) continue;
-          d += (d ? "L" : "M") + sc.sx(l.xs[j]).toFixed(1) + "," + sc.sy(l.ys[j]).toFixed(1);
-        }
-        if (n > 1 && (n - 1) % stride && isFinite(l.ys[n - 1])) {
-          d += "L" + sc.sx(l.xs[n - 1]).toFixed(1) + "," + sc.sy(l.ys[n - 1]).toFixed(1);
-        }
-        if (n === 1) {
+        const n = l.xs.length;
+        if (smoothed) this.path(l.xs, l.raw, sc, { stroke: l.color, "stroke-opacity": 0.25, class: "raw" });
+        this.path(l.xs, l.ys, sc, { stroke: l.color, class: smoothed ? "smoothed" : "line" });
+        if (n === 1 && isFinite(l.ys[0])) {
           svg("circle", { cx: sc.sx(l.xs[0]), cy: sc.sy(l.ys[0]), r: 2.5, fill: l.color }, s);
         }
-        svg("path", { d: d, fill: "none", stroke: l.color, "stroke-width": 1.6,
-                      "vector-effect": "non-scaling-stroke" }, s);
         const item = document.createElement("span");
         const sw = document.createElement("i");
         sw.style.background = l.color;
         item.appendChild(sw);
-        const last = l.ys[n - 1];
+        const last = (smoothed ? l.smoothedValues : l.values)[n - 1];
         item.appendChild(document.createTextNode(`${l.name}${n ? " = " + fmt(last) : ""}`));
         this.legend.appendChild(item);
+      }
+      if (this.hidden) {
+        const note = document.createElement("span");
+        note.className = "hidden-points";
+        note.textContent = `${this.hidden} value(s) ≤ 0 not shown on the log scale`;
+        this.legend.appendChild(note);
       }
       if (hoverX !== undefined) this.readout(hoverX);
     }
@@ -147,8 +211,9 @@
         }
         if (best < 0) continue;
         nearX = nearX === null ? l.xs[best] : nearX;
-        svg("circle", { cx: sc.sx(l.xs[best]), cy: sc.sy(l.ys[best]), r: 3, fill: l.color }, this.svg);
-        rows.push(`${l.name}: ${fmt(l.ys[best])}`);
+        if (isFinite(l.ys[best])) svg("circle", { cx: sc.sx(l.xs[best]), cy: sc.sy(l.ys[best]), r: 3, fill: l.color }, this.svg);
+        const value = fmt(l.values[best]);
+        rows.push(`${l.name}: ${this.options.smoothing > 0 ? `${fmt(l.smoothedValues[best])} (${value})` : value}`);
       }
       if (nearX === null) return;
       const gx = sc.sx(nearX);
@@ -159,5 +224,6 @@
     }
   }
 
+  LineChart.smooth = smooth; // the page's tests check it against TensorBoard's formula
   window.LineChart = LineChart;
 })();
