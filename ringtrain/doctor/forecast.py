@@ -31,7 +31,6 @@ from pathlib import Path
 
 from ringtrain.doctor import network_profiles
 from ringtrain.doctor.forecast_model import (
-    Bucket,
     Layout,
     Network,
     Point,
@@ -97,8 +96,7 @@ class Measured:
         background = bool(self.loader_workers)
         pipeline = (self.step_ms if background and self.data_ms > PIPELINE_BOUND * self.step_ms
                     else None)
-        buckets = tuple(Bucket(b.nbytes, b.ready_before_end_ms)
-                        for b in (self.plan.buckets if self.plan else []))
+        buckets = tuple(self.plan.buckets) if self.plan else ()
         overlap = 1.0 if self.plan and self.plan.device == "cuda" else 0.0
         return Workload(self.compute_ms, buckets, self.samples,
                         0.0 if background else self.data_ms, pipeline, overlap)
@@ -192,6 +190,18 @@ class Forecaster:
         run_script(self.command, n, out, synthetic=False, steps=self.warmup + self.steps,
                    timeout_s=self.timeout_s)
         return read_run(out, self.warmup, n, max(1, host_cores() // n))
+
+    def checks(self, sizes: tuple[int, ...], here: int) -> dict[int, Measured]:
+        """:meth:`world` of every size from 2 to ``here`` (the workers that fit on this host),
+        until a run fails: the forecast is then reported without the rest."""
+        checks: dict[int, Measured] = {}
+        try:
+            for n in sizes:
+                if 2 <= n <= here:
+                    checks[n] = self.world(n)
+        except ScriptRunError as e:
+            self.log(f"{e} (the forecast is reported without that check)")
+        return checks
 
     def link(self, max_bytes: int) -> tuple[network_profiles.Link, list]:
         """The allreduce cost curve of 2 ranks on this host, fitted.
@@ -295,14 +305,7 @@ def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
         return 2
     workloads = {share: m.workload() for share, m in measured.items()}
     points = forecast_table(spec, workloads, per_host, network, cores, cpu)
-    checks: dict[int, Measured] = {}
-    if spec.check:
-        try:
-            for n in spec.sizes:
-                if 2 <= n <= here:
-                    checks[n] = forecaster.world(n)
-        except ScriptRunError as e:
-            log(f"{e} (the forecast is reported without that check)")
+    checks = forecaster.checks(spec.sizes, here) if spec.check else {}
     context = forecast_report.Context(
         command=command, cores=cores, per_host=per_host, device="cpu" if cpu else "cuda",
         network=network, measured=measured, link_samples=samples, base=base,

@@ -20,13 +20,19 @@ The cost of one reduction of ``n`` bytes over ``p`` workers (``alpha``: a link's
   and pulls ``n`` bytes; the servers together receive and send ``p n``:
   ``2 alpha + 2 max(n / B, p n / (k B))``.
 
-Nothing here measures or imports torch: :mod:`ringtrain.doctor.forecast` feeds it.
+Nothing here measures or imports torch: :mod:`ringtrain.doctor.forecast` feeds it the
+buckets ``DistributedOptimizer`` planned and timed (:class:`~ringtrain.torch.grad_bucket.Bucket`,
+named here for types only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ringtrain.torch.grad_bucket import Bucket
 
 #: The resources a forecast names as the limit of a size.
 LIMITS = ("compute", "network", "input pipeline")
@@ -54,15 +60,6 @@ class Network:
     intra: Link
     inter: Link
     assumptions: str = ""
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Gradient bytes reduced as one message, ready ``ready_before_end_ms`` before the end of
-    backward (0: at its end)."""
-
-    nbytes: int
-    ready_before_end_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,28 +184,6 @@ class Point:
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v)
                 for k, v in self.__dict__.items()}
-
-
-def bucketize(layers: Iterable[tuple[int, float]], bucket_bytes: int) -> tuple[Bucket, ...]:
-    """Group gradients, in the order they become ready, into buckets of about
-    ``bucket_bytes`` (a gradient larger than that is a bucket of its own), each ready when its
-    last gradient is.
-
-    Args:
-        layers: ``(nbytes, ready_before_end_ms)`` per gradient, earliest ready first.
-        bucket_bytes: The bucket (fusion) size.
-    """
-    buckets: list[Bucket] = []
-    size, ready = 0, 0.0
-    for nbytes, before_end in layers:
-        if size and size + nbytes > bucket_bytes:
-            buckets.append(Bucket(size, ready))
-            size = 0
-        size += nbytes
-        ready = before_end
-    if size:
-        buckets.append(Bucket(size, ready))
-    return tuple(buckets)
 
 
 def allreduce_ms(nbytes: int, layout: Layout, network: Network, strategy: Strategy) -> float:

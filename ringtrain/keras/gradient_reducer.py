@@ -2,11 +2,12 @@
 
 Keras on torch hands the optimizer a list of gradients once backward is done. They are copied
 into the flat tensors of :class:`~ringtrain.torch.grad_bucket.GradBucket` (the torch frontend's
-buckets, cut the same way: ~25 MiB, from the end of the variable list, one per dtype and device)
-and each bucket goes to the engine as one named in-place allreduce; a bucket's averaged values are
-handed back as views of its flat tensor. The tutorial's CNN (12 variables, 5 MB) costs one
-collective per step. Explicit ``groups`` are units of their own, as in Horovod: each group is
-submitted as one grouped allreduce.
+buckets, cut by the same :func:`~ringtrain.torch.grad_bucket.plan_buckets`: ~25 MiB, from the
+end of the variable list, one per dtype and device) and each bucket goes to the engine as one
+named in-place allreduce; a bucket's averaged values are handed back as views of its flat
+tensor. The tutorial's CNN (12 variables, 5 MB) costs one collective per step. Explicit
+``groups`` are units of their own, as in Horovod: each group is submitted as one grouped
+allreduce.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine import fusion
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
-from ringtrain.torch.grad_bucket import GradBucket
+from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
 from ringtrain.torch.optimizer import BUCKET_BYTES
 from ringtrain.torch.process_sets import ProcessSet
 
@@ -77,17 +77,10 @@ class GradientReducer:
                 if members:
                     explicit.append(members)
         grouped = {i for g in explicit for i in g}
-        units: list[list[list[int]]] = []
-        for members in explicit:
-            kinds: dict = {}
-            for i in members:
-                p = self._params[i]
-                kinds.setdefault((p.dtype, p.device), []).append(i)
-            units.append(list(kinds.values()))
+        units = [[[index[id(p)] for p in kind] for kind in by_kind([self._params[i] for i in g])]
+                 for g in explicit]
         rest = [p for i, p in enumerate(self._params) if i not in grouped]
-        for bucket in fusion.pack(reversed(rest), lambda p: (p.dtype, p.device),
-                                  lambda p: p.numel() * p.element_size(), BUCKET_BYTES):
-            units.append([[index[id(p)] for p in bucket]])
+        units += [[[index[id(p)] for p in bucket]] for bucket in plan_buckets(rest, BUCKET_BYTES)]
         self._units = []
         for unit in units:
             buckets = []

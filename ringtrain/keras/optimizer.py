@@ -161,26 +161,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     if is_distributed(optimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "optimizer once")
-    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ValueError(f"op currently only supports Average and Sum (as in Horovod's Keras "
-                         f"DistributedOptimizer), got {op!r}")
-    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
-        raise ValueError("gradient_predivide_factor only applies to op=Average")
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, got "
-                         f"{gradient_predivide_factor}")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be at least 1, got "
-                         f"{backward_passes_per_step}")
-    if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
-                      "removed in v0.23.0.", DeprecationWarning, stacklevel=2)
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (isinstance(groups, list)
-                                   or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of "
-                         "keras variables.")
+    groups = _checked_groups(op, gradient_predivide_factor, backward_passes_per_step,
+                             num_groups, groups)
     cls = _distributed_class(type(optimizer))
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:
@@ -191,6 +173,32 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     setattr(wrapped, _STATE, _DistributedState(reducer, backward_passes_per_step,
                                                average_aggregated_gradients, process_set))
     return wrapped
+
+
+def _checked_groups(op: ReduceOp, gradient_predivide_factor: float, passes: int,
+                    num_groups: int, groups: int | list | None) -> int | list | None:
+    """``groups`` (or the deprecated ``num_groups``); raises :func:`DistributedOptimizer`'s
+    ``ValueError`` for an argument out of range."""
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"op currently only supports Average and Sum (as in Horovod's Keras "
+                         f"DistributedOptimizer), got {op!r}")
+    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor only applies to op=Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got "
+                         f"{gradient_predivide_factor}")
+    if passes < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got {passes}")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list)
+                                   or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "keras variables.")
+    return groups
 
 
 def _copy_state(source: Any, target: Any, keras: Any) -> None:

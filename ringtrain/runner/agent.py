@@ -2,10 +2,9 @@
 
 ``Agent.run`` has three phases, as torchrun's agent: start every rank; monitor until all have
 exited, stopping the rest on the first failure (or on an interrupt); return a
-:class:`~ringtrain.runner.result.RunResult`. Three threads per rank feed it: one per output
-stream (which pass on lines, progress-bar updates and unfinished lines as they come, and parse
-the task wrapper's markers) and one waiting for the process to exit; they talk to the monitor
-through one queue.
+:class:`~ringtrain.runner.result.RunResult`. Each rank is a
+:class:`~ringtrain.runner.supervised_rank.SupervisedRank`, whose threads (its output pumps, its
+exit) tell the monitor what happened through one queue.
 
 What a failure means is the one policy a subclass changes (the elastic agent re-forms the world
 instead of stopping it): ``_on_rank_failed``, ``_on_rank_succeeded`` and ``_on_tick`` are its
@@ -14,82 +13,23 @@ hooks, and ``_start_rank``/``_stop_rank``/``_stop_all`` what it may do.
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import signal
-import threading
 import time
-from enum import Enum
-from typing import IO
 
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.hints import failure_hint
 from ringtrain.runner.output import RankOutput
-from ringtrain.runner.output_pieces import read_pieces
 from ringtrain.runner.plan import LaunchPlan, RankSpec
-from ringtrain.runner.result import (
-    RankOutcome,
-    RankState,
-    RunResult,
-    check_transition,
-    signal_name,
-)
+from ringtrain.runner.result import RankOutcome, RankState, RunResult, check_transition, signal_name
 from ringtrain.runner.spawn import RankProcess, SpawnOptions
-from ringtrain.runner.task import Marker, MarkerEvent, marker_hold, split_marker
+from ringtrain.runner.supervised_rank import Event, SupervisedRank
 
 log = logging.getLogger(__name__)
 
-_LINE_LIMIT = 1 << 16  # longer lines are passed on in pieces
-_TAIL_LINES = 5  # stderr lines kept to explain a failure
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
 _RELAY_POLL_S = 0.1  # how often the driver reads what other nodes' followers reported
-
-
-class _Event(Enum):
-    """What the rank threads and signal handlers tell the monitor, each with a number."""
-
-    EXIT = "exit"  # a rank's process ended (the rank's index)
-    MARKER = "marker"  # a rank's task wrapper reported in (the rank's index)
-    INTERRUPT = "interrupt"  # the launcher got a signal (its number)
-
-
-class SupervisedRank:
-    """The agent's book-keeping for one rank."""
-
-    def __init__(self, spec: RankSpec):
-        self.spec = spec
-        self.state = RankState.STARTING
-        self.outcome: RankOutcome | None = None
-        self.proc: RankProcess | None = None
-        self.deadline = float("inf")  # set when the process is created
-        self.exited = False  # its process is gone (or was never created)
-        self.stop_requested = False
-        self.kill_at: float | None = None  # when a stop request turns into SIGKILL
-        self.abandon_at: float | None = None  # when a killed process is given up on
-        self.started = False  # the task wrapper reported in
-        self.failed_reason: str | None = None
-        self.exit_marker: Marker | None = None
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self.stderr_thread: threading.Thread | None = None
-        self.threads: list[threading.Thread] = []
-        self.relayed = False  # started by another node's follower
-
-    def tail(self) -> str:
-        return " / ".join(self.stderr_tail)
-
-    def finish(self, state: RankState, **details) -> RankOutcome:
-        if self.state is RankState.STARTING and state in (RankState.SUCCEEDED, RankState.FAILED):
-            self.state = check_transition(self.state, RankState.RUNNING)
-        self.state = check_transition(self.state, state)
-        self.outcome = RankOutcome(self.spec.number, self.spec.hostname, state,
-                                   worker=self.spec.worker is not None, **details)
-        return self.outcome
-
-    def final_outcome(self) -> RankOutcome:
-        """The outcome of a finished rank (every rank has finished when the agent reports)."""
-        assert self.outcome is not None, f"rank {self.spec.number} has not finished"
-        return self.outcome
 
 
 class Agent:
@@ -119,7 +59,7 @@ class Agent:
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = options.grace_s + 2.0 if stop_grace_s is None else stop_grace_s
         # SimpleQueue: `put` is reentrant, so `interrupt` may be called from a signal handler.
-        self._events: queue.SimpleQueue[tuple[_Event, int]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[tuple[Event, int]] = queue.SimpleQueue()
         self._root_causes: list[RankOutcome] = []
         self._interrupted_by: int | None = None
         self._stopping = False  # the whole job is being stopped
@@ -129,7 +69,7 @@ class Agent:
 
         Safe to call from a signal handler or another thread.
         """
-        self._events.put((_Event.INTERRUPT, signum))
+        self._events.put((Event.INTERRUPT, signum))
 
     def run(self) -> RunResult:
         """Start every rank, supervise them until all have exited, and report.
@@ -187,61 +127,8 @@ class Agent:
         rank.deadline = time.monotonic() + self._start_timeout_s
         log.debug("rank %d on %s: started (pid %d)", spec.number, spec.hostname,
                   rank.proc.popen.pid)
-        popen = rank.proc.popen
-        rank.stderr_thread = _thread(f"rank{spec.number}-stderr", self._pump_stderr,
-                                     index, popen.stderr)
-        rank.threads = [
-            _thread(f"rank{spec.number}-stdout", self._pump_stdout, rank, popen.stdout),
-            rank.stderr_thread,
-            _thread(f"rank{spec.number}-wait", self._wait, index),
-        ]
+        rank.watch(index, self._sink, self._options.token, self._events)
         return True
-
-    def _pump_stdout(self, rank: SupervisedRank, pipe: IO[bytes]) -> None:
-        with pipe:
-            for piece in read_pieces(pipe.fileno(), _LINE_LIMIT):
-                self._sink.write(rank.spec.number, "stdout", piece)
-
-    def _pump_stderr(self, index: int, pipe: IO[bytes]) -> None:
-        rank = self._ranks[index]
-        line = b""  # the unfinished line so far, for the failure's tail
-        with pipe:
-            pieces = read_pieces(pipe.fileno(), _LINE_LIMIT, hold=marker_hold(self._options.token))
-            for piece in pieces:
-                try:
-                    text, marker = split_marker(self._options.token, piece)
-                except ValueError as e:  # a wrapper of another ringtrain version, say
-                    log.warning("rank %d: %s; passed on as output", rank.spec.number, e)
-                    text, marker = piece, None
-                line += text
-                if marker is not None and line and not line.endswith((b"\n", b"\r")):
-                    text += b"\n"  # a marker after a partial line (the command died mid-line)
-                    line += b"\n"
-                if text:
-                    self._sink.write(rank.spec.number, "stderr", text)
-                if line.endswith((b"\n", b"\r")) or len(line) >= _LINE_LIMIT:
-                    if stripped := line.decode(errors="replace").strip():
-                        rank.stderr_tail.append(stripped)
-                    line = b""
-                if marker is not None:
-                    self._on_marker(rank, marker)
-                    self._events.put((_Event.MARKER, index))
-
-    def _on_marker(self, rank: SupervisedRank, marker: Marker) -> None:
-        if marker.event is MarkerEvent.STARTED:
-            rank.started = True
-            assert rank.proc is not None  # markers come from its process
-            rank.proc.child_pid = marker.pid
-        elif marker.event is MarkerEvent.FAILED:
-            rank.failed_reason = marker.detail
-        elif marker.event is MarkerEvent.EXIT:
-            rank.exit_marker = marker
-
-    def _wait(self, index: int) -> None:
-        proc = self._ranks[index].proc
-        assert proc is not None  # the thread is started once the process is
-        proc.popen.wait()
-        self._events.put((_Event.EXIT, index))
 
     # -- monitor ----------------------------------------------------------------------------
 
@@ -251,13 +138,13 @@ class Agent:
                 kind, value = self._events.get(timeout=0.1)
             except queue.Empty:
                 kind, value = None, -1  # time passed: deadlines are checked below
-            if kind is _Event.EXIT:
+            if kind is Event.EXIT:
                 self._on_exit(self._ranks[value])
-            elif kind is _Event.MARKER:
+            elif kind is Event.MARKER:
                 rank = self._ranks[value]
                 if rank.started and rank.state is RankState.STARTING:
                     rank.state = check_transition(rank.state, RankState.RUNNING)
-            elif kind is _Event.INTERRUPT:
+            elif kind is Event.INTERRUPT:
                 self._on_interrupt(value)
             now = time.monotonic()
             if self._relay is not None and now >= self._next_relay_poll:
@@ -435,8 +322,3 @@ class Agent:
             for thread in rank.threads:
                 thread.join(timeout=1.0)  # a process that escaped its group may hold a pipe
 
-
-def _thread(name: str, target, *args) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    thread.start()
-    return thread

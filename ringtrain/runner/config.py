@@ -183,21 +183,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
     elastic = _elastic(values, environ)
     host_list = _hosts(values)
     node = _node(values)
-    if node is not None:
-        values["num_proc"] = node.nnodes * node.nproc_per_node
-    if elastic is not None and elastic.discovery_script is not None and host_list:
-        raise ConfigError("--host-discovery-script and -H/--hosts or --hostfile both given; "
-                          "the script says which hosts to use")
-    num_proc = values["num_proc"]
-    if num_proc is None and elastic is not None:
-        num_proc = elastic.min_np
-    if num_proc is None and not host_list:
-        raise ConfigError("-np/--num-proc is required when no -H/--hosts or --hostfile is "
-                          "given, e.g. `ringtrain run -np 2 python train.py`")
-    if num_proc is None:
-        num_proc = hostlib.total_slots(host_list)
-    if not host_list and node is None and (elastic is None or elastic.discovery_script is None):
-        host_list = [hostlib.HostInfo("localhost", max(num_proc, 1))]
+    num_proc, host_list = _ranks_and_hosts(values, host_list, elastic, node)
     identity = values["ssh_identity_file"]
     if identity is not None and not Path(identity).is_file():
         raise ConfigError(f"-i/--ssh-identity-file: {identity} does not exist")
@@ -219,6 +205,28 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig
         elastic=elastic,
         node=node,
     )
+
+
+def _ranks_and_hosts(values: dict[str, Any], host_list: list[hostlib.HostInfo],
+                     elastic: ElasticSpec | None, node: NodeSpec | None
+                     ) -> tuple[int, list[hostlib.HostInfo]]:
+    """How many ranks to start, and on which hosts (this one when none is named)."""
+    if node is not None:
+        values["num_proc"] = node.nnodes * node.nproc_per_node
+    if elastic is not None and elastic.discovery_script is not None and host_list:
+        raise ConfigError("--host-discovery-script and -H/--hosts or --hostfile both given; "
+                          "the script says which hosts to use")
+    num_proc = values["num_proc"]
+    if num_proc is None and elastic is not None:
+        num_proc = elastic.min_np
+    if num_proc is None and not host_list:
+        raise ConfigError("-np/--num-proc is required when no -H/--hosts or --hostfile is "
+                          "given, e.g. `ringtrain run -np 2 python train.py`")
+    if num_proc is None:
+        num_proc = hostlib.total_slots(host_list)
+    if not host_list and node is None and (elastic is None or elastic.discovery_script is None):
+        host_list = [hostlib.HostInfo("localhost", max(num_proc, 1))]
+    return num_proc, host_list
 
 
 def _node(values: dict[str, Any]) -> NodeSpec | None:
@@ -284,31 +292,25 @@ def _interfaces(text: str | None) -> tuple[str, ...]:
 
 def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
     knobs = read_engine_config(environ)
-    changes: dict[str, Any] = {}
-    if values["fusion_threshold_mb"] is not None:
-        changes["fusion_threshold_bytes"] = int(values["fusion_threshold_mb"] * _MIB)
-    if values["cycle_time_ms"] is not None:
-        changes["cycle_time_ms"] = values["cycle_time_ms"]
-    if values["cache_capacity"] is not None:
-        changes["cache_capacity"] = values["cache_capacity"]
+    # Options given (a config file may say false) as they are: the timeline's file is relative
+    # to the ranks' working directory.
+    changes: dict[str, Any] = {key: values[dest] for dest, key in (
+        ("cycle_time_ms", "cycle_time_ms"), ("cache_capacity", "cache_capacity"),
+        ("timeline_filename", "timeline_filename"), ("log_level", "log_level"),
+        ("stall_check_warning_time_seconds", "stall_warning_s"),
+        ("stall_check_shutdown_time_seconds", "stall_shutdown_s"),
+        ("threads_per_rank", "threads_per_rank"),
+        ("hierarchical_allreduce", "hierarchical_allreduce")) if values[dest] is not None}
+    for dest, key in (("fusion_threshold_mb", "fusion_threshold_bytes"),
+                      ("bucket_mb", "bucket_bytes")):
+        if values[dest] is not None:
+            changes[key] = int(values[dest] * _MIB)
     if values["disable_cache"]:
         changes["cache_capacity"] = 0
-    if values["timeline_filename"] is not None:
-        changes["timeline_filename"] = values["timeline_filename"]  # relative to the ranks' cwd
     if values["timeline_mark_cycles"]:
         changes["timeline_mark_cycles"] = True
     if values["no_stall_check"]:
         changes["stall_check_enabled"] = False
-    if values["stall_check_warning_time_seconds"] is not None:
-        changes["stall_warning_s"] = values["stall_check_warning_time_seconds"]
-    if values["stall_check_shutdown_time_seconds"] is not None:
-        changes["stall_shutdown_s"] = values["stall_check_shutdown_time_seconds"]
-    if values["log_level"] is not None:
-        changes["log_level"] = values["log_level"]
-    if values["bucket_mb"] is not None:
-        changes["bucket_bytes"] = int(values["bucket_mb"] * _MIB)
-    if values["threads_per_rank"] is not None:
-        changes["threads_per_rank"] = values["threads_per_rank"]
     autotune = _autotune(values)
     if autotune is not None:
         changes["autotune"] = autotune
@@ -316,8 +318,6 @@ def _knobs(values: dict[str, Any], environ: Mapping[str, str]) -> EngineConfig:
         raise ConfigError("--shm and --no-shm contradict each other; give one of them")
     if values["shm"] or values["no_shm"]:
         changes["shared_memory"] = bool(values["shm"])
-    if values["hierarchical_allreduce"] is not None:  # a config file may say false
-        changes["hierarchical_allreduce"] = values["hierarchical_allreduce"]
     knobs = replace(knobs, **changes)
     if knobs.shared_memory is False and knobs.hierarchical_allreduce:
         raise ConfigError("--hierarchical-allreduce reduces within each host through shared "

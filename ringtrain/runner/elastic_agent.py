@@ -33,7 +33,7 @@ from ringtrain.contract.env import ElasticWorker
 from ringtrain.contract.slots import SlotInfo
 from ringtrain.run_files import LostWorker
 from ringtrain.runner import node_rendezvous as nodes
-from ringtrain.runner.agent import Agent, SupervisedRank
+from ringtrain.runner.agent import Agent
 from ringtrain.runner.config import ElasticSpec
 from ringtrain.runner.elastic_plan import FailedHosts, Worker, WorldPlan, plan_world
 from ringtrain.runner.hosts import HostInfo
@@ -41,6 +41,7 @@ from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
+from ringtrain.runner.supervised_rank import SupervisedRank
 from ringtrain.runner.world_file import write_world
 
 log = logging.getLogger(__name__)

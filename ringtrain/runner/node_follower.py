@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 
 from ringtrain.contract.elastic_rendezvous import Store
 from ringtrain.runner import node_rendezvous as nodes
-from ringtrain.runner.agent import Agent, SupervisedRank
+from ringtrain.runner.agent import Agent
 from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import RankOutcome, RunResult
 from ringtrain.runner.spawn import SpawnOptions
+from ringtrain.runner.supervised_rank import SupervisedRank
 
 log = logging.getLogger(__name__)
 

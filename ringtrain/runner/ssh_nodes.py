@@ -46,6 +46,7 @@ from ringtrain.runner.config import LaunchConfig
 from ringtrain.runner.node_output import relay_frames
 from ringtrain.runner.output import RankOutput
 from ringtrain.runner.result import RankState
+from ringtrain.runner.supervised_rank import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,8 @@ class _Follower:
             self.failure = f"cannot run ssh ({e})"
             return
         self._threads = [
-            _thread(f"node{node}-output", self._pump_output, self._popen.stdout, sink),
-            _thread(f"node{node}-stderr", self._pump_stderr, self._popen.stderr),
+            start_thread(f"node{node}-output", self._pump_output, self._popen.stdout, sink),
+            start_thread(f"node{node}-stderr", self._pump_stderr, self._popen.stderr),
         ]
         log.debug("node %d: started its follower on %s over ssh (pid %d)", node, hostname,
                   self._popen.pid)
@@ -345,9 +346,3 @@ class SshNodes:
         for follower in self._followers.values():
             follower.kill()  # normally every one has exited by now
             follower.end(0.0)
-
-
-def _thread(name: str, target, *args) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    thread.start()
-    return thread

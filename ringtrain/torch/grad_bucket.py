@@ -1,5 +1,11 @@
 """Gradient buckets: the flat tensors ``DistributedOptimizer`` reduces, filled during backward.
 
+One model of a bucket serves training and the scaling forecast: :func:`plan_buckets` cuts
+parameters into buckets (the torch and Keras optimizers' plan), a :class:`GradBucket` holds one
+bucket's gradients while training, and :class:`Bucket` describes it (name, bytes, when backward
+makes it ready), as :mod:`ringtrain.torch.gradient_plan` records it and
+:mod:`ringtrain.doctor.forecast_model` reduces it.
+
 Each gradient is copied into its slot of the bucket's flat tensor by the training thread, in the
 hook that autograd fires when the gradient is ready, and copied back out by the thread that
 synchronizes, as DDP does. The engine then reduces one contiguous tensor in place: its thread
@@ -10,14 +16,51 @@ moves no gradient bytes, and every copy runs with the training thread's intra-op
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import torch
 
+from ringtrain.engine import fusion
 from ringtrain.engine.timeline import Timeline
 
 #: What a bucket holds gradients of: the torch optimizer's parameters, keras variable values.
 P = TypeVar("P", bound=torch.Tensor)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket: its name, its gradient bytes, reduced as one message, and the (median)
+    milliseconds between its last gradient's arrival and the end of backward (0: at its end)."""
+
+    name: str
+    nbytes: int
+    ready_before_end_ms: float = 0.0
+
+
+def plan_buckets(params: list[P], bucket_bytes: int) -> list[list[P]]:
+    """Split parameters into the buckets whose gradients are submitted together.
+
+    Autograd produces gradients roughly in reverse registration order, so buckets are cut from
+    the end, one per dtype and device at a time, each of at most ``bucket_bytes`` unless one
+    parameter alone is larger. Every rank computes the same buckets from the same parameter
+    order; a bucket whose gradients arrive in another order only starts later, it never
+    disagrees with peers.
+
+    Why not one small first bucket, as DDP has: on CPUs that also compute, communication
+    overlapped with backward competes with it, and each bucket is one more collective; measured
+    on the Fashion-MNIST CNN it gained nothing (benchmarks/ARCHIVE.md, "Tried and dropped").
+    """
+    return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
+                       lambda p: p.numel() * p.element_size(), bucket_bytes)
+
+
+def by_kind(params: list[P]) -> list[list[P]]:
+    """``params`` split by dtype and device (one flat tensor each), in order."""
+    kinds: dict = {}
+    for p in params:
+        kinds.setdefault((p.dtype, p.device), []).append(p)
+    return list(kinds.values())
 
 
 class GradBucket(Generic[P]):
@@ -29,6 +72,15 @@ class GradBucket(Generic[P]):
         self._names = names
         self._flat: torch.Tensor | None = None  # allocated on first use, like DDP's buckets
         self._slots: dict[P, torch.Tensor] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Gradient bytes of the bucket."""
+        return sum(p.numel() * p.element_size() for p in self.params)
+
+    def describe(self, ready_before_end_ms: float = 0.0) -> Bucket:
+        """This bucket as the forecast sees it."""
+        return Bucket(self.name, self.nbytes, ready_before_end_ms)
 
     def _slot(self, p: P) -> torch.Tensor:
         self.flat()

@@ -14,30 +14,24 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ringtrain.torch.grad_bucket import Bucket
+
 FILE_PATTERN = "gradients.rank{rank}.json"
 
 
 @dataclass(frozen=True)
-class BucketTiming:
-    """One bucket: its name, bytes, and the median milliseconds between its last gradient's
-    arrival and the end of backward (the call of ``step()``)."""
-
-    name: str
-    nbytes: int
-    ready_before_end_ms: float
-
-
-@dataclass(frozen=True)
 class GradientPlan:
-    """The buckets of one rank, earliest ready first, and the training device's type."""
+    """The buckets of one rank (each with the median time it was ready before the end of
+    backward), earliest ready first, the training device's type, and the steps timed."""
 
     device: str
-    buckets: list[BucketTiming]
+    buckets: list[Bucket]
     steps: int
 
     def to_json(self) -> str:
@@ -50,7 +44,7 @@ class GradientPlan:
         """
         try:
             data = json.loads(text)
-            return GradientPlan(data["device"], [BucketTiming(**b) for b in data["buckets"]],
+            return GradientPlan(data["device"], [Bucket(**b) for b in data["buckets"]],
                                 int(data["steps"]))
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a gradient plan: {e}") from e
@@ -62,10 +56,13 @@ class GradientRecorder:
     Args:
         optimizer: A ``DistributedOptimizer`` (its ``_units`` are the buckets).
         path: Where :meth:`write` puts the plan.
+        clock: Seconds for the arrivals and ends (tests move one by hand).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, path: Path,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.path = path
+        self._clock = clock
         # _units: the mixin's, on a class made at run time that mypy cannot see
         self._buckets = [bucket for unit in optimizer._units  # type: ignore[attr-defined]
                          for bucket in unit]
@@ -80,10 +77,10 @@ class GradientRecorder:
         self._handles.append(optimizer.register_step_pre_hook(self._end_backward))
 
     def _arrive(self, p: torch.nn.Parameter) -> None:
-        self._arrived[self._bucket_of[p]] = time.perf_counter()
+        self._arrived[self._bucket_of[p]] = self._clock()
 
     def _end_backward(self, *_) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         if not self._arrived:
             # The step's second pre-hook call (the wrapper's class and the user's class both
             # run them), or a step without backward.
@@ -98,8 +95,7 @@ class GradientRecorder:
 
     def plan(self) -> GradientPlan:
         """The buckets timed so far (offset 0 for any never timed), earliest ready first."""
-        timings = [BucketTiming(b.name, sum(p.numel() * p.element_size() for p in b.params),
-                                statistics.median(o) if o else 0.0)
+        timings = [b.describe(statistics.median(o) if o else 0.0)
                    for b, o in zip(self._buckets, self._offsets)]
         timings.sort(key=lambda t: -t.ready_before_end_ms)
         return GradientPlan(self._device, timings, self._steps)

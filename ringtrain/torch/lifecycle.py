@@ -86,22 +86,7 @@ def init(comm: Sequence[int] | None = None, process_sets: Iterable | None = None
                                  "may call init() with it")
             rank, size = members.index(rank), len(members)
         _generation += 1
-        if size == 1:
-            backend: CollectiveBackend = LocalBackend()
-            doorbell: Doorbell = LocalDoorbell()
-            processes = [PeerProcess.this(env.hostname)]
-            owns = False
-        else:
-            owns, prefix = _init_default_group(env, rank, size, comm)
-            backend = TorchDistributedBackend(use_nccl=_nccl_usable())
-            doorbell = _store_doorbell(env, prefix)
-            processes = backend.control_allgather(PeerProcess.this(env.hostname))
-            backend = _cpu_backend(backend, env, processes)
-            if isinstance(backend, HierarchicalBackend) and backend.one_host:
-                # Every rank on this host: bells and counters in shared memory, the store only
-                # for counters once the segment's table is full.
-                doorbell = ShmDoorbell(backend.map_world_segment("bells", bytes_needed(size)),
-                                       fallback=doorbell)
+        backend, doorbell, processes, owns = _connect(env, rank, size, comm)
         topology = _topology(env, rank, [p.host for p in processes])
         shm = isinstance(backend, HierarchicalBackend) and backend.shares_memory
         # A caller may run its own lone cached operation only where waiting for a bell is
@@ -184,6 +169,25 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         rt.backend.remove_set(ranks)
         process_set.process_set_id = None
     return True
+
+
+def _connect(env: WorkerEnv, rank: int, size: int, comm: Sequence[int] | None
+             ) -> tuple[CollectiveBackend, Doorbell, list[PeerProcess], bool]:
+    """The world's backend and doorbell, every rank's process, and whether ringtrain created
+    torch.distributed's default group (a world of one uses no sockets at all)."""
+    if size == 1:
+        return LocalBackend(), LocalDoorbell(), [PeerProcess.this(env.hostname)], False
+    owns, prefix = _init_default_group(env, rank, size, comm)
+    gloo = TorchDistributedBackend(use_nccl=_nccl_usable())
+    doorbell: Doorbell = _store_doorbell(env, prefix)
+    processes = gloo.control_allgather(PeerProcess.this(env.hostname))
+    backend = _cpu_backend(gloo, env, processes)
+    if isinstance(backend, HierarchicalBackend) and backend.one_host:
+        # Every rank on this host: bells and counters in shared memory, the store only for
+        # counters once the segment's table is full.
+        doorbell = ShmDoorbell(backend.map_world_segment("bells", bytes_needed(size)),
+                               fallback=doorbell)
+    return backend, doorbell, processes, owns
 
 
 def _init_default_group(env: WorkerEnv, rank: int, size: int,

@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine import fusion
 from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
 from ringtrain.engine.handle import Handle
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import auto_profile, ops, runtime
 from ringtrain.torch.autotune import Autotuner
 from ringtrain.torch.compression import Compression
-from ringtrain.torch.grad_bucket import GradBucket
+from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.sparse_grads import SparseGradients
 
@@ -125,12 +124,12 @@ class _DistributedOptimizer:
         explicit = [group for group in explicit if group]
         grouped = {p for group in explicit for p in group}
         self._units: list[list[GradBucket]] = [
-            [GradBucket(f"grouped.{self._names[b[0]]}", b, self._names) for b in _by_kind(group)]
+            [GradBucket(f"grouped.{self._names[b[0]]}", b, self._names) for b in by_kind(group)]
             for group in explicit]
         self._units += [[GradBucket(_bucket_name(bucket, self._names), bucket, self._names)]
-                        for bucket in _buckets([p for p in self._names if p.requires_grad
-                                                and p not in grouped and p not in sparse],
-                                               self._bucket_bytes)]
+                        for bucket in plan_buckets([p for p in self._names if p.requires_grad
+                                                    and p not in grouped and p not in sparse],
+                                                   self._bucket_bytes)]
         self._unit_of = {p: i for i, unit in enumerate(self._units)
                          for bucket in unit for p in bucket.params}
         self._bucket_of = {p: bucket for unit in self._units for bucket in unit
@@ -443,23 +442,6 @@ def _parameter_names(param_groups, named_parameters) -> dict:
     return {p: f"allreduce.{by_param[p]}" for p in params}
 
 
-def _buckets(params: list, bucket_bytes: int | None = None) -> list[list]:
-    """Split parameters into the buckets whose gradients are submitted together.
-
-    Autograd produces gradients roughly in reverse registration order, so buckets are cut from
-    the end, one per dtype and device at a time. Every rank computes the same buckets from the
-    same parameter order; a bucket whose gradients arrive in another order only starts later,
-    it never disagrees with peers.
-
-    Why not one small first bucket, as DDP has: on CPUs that also compute, communication
-    overlapped with backward competes with it, and each bucket is one more collective; measured
-    on the Fashion-MNIST CNN it gained nothing (benchmarks/ARCHIVE.md, "Tried and dropped").
-    """
-    return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
-                       lambda p: p.numel() * p.element_size(),
-                       BUCKET_BYTES if bucket_bytes is None else bucket_bytes)
-
-
 def _horovod_parameter_names(param_groups, named_parameters) -> dict:
     """Horovod's ``_parameter_names``: {parameter: name}, generated as
     ``allreduce.noname.<group>.<index>`` without ``named_parameters`` (scripts read it)."""
@@ -467,14 +449,6 @@ def _horovod_parameter_names(param_groups, named_parameters) -> dict:
         return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
                 for j, p in enumerate(group["params"])}
     return {p: name for name, p in named_parameters}
-
-
-def _by_kind(params: list) -> list[list]:
-    """``params`` split by dtype and device (one flat tensor each), in order."""
-    kinds: dict = {}
-    for p in params:
-        kinds.setdefault((p.dtype, p.device), []).append(p)
-    return list(kinds.values())
 
 
 def _bucket_name(params: list, names: dict) -> str:

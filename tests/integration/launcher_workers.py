@@ -17,6 +17,7 @@ from pathlib import Path
 from ringtrain.runner.config import load_config
 from ringtrain.runner.launch import launch
 from ringtrain.runner.result import RunResult
+from tests.waiting import wait_until
 
 # Records what a worker sees of the contract and checks that the store listens where it says.
 ENV_DUMP = """
@@ -41,24 +42,32 @@ print("rank", os.environ["HOROVOD_RANK"], "ok")
 #   "exit:R:C"  rank R exits with code C      "kill:R"   rank R SIGKILLs itself
 #   "sleep"     every rank sleeps             "deaf:R:C" every rank but R ignores SIGTERM
 #                                                        and sleeps; rank R exits with code C
+# Rank R acts once every rank has printed "rank N ready" (and written ready.N).
 CONTROLLED = """
 import os, signal, sys, time
 rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-with open("pid.%d.tmp" % rank, "w") as f:
-    f.write(str(os.getpid()))
-os.replace("pid.%d.tmp" % rank, "pid.%d" % rank)
-deadline = time.time() + 60
-while time.time() < deadline and not all(os.path.exists("pid.%d" % r) for r in range(size)):
-    time.sleep(0.02)
-print("rank %d ready" % rank)
+
+def mark(name):
+    with open(name + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(name + ".tmp", name)  # never read half-written
+
+def wait_for_all(prefix):
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(os.path.exists("%s.%d" % (prefix, r))
+                                              for r in range(size)):
+        time.sleep(0.02)
+
 mode, *args = sys.argv[1].split(":")
 target = int(args[0]) if args else -1
 if mode == "deaf" and rank != target:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+mark("pid.%d" % rank)
+wait_for_all("pid")
+print("rank %d ready" % rank)
+mark("ready.%d" % rank)
 if rank == target:
-    time.sleep(0.2)
-    with open("failed_at", "w") as f:
-        f.write(repr(time.time()))
+    wait_for_all("ready")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(int(args[1]))
@@ -87,12 +96,22 @@ def cli(argv: Sequence[str], cwd: Path, **kwargs) -> subprocess.Popen:
 
 def read_pids(directory: Path, size: int, timeout_s: float = 60.0) -> list[int]:
     """Wait for every rank's ``pid.RANK`` file and return the pids."""
-    deadline = time.monotonic() + timeout_s
     paths = [directory / f"pid.{r}" for r in range(size)]
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, "the ranks did not all start"
-        time.sleep(0.05)
+    wait_until(lambda: all(p.exists() for p in paths), "every rank's start", timeout_s)
     return [int(p.read_text()) for p in paths]
+
+
+def running(pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` whose process still runs (one that exited is not, reaped or not)."""
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            out.append(pid)
+    return out
 
 
 def is_alive(pid: int) -> bool:

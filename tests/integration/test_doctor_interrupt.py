@@ -7,8 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +43,11 @@ def test_ctrl_c_reports_the_finished_run(tmp_path: Path) -> None:
                               # as a shell's background job starts it: Ctrl-C must still work
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        deadline = time.monotonic() + 180
-        while "trial real-data run" not in (tmp_path / "stderr").read_text():
-            assert doctor.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "stderr").read_text()
-            time.sleep(0.2)
+        def real_data_run() -> bool:
+            assert doctor.poll() is None, (tmp_path / "stderr").read_text()
+            return "trial real-data run" in (tmp_path / "stderr").read_text()
+
+        wait_until(real_data_run, "the real-data run's start", timeout_s=180)
         doctor.send_signal(signal.SIGINT)
         doctor.wait(60)
     finally:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from launcher_workers import CONTROLLED, cli, read_pids, run_job, wait_dead, write_script
 
+from tests.waiting import wait_until
+
 SCRIPT = str(Path(__file__).resolve().parent / "elastic_train.py")
 SAMPLES = 144
 
@@ -95,11 +97,9 @@ def _offer(tmp_path: Path, hosts: str) -> None:
     os.replace(tmp_path / "hosts.tmp", tmp_path / "hosts.txt")  # never read half-written
 
 
-def _seen_after(tmp_path: Path, offset: int, hosts: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while hosts not in (tmp_path / "seen.txt").read_text()[offset:]:
-        assert time.monotonic() < deadline, f"discovery never answered {hosts!r}"
-        time.sleep(0.1)
+def _seen_after(tmp_path: Path, offset: int, hosts: str) -> None:
+    wait_until(lambda: hosts in (tmp_path / "seen.txt").read_text()[offset:],
+               f"discovery's answer {hosts!r}")
 
 
 @pytest.mark.slow
@@ -193,13 +193,11 @@ def test_reset_limit_ends_the_job_when_a_worker_fails_once_too_often(tmp_path):
 
 def test_too_few_slots_for_the_elastic_timeout_end_the_job(tmp_path):
     _discovery(tmp_path, "localhost:1")
-    started = time.monotonic()
     result = run_job(["-np", "2", "--host-discovery-script", str(tmp_path / "discover.sh"),
                       "--elastic-timeout", "1", sys.executable, "-c", "pass"], tmp_path)
     assert result.exit_code == 1 and result.outcomes == ()
     assert result.message == ("fewer than 2 slots were available for 1 s (--elastic-timeout); "
                               "the hosts offer 1")
-    assert time.monotonic() - started < 30
 
 
 def test_a_discovery_script_that_fails_at_the_start_is_a_bad_launch(tmp_path):

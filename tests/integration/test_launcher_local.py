@@ -8,7 +8,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 
 import pytest
 from launcher_workers import (
@@ -18,11 +17,13 @@ from launcher_workers import (
     is_alive,
     read_pids,
     run_job,
+    running,
     wait_dead,
     write_script,
 )
 
 from ringtrain.runner.result import RankState
+from tests.waiting import wait_until
 
 PY = sys.executable
 
@@ -88,22 +89,24 @@ def test_output_is_prefixed_and_written_per_rank(tmp_path, capfd):
 
 
 def test_rank_files_are_flushed_line_by_line(tmp_path):
+    # The rank prints a line, then runs until the test has found it in its file.
+    stop = tmp_path / "stop"
     script = write_script(tmp_path, "slow.py", (
-        "import time\n"
-        "print(repr(time.time()))\n"  # no flush: the launcher makes workers line-buffered
-        "time.sleep(2)\n"))
+        "import os, time\n"
+        "print('a line')\n"  # no flush: the launcher makes workers line-buffered
+        "deadline = time.time() + 120\n"
+        f"while not os.path.exists({str(stop)!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"))
     out = tmp_path / "logs" / "rank.0" / "stdout"
     thread = threading.Thread(target=run_job, args=(
         ["-np", "1", "--output-filename", str(tmp_path / "logs"), PY, script], tmp_path))
     thread.start()
     try:
-        deadline = time.time() + 60
-        while not (out.exists() and out.read_text().endswith("\n")):
-            assert time.time() < deadline, "no line appeared"
-            time.sleep(0.02)
-        lag = time.time() - float(out.read_text())
-        assert lag < 1.0, f"the line reached the file {lag:.2f} s after it was printed"
+        wait_until(lambda: out.exists() and out.read_text() == "a line\n",
+                   "the line in the rank's file while the rank runs")
+        assert thread.is_alive()  # the rank still runs: its exit flushed nothing
     finally:
+        stop.touch()
         thread.join()
 
 
@@ -124,11 +127,8 @@ def test_a_progress_bar_reaches_the_rank_files_while_its_line_is_unfinished(tmp_
         ["-np", "1", "--output-filename", str(tmp_path / "logs"), PY, script], tmp_path))
     thread.start()
     try:
-        deadline = time.time() + 30
-        while not (log.exists() and b"train:" in log.read_bytes() and b"5/1000" in
-                   log.read_bytes()):
-            assert time.time() < deadline, "no progress update reached the rank's file"
-            time.sleep(0.05)
+        wait_until(lambda: log.exists() and b"train:" in log.read_bytes()
+                   and b"5/1000" in log.read_bytes(), "a progress update in the rank's file")
         assert b"\n" not in log.read_bytes()  # the bar's line was still unfinished
     finally:
         stop.touch()
@@ -158,13 +158,12 @@ def test_a_rank_that_calls_init_late_causes_no_c10d_warnings(tmp_path):
 def test_first_failure_stops_the_others_quickly(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
     result = run_job(["-np", "3", PY, script, "exit:1:3"], tmp_path)
-    returned = time.time()
     assert result.exit_code == 1
     assert result.message == "rank 1 on localhost exited with code 3; stopped the other 2 ranks"
+    # Stopped, not left to end their two minutes (how soon: benchmarks/failure_latency.py).
     assert [o.state for o in result.outcomes] == [
         RankState.STOPPED, RankState.FAILED, RankState.STOPPED]
-    assert returned - float((tmp_path / "failed_at").read_text()) < 4.0
-    assert wait_dead(read_pids(tmp_path, 3), timeout_s=0.5) == []
+    assert running(read_pids(tmp_path, 3)) == []
 
 
 def test_a_signal_is_named(tmp_path):
@@ -178,13 +177,11 @@ def test_a_signal_is_named(tmp_path):
 
 def test_a_rank_that_ignores_sigterm_is_killed(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
-    started = time.time()
     result = run_job(["-np", "2", PY, script, "deaf:0:1"], tmp_path)
     assert result.message == "rank 0 on localhost exited with code 1; stopped the other 1 rank"
     assert result.outcomes[1].state is RankState.STOPPED
     assert result.outcomes[1].signal == signal.SIGKILL  # after the wrapper's grace period
-    assert time.time() - started < 30
-    assert wait_dead(read_pids(tmp_path, 2), timeout_s=0.5) == []
+    assert running(read_pids(tmp_path, 2)) == []
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -224,8 +221,7 @@ def test_cli_ctrl_c_stops_every_rank(tmp_path):
     script = write_script(tmp_path, "ctl.py", CONTROLLED)
     proc = cli(["-np", "2", PY, script, "sleep"], tmp_path)
     try:
-        pids = read_pids(tmp_path, 2)
-        time.sleep(0.2)  # let the wrappers report in
+        pids = read_pids(tmp_path, 2)  # both commands run: their wrappers reported in
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -15,10 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ELASTIC_SCRIPT = Path(__file__).resolve().parent / "elastic_train.py"
@@ -102,10 +103,8 @@ def test_a_follower_that_dies_is_named_by_node_0(tmp_path: Path) -> None:
     follower = _node(1, 2, port, tmp_path, command=command, env=env)
     driver = _node(0, 2, port, tmp_path, command=command, env=env)
     rank1 = tmp_path / "out" / "rank.1" / "output"
-    deadline = time.monotonic() + 90
-    while not (rank1.exists() and rank1.read_text()):
-        assert time.monotonic() < deadline and driver.poll() is None, "rank 1 never ran"
-        time.sleep(0.2)
+    wait_until(lambda: _running_or_fail(driver) and rank1.exists() and rank1.read_text(),
+               "rank 1's output", timeout_s=90)
     os.killpg(follower.pid, signal.SIGKILL)  # its machine is gone: no last word to node 0
     rc0, _, err0 = _finish(driver)
     assert rc0 == 1
@@ -119,17 +118,13 @@ def test_a_follower_stops_its_ranks_when_node_0_dies(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import time, sys; time.sleep(120)", marker]
     follower = _node(1, 2, port, tmp_path, command=command)
     driver = _node(0, 2, port, tmp_path, command=command)
-    deadline = time.monotonic() + 90
-    while len(_running(marker)) < 2:  # both ranks run (and both launchers)
-        assert time.monotonic() < deadline and follower.poll() is None, "the ranks never ran"
-        time.sleep(0.2)
+    wait_until(lambda: _running_or_fail(follower) and len(_running(marker)) >= 2,
+               "both ranks running (and both launchers)", timeout_s=90)
     os.killpg(driver.pid, signal.SIGKILL)  # node 0 and its rank; the store goes with it
     rc1, _, err1 = _finish(follower, timeout_s=60)
     assert rc1 == 1 and "node 1: lost the driver's store" in err1, err1
-    deadline = time.monotonic() + 30
-    while _running(marker):  # node 0's rank ends too: its wrapper lost its launcher
-        assert time.monotonic() < deadline, "a rank outlived its launcher"
-        time.sleep(0.2)
+    # node 0's rank ends too: its wrapper lost its launcher
+    wait_until(lambda: not _running(marker), "the end of node 0's rank", timeout_s=30)
     driver.communicate()
 
 
@@ -138,6 +133,12 @@ def test_a_follower_without_node_0_gives_up_after_the_rendezvous_timeout(tmp_pat
     rc, _, err = _finish(follower, timeout_s=60)
     assert rc == 2 and "the driver (node 0) did not answer at 127.0.0.1:" in err, err
     assert "within 2 s (--rdzv-timeout)" in err
+
+
+def _running_or_fail(node: subprocess.Popen) -> bool:
+    """True while ``node``'s launcher runs; fails the test once it has ended."""
+    assert node.poll() is None, f"the launcher ended early: {node.communicate()}"
+    return True
 
 
 def _running(marker: str) -> list[int]:
@@ -163,10 +164,9 @@ def test_an_elastic_world_re_forms_without_a_killed_node(tmp_path: Path) -> None
     nodes = [_node(k, 3, port, tmp_path, *flags, command=command, env=env) for k in (1, 2)]
     driver = _node(0, 3, port, tmp_path, *flags, command=command, env=env)
     events = tmp_path / "out" / "rank.2" / "stdout"
-    deadline = time.monotonic() + 120
-    while '"pause"' not in (events.read_text() if events.exists() else ""):
-        assert time.monotonic() < deadline and driver.poll() is None, "worker 2 never paused"
-        time.sleep(0.2)
+    wait_until(lambda: _running_or_fail(driver)
+               and '"pause"' in (events.read_text() if events.exists() else ""),
+               "worker 2's pause", timeout_s=120)
     start = next(json.loads(line) for line in events.read_text().splitlines()
                  if '"start"' in line)
     os.killpg(nodes[1].pid, signal.SIGKILL)  # node 2's `ringtrain run`...

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch
 import ringtrain.torch as hvd
 from tests.multiproc.test_no_hang import _ASYNC_KINDS, _outcome, _start
 from tests.multiproc.world import World
+from tests.waiting import wait_until
 
 #: How long a test lets the ranks take; detection takes a few seconds (about three probes).
 _BOUND_S = 60
@@ -104,11 +106,12 @@ class _Interrupted(Exception):
     pass
 
 
-def _interrupt_a_wait() -> dict:
+def _interrupt_a_wait(interrupted: str) -> dict:
     r = hvd.rank()
     out = {}
     if r == 1:
-        time.sleep(5.0)  # rank 0's wait would end now if the handler had not run
+        # rank 0's wait could only end by the handler until this rank submits
+        wait_until(Path(interrupted).exists, "the interruption of rank 0's wait")
         out["result"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="late").item()
         return out
 
@@ -126,11 +129,13 @@ def _interrupt_a_wait() -> dict:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        Path(interrupted).touch()
     out["result"] = hvd.synchronize(handle).item()  # the operation went on: wait again
     return out
 
 
-def test_a_signal_handler_interrupts_a_wait_and_the_operation_can_be_waited_for_again(world2):
-    zero, one = world2.run(_interrupt_a_wait, timeout=_BOUND_S)
+def test_a_signal_handler_interrupts_a_wait_and_the_operation_can_be_waited_for_again(world2,
+                                                                                     tmp_path):
+    zero, one = world2.run(_interrupt_a_wait, str(tmp_path / "interrupted"), timeout=_BOUND_S)
     assert zero == {"interrupted": True, "result": 2.0}
     assert one == {"result": 2.0}

@@ -7,15 +7,17 @@ skipped some, so their generated names no longer matched)."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import torch
 
 import ringtrain.torch as hvd
 
-#: The last rank to join waits this long first, so that join() has one answer.
-_LAST_JOIN_DELAY_S = 0.2
+
+def _after_the_others_joined(name: str) -> None:
+    """Return once every other rank has joined, so that join() has one answer: an allreduce
+    the others never submit completes only with the zeros of ranks that joined."""
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name=name).item() == 1.0
 
 
 def _while_one_has_joined(first: int) -> dict:
@@ -37,7 +39,7 @@ def _while_one_has_joined(first: int) -> dict:
             except RuntimeError as exc:
                 out[f"bcast.{root}"] = str(exc)
         if r == last:
-            time.sleep(_LAST_JOIN_DELAY_S)
+            _after_the_others_joined(f"join.last.{first}")
     out["last"] = hvd.join()
     # After every rank joined, unnamed collectives meet again on every rank.
     out["after"] = hvd.allgather(torch.tensor([r])).tolist()
@@ -97,7 +99,7 @@ def _in_a_process_set() -> dict:
     if r != 1:
         out["world.sum"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="world.sum").item()
     if r == 2:
-        time.sleep(_LAST_JOIN_DELAY_S)
+        _after_the_others_joined("pair.last")
     out["last"] = hvd.join()
     hvd.remove_process_set(pair)
     return out

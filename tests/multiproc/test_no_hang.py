@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 import ringtrain.torch as hvd
 from tests.multiproc.world import WorkerError, World
+from tests.waiting import wait_until
 
 STALL_S = 2.0
 _KNOBS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "0.5",
           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_S)}
-#: What a survivor may take beyond the stall time: a probe period to notice, one to report.
-_SLACK_S = 4.0
+#: A bound on a hang, far beyond the stall time: how fast a survivor notices is a speed goal
+#: (benchmarks/failure_latency.py); which error ends its wait says how it noticed.
+_BOUND_S = 60.0
 _ASYNC_KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
                 "reducescatter")
 _KINDS = _ASYNC_KINDS + ("barrier", "join")
@@ -95,27 +97,26 @@ def test_another_operation_under_the_same_name_fails_at_once_on_every_rank(stall
             "join()") in rank1["join"]
 
 
-def _a_slow_rank() -> dict:
+def _a_slow_rank(gave_up: str) -> dict:
     r = hvd.rank()
-    started = time.monotonic()
     out = {}
     if r == 0:
         waits = {kind: _start(kind, f"a.{kind}") for kind in _ASYNC_KINDS}
         out["barrier"] = _outcome(hvd.barrier)
         out.update({kind: _outcome(wait) for kind, wait in waits.items()})
+        Path(gave_up).touch()
     else:
-        # computing past the stall shutdown time, never waiting: a stall, not a deadlock
-        time.sleep(STALL_S + _SLACK_S)
+        # computing until rank 0's waits have ended, never waiting: a stall, not a deadlock
+        wait_until(Path(gave_up).exists, "the end of rank 0's waits", timeout_s=_BOUND_S)
         out["late"] = _outcome(lambda: _start("allreduce", "b.allreduce")())
-    out["seconds"] = time.monotonic() - started
     hvd.shutdown()  # the stall stopped every rank's engine: start a fresh one
     hvd.init()
     return out
 
 
-def test_operations_a_slow_rank_has_not_submitted_end_in_a_stall_error_naming_it(stall_world):
-    rank0, rank1 = stall_world.run(_a_slow_rank, timeout=60)
-    assert rank0.pop("seconds") < STALL_S + _SLACK_S
+def test_operations_a_slow_rank_has_not_submitted_end_in_a_stall_error_naming_it(stall_world,
+                                                                                  tmp_path):
+    rank0, rank1 = stall_world.run(_a_slow_rank, str(tmp_path / "gave-up"), timeout=2 * _BOUND_S)
     assert set(rank0) == set(_ASYNC_KINDS) | {"barrier"}
     for outcome in rank0.values():
         assert outcome.startswith(f"StallError: stalled for more than {STALL_S:g} s"), outcome
@@ -126,53 +127,50 @@ def test_operations_a_slow_rank_has_not_submitted_end_in_a_stall_error_naming_it
     assert rank1["late"].startswith("StallError: stalled for more than"), rank1
 
 
-def _exit_in_the_middle(kind: str) -> str:
+def _exit_in_the_middle(kind: str, waiting: str) -> str:
     if hvd.rank() == 1:
-        time.sleep(0.3)  # rank 0 is waiting in the collective by now
+        wait_until(Path(waiting).exists, "rank 0 in the collective")
         os._exit(1)
-    started = time.monotonic()
-    outcome = _outcome(_start(kind, f"exit.{kind}"))
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+    wait = _start(kind, f"exit.{kind}")
+    Path(waiting).touch()
+    return _outcome(wait)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", _KINDS)
-def test_a_rank_that_exits_in_the_middle_of_a_collective_fails_its_peer(kind):
+def test_a_rank_that_exits_in_the_middle_of_a_collective_fails_its_peer(kind, tmp_path):
     world = World(2, env=_KNOBS)
     try:
         with pytest.raises(WorkerError) as info:
-            world.run(_exit_in_the_middle, kind, timeout=STALL_S + _SLACK_S + 10)
+            world.run(_exit_in_the_middle, kind, str(tmp_path / "waiting"), timeout=_BOUND_S)
     finally:
         world.close()
-    survivor, dead = info.value.results
+    outcome, dead = info.value.results
     assert dead == "the process exited"
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < _SLACK_S
+    # Its death, not the stall shutdown (STALL_S) that would end the wait otherwise.
     assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
                               "rank 1 (host "), outcome
     assert " died (its process is gone: it exited or was killed): " in outcome, outcome
 
 
-def _stop_in_the_middle() -> str:
+def _stop_in_the_middle(waiting: str) -> str:
     if hvd.rank() == 1:
-        time.sleep(0.3)
+        wait_until(Path(waiting).exists, "rank 0 in the collective")
         os.kill(os.getpid(), signal.SIGSTOP)
-    started = time.monotonic()
-    outcome = _outcome(_start("allreduce", "stopped"))
-    return f"{time.monotonic() - started:.1f} s: {outcome}"
+    wait = _start("allreduce", "stopped")
+    Path(waiting).touch()
+    return _outcome(wait)
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_fails_its_peer_naming_it_after_the_stall_time():
+def test_a_stopped_rank_fails_its_peer_naming_it_after_the_stall_time(tmp_path):
     world = World(2, env=_KNOBS)
     try:
-        world.send(_stop_in_the_middle)
-        status, survivor = world.receive(0, timeout=STALL_S + _SLACK_S + 10)
+        world.send(_stop_in_the_middle, str(tmp_path / "waiting"))
+        status, outcome = world.receive(0, timeout=_BOUND_S)
     finally:
         world.kill(1)
         world.close()
-    assert status == "ok", survivor
-    seconds, outcome = survivor.split(" s: ", 1)
-    assert float(seconds) < STALL_S + _SLACK_S
+    assert status == "ok", outcome
     assert outcome.startswith(f"StallError: rank(s) [1] stopped responding: no heartbeat for "
                               f"{STALL_S:g} s while rank 0 waited"), outcome

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from ringtrain.runner.discovery import DiscoveryError, HostPoller, parse_discovered, run_script
+from tests.waiting import wait_until
 
 
 def test_output_is_one_host_per_line_with_optional_slots():
@@ -48,18 +47,21 @@ def test_a_script_is_run_and_its_failures_are_named(tmp_path):
 
 def test_the_poller_keeps_the_last_good_answer(tmp_path):
     answers = iter([{"a": 1}, {"a": 2}])
+    failed = 0
 
     def discover() -> dict[str, int]:
+        nonlocal failed
         try:
             return next(answers)
         except StopIteration:
+            failed += 1
             raise DiscoveryError("the cluster API is down") from None
 
     poller = HostPoller(discover, interval_s=0.01)
     poller.start()
     try:
         assert poller.latest() in ({"a": 1}, {"a": 2})
-        time.sleep(0.2)  # several failed polls after the second answer
+        wait_until(lambda: failed >= 3, "three failed polls after the second answer")
         assert poller.latest() == {"a": 2}
     finally:
         poller.stop()

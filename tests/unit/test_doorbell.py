@@ -15,6 +15,7 @@ from ringtrain.backends.shm_segment import Member, Segment
 from ringtrain.engine import shm_doorbell
 from ringtrain.engine.doorbell import NEGOTIATE, LocalDoorbell, StoreDoorbell
 from ringtrain.engine.shm_doorbell import ShmDoorbell
+from tests.waiting import wait_until
 
 
 def _store_doorbell(server: dist.TCPStore) -> StoreDoorbell:
@@ -137,10 +138,7 @@ def _recorded_wakes(monkeypatch) -> list[int]:
 def _asleep(bell: ShmDoorbell, caller: bool) -> None:
     """Wait until ``bell``'s rank says its caller (or engine) sleeps on its word."""
     flag = 2 * bell._me + (0 if caller else 1)
-    deadline = time.monotonic() + 5.0
-    while not bell._sleepers[flag]:
-        assert time.monotonic() < deadline, "the waiter never went to sleep"
-        time.sleep(1e-3)
+    wait_until(lambda: bell._sleepers[flag], "the waiter going to sleep", every_s=1e-3)
 
 
 def _waiting(bell: ShmDoorbell, round_: int, caller: bool = False
@@ -207,21 +205,23 @@ def test_a_waiter_going_to_sleep_as_the_ring_comes_never_misses_it(tmp_path):
                     os._exit(3)
         os._exit(0)
 
+    bells: list[bytes | None] = []
+
+    def take_each() -> None:  # rank 0: a missed wake-up sleeps for good (the timeout is a day)
+        for round_ in range(rounds):
+            bells.append(first.wait(round_, 86400.0, claimed=round_ % 2 == 0))
+
     ringer = multiprocessing.get_context("fork").Process(target=ring_each)
     ringer.start()
-    waits = []
+    waiter = threading.Thread(target=take_each, daemon=True)
+    waiter.start()
     try:
-        for round_ in range(rounds):
-            start = time.monotonic()
-            bell = first.wait(round_, 10.0, claimed=round_ % 2 == 0)
-            waits.append((bell, time.monotonic() - start))
-            if waits[-1][1] > 5.0:
-                break  # missed: the rest would each wait the whole timeout too
+        waiter.join(120.0)  # a bound on a hang: 400 rounds take well under a second
     finally:
         ringer.join(30.0)
         ringer.kill()
-    assert max(took for _, took in waits) < 5.0  # a missed wake-up sleeps the whole 10 s
-    assert [bell for bell, _ in waits] == [b"u@%d" % r for r in range(rounds)]
+    assert not waiter.is_alive(), f"a wake-up was missed: the waiter sleeps in round {len(bells)}"
+    assert bells == [b"u@%d" % r for r in range(rounds)]
     assert ringer.exitcode == 0
 
 
@@ -256,15 +256,18 @@ def test_a_ring_of_a_unit_every_rank_claimed_wakes_only_the_callers(tmp_path, mo
         thread.join(10.0)
 
 
-def test_a_wait_for_a_round_long_past_returns_at_once(tmp_path):
+def test_a_wait_for_a_round_long_past_returns_at_once(tmp_path, monkeypatch):
     first, second = shm_doorbells(tmp_path)
     first.ring(5, b"unit@1")
     assert first.wait(6, 0.0) is None and second.wait(6, 0.0) is None  # both past round 5
     later = 5 + shm_doorbell._ROUNDS  # the same entry as round 5
     assert second.ring(later, NEGOTIATE) == NEGOTIATE
-    started = time.monotonic()
+
+    def never_sleep(*_) -> None:
+        raise AssertionError("the wait went to sleep for a round long past")
+
+    monkeypatch.setattr(shm_doorbell.futex, "wait", never_sleep)
     assert first.wait(5, 30.0) is None  # an engine that slept while its callers ran rounds
-    assert time.monotonic() - started < 10.0
 
 
 def test_a_shared_memory_lock_held_too_long_names_its_holder(tmp_path, monkeypatch):

@@ -1,27 +1,28 @@
 """The scaling forecast's model: its formulas on small cases, and Horovod's published figures.
 
 The published check feeds the model Horovod's benchmark setup (docs/forecast.md states every
-input and its source) and asks for the published scaling efficiencies within 10 points.
+input and its source), cut into buckets by the optimizer's own planner, and asks for the
+published scaling efficiencies within 10 points.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ringtrain.doctor import network_profiles
 from ringtrain.doctor.forecast_model import (
-    Bucket,
     Layout,
     Link,
     Network,
     Strategy,
     Workload,
     allreduce_ms,
-    bucketize,
     exposed_ms,
     forecast,
     forecast_point,
 )
+from ringtrain.torch.grad_bucket import Bucket, GradBucket, plan_buckets
 
 _NET = Network("test", intra=Link(1e-6, 10e9), inter=Link(10e-6, 1e9))
 
@@ -65,13 +66,8 @@ def test_strategy_parse():
             Strategy.parse(bad)
 
 
-def test_bucketize_cuts_at_the_bucket_size_and_keeps_the_last_ready_time():
-    buckets = bucketize([(10, 9.0), (10, 8.0), (10, 7.0), (50, 1.0)], 25)
-    assert buckets == (Bucket(20, 8.0), Bucket(10, 7.0), Bucket(50, 1.0))
-
-
 def test_exposed_time_schedules_buckets_one_at_a_time():
-    buckets = [Bucket(1, 10.0), Bucket(1, 0.0)]
+    buckets = [Bucket("a", 1, 10.0), Bucket("b", 1, 0.0)]
     # First: 10 ms before the end, takes 4 (hidden). Second: at the end, takes 4: exposed 4.
     assert exposed_ms(buckets, [4.0, 4.0], 1.0) == pytest.approx(4.0)
     # The first one runs past the end of backward: the second waits for it.
@@ -81,22 +77,22 @@ def test_exposed_time_schedules_buckets_one_at_a_time():
 
 
 def test_limits_name_the_resource_the_step_waits_on():
-    buckets = (Bucket(10**9, 0.0),)
+    buckets = (Bucket("b", 10**9, 0.0),)
     network_bound = Workload(100.0, buckets, 32)
     point = forecast_point(network_bound, Layout(8, 1), _NET, Strategy("ring"))
     assert point.limit == "network" and point.efficiency < 0.2
-    data_bound = Workload(100.0, (Bucket(1000, 0.0),), 32, pipeline_ms=300.0)
+    data_bound = Workload(100.0, (Bucket("b", 1000, 0.0),), 32, pipeline_ms=300.0)
     point = forecast_point(data_bound, Layout(8, 1), _NET, Strategy("ring"))
     assert point.limit == "input pipeline"
     assert point.step_ms == pytest.approx(300.0)
     assert point.rate == pytest.approx(8 * 32 * 1e3 / 300.0)
-    compute_bound = Workload(100.0, (Bucket(1000, 0.0),), 32)
+    compute_bound = Workload(100.0, (Bucket("b", 1000, 0.0),), 32)
     point = forecast_point(compute_bound, Layout(8, 1), _NET, Strategy("ring"))
     assert point.limit == "compute" and point.efficiency > 0.99
 
 
 def test_forecast_orders_sizes_then_strategies():
-    w = Workload(100.0, (Bucket(10**6, 0.0),), 8)
+    w = Workload(100.0, (Bucket("b", 10**6, 0.0),), 8)
     points = forecast(w, [2, 4], 2, _NET, [Strategy("ring"), Strategy("ps", 1)])
     assert [(p.workers, p.strategy) for p in points] == [
         (2, "ring"), (2, "ps (k=1)"), (4, "ring"), (4, "ps (k=1)")]
@@ -131,17 +127,28 @@ _BATCH = 64
 _FUSION = 64 * 2**20
 
 
+def _buckets(layers: list[tuple[int, float]]) -> tuple[Bucket, ...]:
+    """The buckets ``DistributedOptimizer`` cuts from fp32 parameters of ``layers``'s sizes
+    (``(parameters, ms before the end of backward its gradient is ready)``, earliest ready
+    first) with the published fusion size, each ready when its last gradient is."""
+    # Registration order is the reverse of backward's; meta tensors have a size and no data.
+    params = [torch.empty(n, device="meta") for n, _ in reversed(layers)]
+    ready = {p: ms for p, (_, ms) in zip(params, reversed(layers))}
+    return tuple(GradBucket(f"b{i}", bucket, {}).describe(ready[bucket[-1]])
+                 for i, bucket in enumerate(plan_buckets(params, _FUSION)))
+
+
 def _published(rate: float, params: float, early_params: float = 0.0) -> Workload:
     """One GPU at ``rate`` img/s; fp32 gradients; backward is 2/3 of the step, producing the
     gradients evenly over it, except ``early_params`` (VGG-16's fully connected layers, first
     in backward and nearly free to compute), ready at its start."""
     compute = _BATCH / rate * 1e3
     backward = compute * 2 / 3
-    layers = [(int(early_params * 4), backward * 0.98)] if early_params else []
+    layers = [(int(early_params), backward * 0.98)] if early_params else []
     chunks = 100
-    layers += [(int((params - early_params) * 4 / chunks), backward * (1 - (i + 1) / chunks))
+    layers += [(int((params - early_params) / chunks), backward * (1 - (i + 1) / chunks))
                for i in range(chunks)]
-    return Workload(compute, bucketize(layers, _FUSION), _BATCH, overlap=1.0)
+    return Workload(compute, _buckets(layers), _BATCH, overlap=1.0)
 
 
 _HOROVOD = {  # model: (workload, published efficiency at 512 GPUs)

@@ -18,8 +18,10 @@ from ringtrain.doctor.forecast import (
     read_run,
 )
 from ringtrain.doctor.forecast_model import Link, Strategy
-from ringtrain.torch.gradient_plan import BucketTiming, GradientPlan
+from ringtrain.torch.grad_bucket import Bucket
+from ringtrain.torch.gradient_plan import GradientPlan
 from ringtrain.torch.step_profiler import StepProfiler
+from tests.clock import FakeClock
 
 
 def test_forecast_options_parse_into_a_spec():
@@ -45,16 +47,15 @@ def test_bad_forecast_options_say_what_to_do(argv, message, capsys):
 
 
 def _write_steps(folder, steps, *, data_ms, compute_ms, workers, rank=0):
-    """Step records through the real profiler, with sleeps standing in for the phases."""
-    import time
-
-    profiler = StepProfiler(metrics_dir=folder, rank=rank)
+    """Step records through the real profiler, on a clock that each phase moves by its time."""
+    clock = FakeClock()
+    profiler = StepProfiler(metrics_dir=folder, rank=rank, clock=clock)
     for _ in range(steps):
         profiler.begin_step()
         with profiler.phase("data"):
-            time.sleep(data_ms / 1e3)
+            clock.advance(data_ms / 1e3)
         with profiler.phase("forward_backward"):
-            time.sleep(compute_ms / 1e3)
+            clock.advance(compute_ms / 1e3)
         profiler.note(samples=16, loader_workers=workers)
     profiler.close()
 
@@ -63,15 +64,14 @@ def test_read_run_takes_medians_after_the_warmup(tmp_path):
     _write_steps(tmp_path, 6, data_ms=20, compute_ms=10, workers=0)
     m = read_run(tmp_path, warmup=1, workers=1, cores=2)
     assert m.samples == 16 and m.loader_workers == 0 and m.plan is None
-    assert 20 <= m.data_ms < 60 and 10 <= m.compute_ms < 40
-    assert m.step_ms == pytest.approx(m.data_ms + m.compute_ms, rel=0.3)
+    assert (m.data_ms, m.compute_ms, m.step_ms) == pytest.approx((20.0, 10.0, 30.0), abs=1e-3)
     w = m.workload()
     assert w.inline_data_ms == m.data_ms and w.pipeline_ms is None and w.overlap == 0.0
 
 
 def test_a_background_pipeline_that_keeps_the_step_waiting_paces_it():
     slow = Measured(1, 2, step_ms=100.0, compute_ms=40.0, data_ms=60.0, loader_workers=2,
-                    samples=32, plan=GradientPlan("cuda", [BucketTiming("b", 1000, 3.0)], 5))
+                    samples=32, plan=GradientPlan("cuda", [Bucket("b", 1000, 3.0)], 5))
     w = slow.workload()
     assert w.pipeline_ms == 100.0 and w.inline_data_ms == 0.0 and w.overlap == 1.0
     assert w.gradient_bytes == 1000
@@ -95,7 +95,7 @@ def test_network_within_a_host_is_the_measured_link_for_cpu_training():
 
 
 def _report_inputs():
-    plan = GradientPlan("cpu", [BucketTiming("b", 4_000_000, 0.5)], 5)
+    plan = GradientPlan("cpu", [Bucket("b", 4_000_000, 0.5)], 5)
     base = Measured(1, 2, 100.0, 95.0, 5.0, 0, 64, plan)
     share = Measured(1, 1, 150.0, 144.0, 6.0, 0, 64, plan)
     spec = ForecastSpec((2, 4))

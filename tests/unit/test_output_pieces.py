@@ -3,15 +3,18 @@ after a quiet moment, markers only whole; the pieces joined are the bytes writte
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
+import struct
+import termios
 import threading
-import time
 
 import pytest
 
 from ringtrain.runner.output_pieces import read_pieces
 from ringtrain.runner.task import MarkerEvent, format_marker, marker_hold
+from tests.waiting import wait_until
 
 
 class _Pipe:
@@ -30,6 +33,10 @@ class _Pipe:
 
     def send(self, data: bytes) -> None:
         os.write(self.w, data)
+
+    def drained(self) -> bool:
+        """Whether the reader has read everything sent so far."""
+        return struct.unpack("i", fcntl.ioctl(self.r, termios.FIONREAD, b"\0" * 4))[0] == 0
 
     def next(self, timeout_s: float = 5.0) -> bytes | None:
         return self.pieces.get(timeout=timeout_s)
@@ -67,9 +74,9 @@ def test_an_unfinished_line_is_passed_on_once_the_pipe_is_quiet() -> None:
 
 
 def test_a_carriage_return_split_from_its_newline_stays_one_line_end() -> None:
-    pipe = _Pipe(quiet_s=1.0)
+    pipe = _Pipe(quiet_s=60.0)  # no quiet moment passes the \r on before the \n comes
     pipe.send(b"text\r")
-    time.sleep(0.1)
+    wait_until(pipe.drained, "the reader took the \\r alone")  # the \n comes in another read
     pipe.send(b"\nnext\n")
     assert pipe.next() == b"text\r\n"
     assert pipe.next() == b"next\n"

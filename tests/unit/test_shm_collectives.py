@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -212,10 +211,11 @@ def test_a_dead_member_fails_the_wait_naming_it(tmp_path):
 def test_a_member_that_gives_up_fails_the_others(tmp_path):
     seg0, seg1 = _segments(tmp_path, 2)
     seg1.abort()
-    started = time.monotonic()
-    with pytest.raises(SharedMemoryError, match=r"rank 1 \(pid \d+\) gave up"):
+    # Noticed at a check, not at the segment's timeout (whose error says "did not reach").
+    with pytest.raises(SharedMemoryError, match=r"^rank 1 \(pid \d+\) gave up \(its own "
+                                                r"collective failed\) during a shared-memory "
+                                                r"allgather on rank 0$"):
         ShmGroup(seg0).allgather(torch.empty(20), torch.ones(10))
-    assert time.monotonic() - started < 10  # noticed at the first check, not at a timeout
     seg1.close()
     seg0.close()
 

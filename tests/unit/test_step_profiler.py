@@ -1,50 +1,50 @@
-"""StepProfiler on one process: phases add up to the step, metrics lines (its cost per step is
-benchmarks/step_profiler_cost.py's)."""
+"""StepProfiler on one process, on a clock the test moves: phases add up to the step, metrics
+lines (its cost per step is benchmarks/step_profiler_cost.py's)."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
 from ringtrain.torch.step_profiler import PHASES, StepProfiler, default_metrics_dir
+from tests.clock import FakeClock
 
 
-def _train(profiler: StepProfiler, steps: int, pause: float) -> float:
-    """``steps`` steps of sleeps in each phase; returns the wall time per step, in ms."""
+def _train(profiler: StepProfiler, clock: FakeClock, steps: int, pause: float) -> None:
+    """``steps`` steps in which each phase takes ``pause`` seconds of ``clock`` (the forward
+    and backward pass twice that, the unmarked rest half of it)."""
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def batches():
         for _ in range(steps):
-            time.sleep(pause)
+            clock.advance(pause)
             yield torch.randn(8, 4)
 
-    t0 = time.perf_counter()
     for x in profiler.iterate(batches()):
         with profiler.phase("h2d"):
-            time.sleep(pause)
+            clock.advance(pause)
         with profiler.phase("forward_backward"):
             model(x).sum().backward()
-            time.sleep(2 * pause)
+            clock.advance(2 * pause)
         profiler.optimizer_step(optimizer)
         optimizer.zero_grad()
-        time.sleep(pause / 2)  # unmarked: "other"
-    return (time.perf_counter() - t0) / steps * 1e3
+        clock.advance(pause / 2)  # unmarked: "other"
 
 
 def test_phases_add_up_to_the_measured_step(tmp_path):
-    profiler = StepProfiler(metrics_dir=tmp_path, rank=3)
-    wall_ms = _train(profiler, 10, 0.004)
+    clock = FakeClock()
+    profiler = StepProfiler(metrics_dir=tmp_path, rank=3, clock=clock)
+    _train(profiler, clock, 10, 0.004)
     profiler.close()
     s = profiler.summary()
     assert s["steps"] == 10
-    assert abs(sum(s[f"{p}_ms"] for p in PHASES) - s["step_ms"]) < 1e-3 * s["step_ms"]
-    assert abs(s["step_ms"] - wall_ms) < 0.05 * wall_ms
-    assert s["data_ms"] >= 3.5 and s["h2d_ms"] >= 3.5 and s["forward_backward_ms"] >= 7
-    assert s["other_ms"] >= 1.5 and s["communication_ms"] == 0  # a plain optimizer: no wait
+    expected = {"data_ms": 4.0, "h2d_ms": 4.0, "forward_backward_ms": 8.0, "other_ms": 2.0,
+                "communication_ms": 0.0, "optimizer_ms": 0.0}  # a plain optimizer: no wait
+    assert {k: s[k] for k in expected} == pytest.approx(expected, abs=1e-6)
+    assert s["step_ms"] == pytest.approx(18.0, abs=1e-6)
     lines = (tmp_path / "steps.rank3.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == list(range(10))
@@ -73,17 +73,20 @@ def test_metrics_dir_comes_from_the_job_environment(tmp_path):
 
 
 def test_spans_between_marks_and_notes_land_in_the_record(tmp_path):
-    profiler = StepProfiler(metrics_dir=tmp_path, rank=0)
+    clock = FakeClock()
+    profiler = StepProfiler(metrics_dir=tmp_path, rank=0, clock=clock)
     profiler.begin_step()
     start = profiler.mark()
-    time.sleep(0.005)
+    clock.advance(0.005)
     profiler.add_span("forward_backward", start, profiler.mark())
+    clock.advance(0.001)
     profiler.note(samples=8)
     profiler.begin_step()  # ends step 0; step 1 is only begun
     profiler.close(finish_current=False)
     records = [json.loads(x) for x in (tmp_path / "steps.rank0.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["samples"] == 8
-    assert 4.5 <= records[0]["forward_backward_ms"] <= records[0]["step_ms"]
+    assert records[0]["forward_backward_ms"] == pytest.approx(5.0, abs=1e-6)
+    assert records[0]["step_ms"] == pytest.approx(6.0, abs=1e-6)
     with pytest.raises(ValueError, match="phase must be one of"):
         profiler.add_span("other", start, start)
 
