@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Installs everything, then runs the whole test suite (what CI runs), or with --fast only the
 # in-process tier (tests marked `fast`: unit, engine and in-process service tests; under two
-# minutes on 2 cores). Other arguments go to pytest.
+# minutes on 2 cores, about 40 s when they are idle). Other arguments go to pytest.
 #
-# The whole suite runs in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process): most of
-# its time is spent waiting (servers starting, ranks meeting, timeouts running out), which a
-# second worker fills. Each test file stays on one worker, so a module's server or sshd is
-# started once.
+# Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). Most of the whole
+# suite's time is spent waiting (servers starting, ranks meeting, timeouts running out), which a
+# second worker fills; the fast tier's is the CPU of one process running one test at a time,
+# which left the second core idle, or on a loaded machine took one process's share of the
+# cores. Each test file stays on one worker, so a module's server or sshd is started once.
+#
+# The fast tier loads neither the schemathesis nor the hypothesis plugin: its tests use neither
+# (the API fuzz tests are in the full suite), and loading them cost ~2 s of CPU in every pytest
+# process. A fast test that needs one goes in the full suite, or this line changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 args=(-q -p no:cacheprovider)
 if [ "${1:-}" = "--fast" ]; then
   shift
-  args+=(-m fast)
-elif [ "${RINGTRAIN_TEST_WORKERS:-2}" != 0 ]; then
+  args+=(-m fast -p no:schemathesis -p no:hypothesispytest)
+fi
+if [ "${RINGTRAIN_TEST_WORKERS:-2}" != 0 ]; then
   args+=(-n "${RINGTRAIN_TEST_WORKERS:-2}" --dist loadfile)
 fi
 exec .venv/bin/python -m pytest "${args[@]}" "$@"

@@ -6,6 +6,9 @@ command); ``ringtrain doctor -np 2 FOLDER`` launches itself that way. Each rank 
 DataLoader (the common baseline), then each fix the advice proposes (ringtrain's decoder, a
 packed pre-resized copy, GPU decoding), and reports throughput, the gap to synthetic data, the
 step breakdown averaged over ranks, the slowest rank and how much of the gap each fix closed.
+By default this is the quick check (about 90 s at most: a sample of the images, at most 10
+steps per trial, fewer when the time runs short); ``--full`` runs the full check (every image,
+20 steps per trial, no time bound). See ringtrain.doctor.budget.
 
 ``ringtrain doctor -np 2 -- python train.py ARGS`` runs the user's own script instead, unchanged
 (it needs ``hvd.DistributedOptimizer``): with its first batch fed again every step, then as it
@@ -19,16 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 _MODELS = ("resnet50", "small-cnn")
 #: Runs of each trial of a script: three give a Student t of 4.3 for the 95 % interval, where
 #: two give 12.7 (an interval too wide to call anything).
 DEFAULT_REPEATS = 3
+#: Measured and warm-up steps of each run of a command after ``--``.
+SCRIPT_STEPS, SCRIPT_WARMUP = 20, 3
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -48,8 +56,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "default without one)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per step (32)")
     p.add_argument("--size", type=int, default=224, help="crop side in pixels (224)")
-    p.add_argument("--steps", type=int, default=20, help="measured steps per trial (20)")
-    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (3)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="measured steps per trial (a FOLDER's quick check: at most 10, fewer "
+                        "when its time runs short; --full or a command: 20)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="unmeasured steps first (a FOLDER's quick check: 2; --full or a "
+                        "command: 3)")
+    p.add_argument("--full", action="store_true",
+                   help="with a FOLDER: the full check: every image read (and packed), 20 "
+                        "steps per trial, no time bound (minutes on a CPU)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="with a FOLDER: the quick check's bound on the whole run (90)")
     p.add_argument("--workers", type=int, default=None,
                    help="loader workers of the baseline (default: cores per rank - 1)")
     p.add_argument("--packed", type=Path, default=None,
@@ -67,6 +84,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     _add_forecast_options(p)
     args = p.parse_args(argv)
+    _check_mode(p, args, command)
     if min(args.batch_size, args.size, args.steps) < 1 or args.warmup < 0:
         p.error("--batch-size, --size and --steps must be positive, --warmup not negative")
     if args.num_proc is not None and args.num_proc < 1:
@@ -79,6 +97,50 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     _check_forecast_options(p, args, command)
     _check_repeats(p, args, command)
     return args, command
+
+
+def _check_mode(p: argparse.ArgumentParser, args: argparse.Namespace,
+                command: list[str]) -> None:
+    """Check ``--full`` and ``--budget``, put the steps' defaults in ``args`` and a FOLDER's
+    :class:`~ringtrain.doctor.budget.Check` in ``args.check`` (``None`` with a command)."""
+    from ringtrain.doctor import budget
+
+    args.check = None
+    if command:
+        if args.full or args.budget is not None:
+            p.error("--full and --budget apply to an image FOLDER (a command's runs are "
+                    "bounded by --steps, --repeats and --timeout)")
+        args.steps = SCRIPT_STEPS if args.steps is None else args.steps
+        args.warmup = SCRIPT_WARMUP if args.warmup is None else args.warmup
+        return
+    if args.full and args.budget is not None:
+        p.error("--full has no time bound: leave out --budget (which bounds the quick check)")
+    if args.budget is not None and args.budget <= 0:
+        p.error("--budget must be positive")
+    steps, warmup = ((budget.FULL_STEPS, budget.FULL_WARMUP) if args.full
+                     else (budget.QUICK_STEPS, budget.QUICK_WARMUP))
+    args.steps = steps if args.steps is None else args.steps
+    args.warmup = warmup if args.warmup is None else args.warmup
+    args.check = budget.Check(args.full, args.steps, args.warmup, None if args.full else (
+        budget.QUICK_BUDGET_S if args.budget is None else args.budget))
+
+
+def full_command(argv: list[str], ranks: int) -> str:
+    """The command line of the full check of the run given ``argv``: the same options with
+    ``--full`` and without ``--budget`` (``-np`` added for a run of several ranks that was
+    launched without it, e.g. under ``ringtrain run``)."""
+    rest, skip = [], False
+    for token in argv:
+        if skip or token.startswith("--budget="):
+            skip = False
+            continue
+        if token == "--budget":
+            skip = True
+            continue
+        rest.append(token)
+    if ranks > 1 and "-np" not in rest and "--num-proc" not in rest:
+        rest = ["-np", str(ranks), *rest]
+    return shlex.join(["ringtrain", "doctor", "--full", *rest])
 
 
 def _check_repeats(p: argparse.ArgumentParser, args: argparse.Namespace,
@@ -150,6 +212,7 @@ def main(argv: list[str]) -> int:
     """Run the doctor on this rank, or launch ``-np`` ranks of it."""
     from ringtrain.contract.env import read_worker_env
 
+    started = time.monotonic()  # the quick check's budget bounds the whole run, imports too
     args, command = parse_args(argv)
     if command:
         if read_worker_env().launcher != "none":
@@ -174,18 +237,19 @@ def main(argv: list[str]) -> int:
     from ringtrain.errors import RingtrainError
 
     try:
-        return _doctor(args)
+        return _doctor(args, argv, started)
     except RingtrainError as e:  # a folder that is not an image folder, a bad packed copy
         print(f"ringtrain doctor: {e}", file=sys.stderr)
         return 2
 
 
-def _doctor(args: argparse.Namespace) -> int:
+def _doctor(args: argparse.Namespace, argv: list[str], started: float) -> int:
     import torch
 
     import ringtrain.torch as hvd
     from ringtrain.data.image_folder import ImageFolder
     from ringtrain.data.tuning import cores_per_rank
+    from ringtrain.doctor.budget import Budget, sample_size
     from ringtrain.doctor.progress import Progress
     from ringtrain.doctor.trials import Workload
 
@@ -207,6 +271,21 @@ def _doctor(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         hvd.shutdown()
         return 2
+    check = args.check
+    images = len(folder)
+    if not check.full:  # the same random images on every rank (a fixed seed)
+        n = sample_size(images, warmup=check.warmup, steps=check.steps,
+                        batch_size=args.batch_size, ranks=hvd.size())
+        sample = sorted(random.Random(0).sample(range(images), n)) if n < images else None
+    else:
+        sample = None
+    check_report = {"mode": "full" if check.full else "quick", "budget_s": check.budget_s,
+                    "max_steps": check.steps, "warmup": check.warmup,
+                    "images": images if sample is None else len(sample), "of_images": images,
+                    "not_tried": [],
+                    "full_command": None if check.full else full_command(argv, hvd.size())}
+    if hvd.rank() == 0:
+        print(f"ringtrain doctor: {_check_note(check_report)}", file=sys.stderr, flush=True)
     model = build_model(args.model, len(classes)).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
@@ -216,7 +295,8 @@ def _doctor(args: argparse.Namespace) -> int:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     cores = cores_per_rank(hvd.local_size())
     work = Workload(model, optimizer, device, args.batch_size, args.size, args.steps,
-                    args.warmup, args.folder, cores, args.packed, len(classes), args.bf16)
+                    args.warmup, args.folder, cores, args.packed, len(classes), args.bf16,
+                    sample)
     baseline_workers = args.workers if args.workers is not None else max(1, cores - 1)
     pack_size = round(args.size / 0.875)
 
@@ -224,7 +304,8 @@ def _doctor(args: argparse.Namespace) -> int:
     progress = Progress(hvd.rank() == 0)
     stop = signal.signal(signal.SIGTERM, _interrupt)  # `ringtrain run` stops ranks so
     try:
-        return _trials(args, work, baseline_workers, pack_size, results, progress, device)
+        return _trials(args, work, baseline_workers, pack_size, results, progress, device,
+                       Budget(check.budget_s, started), check_report)
     except KeyboardInterrupt:
         if hvd.rank() == 0:
             _report_interrupted(args, results, device)
@@ -253,22 +334,37 @@ def _report_interrupted(args: argparse.Namespace, results: list, device) -> None
 
 
 def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: int,
-            results: list, progress, device) -> int:
+            results: list, progress, device, budget, check: dict) -> int:
     import ringtrain.torch as hvd
     from ringtrain.data.tuning import worker_budget
     from ringtrain.doctor import report
     from ringtrain.doctor.advice import Measurements, TrialSpec, advise
+    from ringtrain.doctor.budget import fits, trial_steps
     from ringtrain.doctor.trials import run_trial
 
     cuda, cores = device.type == "cuda", work.cores
-    synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work, progress)
+
+    def plan(trials_left: int):
+        """The measured steps of a trial with ``trials_left`` trials to go (itself included)."""
+        def steps(step_s: float | None) -> int:
+            if step_s is None:  # no warm-up step was timed: the slowest step measured so far
+                step_s = max((r.breakdown_ms["step"] for r in results), default=0.0) / 1e3
+            return trial_steps(budget.left_s(), step_s, trials_left, warmup=work.warmup,
+                               steps=work.steps)
+        return steps
+
+    # The fixes are not known before the advice: the first trials leave time for as many as
+    # it may try (a packed copy and ringtrain's decoder; GPU decoding too with CUDA).
+    fixes = 0 if args.no_try else (3 if cuda else 2)
+    synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work, progress, plan(3 + fixes))
     results.append(synthetic)
     baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work,
-                         progress)
+                         progress, plan(2 + fixes))
     results.append(baseline)
     # Synthetic data again: what two runs of one trial differ by is the noise no finding may
     # hide in (load drifting on the machine included).
-    again = run_trial(TrialSpec("synthetic (again)", "synthetic"), work, progress)
+    again = run_trial(TrialSpec("synthetic (again)", "synthetic"), work, progress,
+                      plan(1 + fixes))
     results.append(again)
     noise = max(abs(synthetic.images_per_second - again.images_per_second)
                 / max(synthetic.images_per_second, again.images_per_second),
@@ -285,25 +381,35 @@ def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: in
             noise)
         advice = advise(measurements)
     advice = hvd.broadcast_object(advice, root_rank=0)
-    for item in [] if args.no_try else advice:
-        if item.trial is None:
+    tries = [a.trial for a in ([] if args.no_try else advice) if a.trial is not None]
+    for i, trial in enumerate(tries):
+        # A fix takes its warm-up and at least MIN_STEPS steps of about the baseline's length:
+        # one that no longer fits in the budget is advised, not tried (rank 0 decides for all).
+        if not hvd.broadcast_object(fits(budget.left_s(), baseline.breakdown_ms["step"] / 1e3,
+                                         warmup=work.warmup),
+                                    root_rank=0, name=f"doctor.fits.{trial.name}"):
+            check["not_tried"].append(trial.name)
             continue
-        if item.trial.data == "packed" and work.packed is None:
-            work.packed = _pack(args.folder, args.work_dir / f"packed-{pack_size}", pack_size)
-        results.append(run_trial(item.trial, work, progress))
+        if trial.data == "packed" and work.packed is None:
+            out = args.work_dir / (f"packed-{pack_size}" if work.sample is None
+                                   else f"packed-{pack_size}-sample")
+            work.packed = _pack(args.folder, out, pack_size, work.sample)
+        results.append(run_trial(trial, work, progress, plan(len(tries) - i)))
     ceiling = max((r for r in results if r.data == "synthetic"),
                   key=lambda r: r.images_per_second)
     for r in results:
         if r.data != "synthetic":
             r.gap_closed = report.gap_closed(r, baseline, ceiling)
     if hvd.rank() == 0:
+        more = ("measure longer (--steps)" if check["mode"] == "full" else
+                f"run the full check ({check['full_command']})")
         title = (f"{args.model} on {args.folder}, {hvd.size()} rank(s), batch "
                  f"{args.batch_size} per rank, {args.size} px, {device}")
         context = {"title": title, "model": args.model, "folder": str(args.folder),
                    "ranks": hvd.size(), "ceiling": ceiling.name, "baseline": baseline.name,
-                   "noise": noise, "verdict": report.verdict(baseline, ceiling, noise),
+                   "noise": noise, "verdict": report.verdict(baseline, ceiling, noise, more),
                    "batch_size": args.batch_size, "size": args.size, "device": str(device),
-                   "cores_per_rank": cores}
+                   "cores_per_rank": cores, "check": check}
         chart = args.work_dir / "breakdown.png"
         report.write_chart(results, chart)
         if args.output == "json":
@@ -312,6 +418,17 @@ def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: in
             print(report.as_text(results, advice, context) + f"\n\nchart: {chart}")
     hvd.shutdown()
     return 0
+
+
+def _check_note(check: dict) -> str:
+    """What rank 0 says of the check before the trials: quick (bounded, and how to run the
+    full one) or full."""
+    if check["mode"] == "full":
+        return (f"full check: all {check['images']} images, {check['max_steps']} measured "
+                "steps per trial, no time bound")
+    return (f"quick check: {check['images']} of {check['of_images']} images, at most "
+            f"{check['max_steps']} measured steps per trial, {check['budget_s']:.0f} s at most; "
+            f"the full check: {check['full_command']}")
 
 
 def default_model(cuda: bool) -> str:
@@ -374,16 +491,21 @@ def _decode_costs(folder: Path, packed: Path | None, size: int, pack_size: int) 
     return costs
 
 
-def _pack(folder: Path, out: Path, size: int) -> Path:
-    """A packed copy of ``folder`` made by local rank 0 of each host (reused when present)."""
+def _pack(folder: Path, out: Path, size: int, sample: list[int] | None = None) -> Path:
+    """A packed copy of ``folder``, or of its images ``sample`` only, made by local rank 0 of
+    each host. A whole copy is reused when present; a sample's is made again every run (it
+    follows the folder and the options, and takes seconds)."""
     import ringtrain.torch as hvd
     from ringtrain.data.image_folder import ImageFolder
     from ringtrain.data.packed import write_packed
 
-    if hvd.local_rank() == 0 and not (out / "meta.json").exists():
+    if hvd.local_rank() == 0 and (sample is not None or not (out / "meta.json").exists()):
+        if sample is not None:
+            shutil.rmtree(out, ignore_errors=True)
         source = ImageFolder(folder)
-        write_packed((source.read(i) for i in range(len(source))), out,
-                     classes=source.classes, size=size)
+        indices = range(len(source)) if sample is None else sample
+        write_packed((source.read(i) for i in indices), out, classes=source.classes,
+                     size=size)
     hvd.barrier()
     return out
 

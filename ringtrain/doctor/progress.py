@@ -36,6 +36,10 @@ class Progress:
         self._started = self._shown = self.clock()
         self._write(f"trial {name}: {total} steps")
 
+    def resize(self, total: int) -> None:
+        """The current trial now has ``total`` steps (planned after its warm-up)."""
+        self._total = total
+
     def step(self, done: int) -> None:
         """``done`` steps of the current trial are over."""
         now = self.clock()

@@ -35,13 +35,18 @@ def _rate(r: TrialResult) -> Estimate:
     return Estimate(r.images_per_second, r.images_per_second * r.noise)
 
 
-def verdict(real: TrialResult, ceiling: TrialResult, noise: float) -> str:
+#: What the verdict asks for when the runs vary too much to tell (a user's script).
+MEASURE_MORE = "measure longer (--steps) or more often (--repeats)"
+
+
+def verdict(real: TrialResult, ceiling: TrialResult, noise: float,
+            measure_more: str = MEASURE_MORE) -> str:
     """The finding in one sentence: whether the input pipeline holds training back, with the
     data wait, the speed against synthetic data and its interval.
 
     A bottleneck is called when real data is slower beyond the interval and by more than
     :data:`THRESHOLD`; none when real data is at worst 15 % slower; else the runs vary too
-    much to tell, and the verdict says so.
+    much to tell, and the verdict says so and how to measure more (``measure_more``).
     """
     speed = speed_ratio(real, ceiling, noise)
     wait = (f"data wait is {_figure(real, 'data', '.0f')} ms of a "
@@ -54,8 +59,7 @@ def verdict(real: TrialResult, ceiling: TrialResult, noise: float) -> str:
         return (f"the input pipeline is not your bottleneck: {wait}; {runs} ({spread}"
                 + (", within the noise)" if speed.high >= 1 else ")"))
     return (f"cannot tell whether the input pipeline is your bottleneck: {runs}, but anywhere "
-            f"from {spread} (the runs vary too much); {wait}; measure longer (--steps) or more "
-            "often (--repeats)")
+            f"from {spread} (the runs vary too much); {wait}; {measure_more}")
 
 
 def _figure(r: TrialResult, phase: str, spec: str = ".1f") -> str:
@@ -72,8 +76,10 @@ def within_noise(result: TrialResult, baseline: TrialResult, noise: float) -> bo
 
 def as_json(results: list[TrialResult], advice: list[Advice], context: dict) -> dict:
     """Everything measured and advised, for ``-o json``."""
+    tried = {r.name for r in results}
     return {**context, "trials": [r.to_json() for r in results],
-            "advice": [{"message": a.message, "tried": a.trial.name if a.trial else None}
+            "advice": [{"message": a.message,
+                        "tried": a.trial.name if a.trial and a.trial.name in tried else None}
                        for a in advice]}
 
 
@@ -121,9 +127,33 @@ def as_text(results: list[TrialResult], advice: list[Advice], context: dict) -> 
         lines += ["", (f"±: the 95 % interval of each trial's mean step; differences under "
                        f"{max(noise, THRESHOLD):.0%} are noise (what two runs of one trial "
                        "differ by)")]
-    lines += ["", "advice:"] + [f"  - {a.message}" + (f" [tried: {a.trial.name}]" if a.trial
-                                                       else "") for a in advice]
+    tried = {r.name for r in results}
+    lines += ["", "advice:"] + [f"  - {a.message}" + _tried(a, tried) for a in advice]
+    if context.get("check"):
+        lines += ["", *check_text(context["check"], results)]
     return "\n".join(lines)
+
+
+def _tried(advice: Advice, tried: set[str]) -> str:
+    if advice.trial is None:
+        return ""
+    return (f" [tried: {advice.trial.name}]" if advice.trial.name in tried
+            else f" [not tried: {advice.trial.name}]")
+
+
+def check_text(check: dict, results: list[TrialResult]) -> list[str]:
+    """What the check measured (its images, each trial's steps, the fixes the budget left
+    untried) and, for the quick check, the command of the full one."""
+    steps = ", ".join(f"{r.name} {r.measured_steps}" for r in results)
+    if check["mode"] == "full":
+        return [f"full check: all {check['images']} images; measured steps per trial: {steps}"]
+    skipped = (f"; not tried within the budget: {', '.join(check['not_tried'])}"
+               if check["not_tried"] else "")
+    return [f"quick check (bounded to {check['budget_s']:.0f} s): {check['images']} of "
+            f"{check['of_images']} images (a random sample); measured steps per trial (at most "
+            f"{check['max_steps']}): {steps}{skipped}",
+            f"for the full check (every image, more steps, no time bound; minutes on a CPU): "
+            f"{check['full_command']}"]
 
 
 def write_chart(results: list[TrialResult], path: Path, unit: str = "img/s") -> None:

@@ -47,6 +47,44 @@ def test_doctor_on_two_ranks_measures_advises_and_draws(tmp_path):
     assert (tmp_path / "doc" / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_doctor_runs_the_quick_check_by_default_and_prints_the_full_one(tmp_path):
+    """The default: a sample of the images (what one trial reads: 12 steps of 4), at most 10
+    measured steps per trial, and the command of the full check, on stdout and stderr."""
+    folder = make_folder(tmp_path / "train", classes=2, per_class=40, width=64, height=64)
+    out = _run(["-m", "ringtrain.cli", "doctor", str(folder), "--size", "32", "--batch-size",
+                "4", "--work-dir", str(tmp_path / "doc")], tmp_path)
+    full = f"ringtrain doctor --full {folder} --size 32 --batch-size 4 --work-dir"
+    assert "quick check: 48 of 80 images, at most 10 measured steps per trial" in out.stderr
+    assert full in out.stderr
+    lines = out.stdout.splitlines()
+    summary = next(x for x in lines if x.startswith("quick check (bounded to 90 s): "))
+    assert "48 of 80 images (a random sample)" in summary
+    trials = [x.rsplit(" ", 1) for x in summary.split("(at most 10): ")[1].split(";")[0]
+              .split(", ")]
+    assert [name for name, _ in trials[:3]] == ["synthetic", "torchvision", "synthetic (again)"]
+    assert all(3 <= int(steps) <= 10 for _, steps in trials)
+    assert any(full in x for x in lines if x.startswith("for the full check"))
+
+
+def test_a_spent_budget_measures_the_fewest_steps_and_tries_no_fix(tmp_path):
+    """A budget shorter than the report's reserve is spent before the first trial: the three
+    trials of the verdict keep 3 measured steps each, and every fix is advised untried."""
+    folder = make_folder(tmp_path / "train", classes=2, per_class=40, width=64, height=64)
+    out = _run(["-m", "ringtrain.cli", "doctor", str(folder), "--size", "32", "--batch-size",
+                "4", "--budget", "1", "--work-dir", str(tmp_path / "doc"), "-o", "json"],
+               tmp_path)
+    report = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    assert [t["name"] for t in report["trials"]] == ["synthetic", "torchvision",
+                                                     "synthetic (again)"]
+    assert [t["measured_steps"] for t in report["trials"]] == [3, 3, 3]
+    fixes = [a for a in report["advice"] if "ringtrain data pack" in a["message"]
+             or "decode with ringtrain.data" in a["message"]]
+    assert all(a["tried"] is None for a in report["advice"])
+    assert len(report["check"]["not_tried"]) == len(fixes)
+    assert set(report["check"]["not_tried"]) <= {"packed", "ringtrain folder"}
+    assert report["check"]["budget_s"] == 1 and report["check"]["images"] == 48
+
+
 def test_doctor_refuses_a_missing_folder(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ringtrain.cli", "doctor",
                              str(tmp_path / "nope")], capture_output=True, text=True, check=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -122,6 +123,23 @@ def test_load_torchvision_makes_a_broken_build_importable(tmp_path: Path) -> Non
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[0, 2]"
+
+
+def test_a_library_that_does_not_load_is_said_once_at_debug_never_at_info(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """In-process twin of tests/integration/test_vision_quiet.py (a fresh interpreter, ~10 s
+    on a loaded machine): the failure is a debug line, and a second load tries nothing."""
+    (tmp_path / "_C.so").write_bytes(b"not an ELF file")
+    with caplog.at_level(logging.DEBUG, logger=vision.__name__):
+        assert not vision._load_compiled_torchvision_ops(tmp_path)
+    said = [r for r in caplog.records if "compiled operators do not load" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]
+    if vision.load_torchvision() is None:
+        return  # no torchvision: nothing is loaded twice
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=vision.__name__):
+        vision.load_torchvision()  # nms exists now (compiled or the fallback): nothing to say
+    assert not caplog.records
 
 
 @pytest.mark.skipif(vision.load_torchvision() is not None, reason="torchvision is installed")
