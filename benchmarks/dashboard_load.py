@@ -37,10 +37,10 @@ from pathlib import Path
 
 import httpx
 
-from ringtrain.jobs.connect import connect, read_server_file, stop_server
+from ringtrain.jobs.client.connection import connect, read_server_file, stop_server
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.store import SQLiteStore
 
 CHROMIUM = "/usr/bin/chromium"
 #: The jobs table is usable: it counts every job and shows its first page of rows.

@@ -171,9 +171,9 @@ def jobs_part(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     spec = tmp / "spec.yaml"
     spec.write_text("name: many\nnode_count: 1\ncommand: 'true'\noutputs: [o]\n")
     job_id = run("job", "submit", str(spec), "--cluster", "idle").strip()
-    from ringtrain.jobs.auth import home_token
-    from ringtrain.jobs.connect import read_server_file
+    from ringtrain.jobs.client.connection import read_server_file
     from ringtrain.jobs.home import Home
+    from ringtrain.jobs.service.api.auth import home_token
 
     home = Home(tmp / "home")
     info = read_server_file(home)

@@ -38,12 +38,12 @@ from collections import Counter
 from pathlib import Path
 
 from ringtrain import proc_stat
-from ringtrain.jobs.client import JobsClient
-from ringtrain.jobs.connect import connect, read_server_file, start_server, stop_server
+from ringtrain.jobs.client.connection import connect, read_server_file, start_server, stop_server
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import JobsError
-from ringtrain.jobs.executors import cgroups, procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
+from ringtrain.jobs.service.executors.local import cgroups, procs
 
 CLUSTER = "load"
 TICKER = ("python -c \"import time\nfor i in range({lines}):\n    print('line', i, flush=True); "

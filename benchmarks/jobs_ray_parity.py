@@ -35,7 +35,7 @@ from loopback_ray import (
 )
 
 from ringtrain.jobs import envvars
-from ringtrain.jobs.client import JobsClient
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobState
 

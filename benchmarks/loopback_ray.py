@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ringtrain.jobs import envvars
-from ringtrain.jobs.client import JobsClient
-from ringtrain.jobs.connect import connect, running_server, stop_server
+from ringtrain.jobs.client.connection import connect, running_server, stop_server
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import JobInfo
 

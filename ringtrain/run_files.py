@@ -2,7 +2,8 @@
 
 ``ringtrain run`` writes them (the runner); the job service reads them (its job runner and local
 executor). Both import this module, so a field is named in one place, and the reader's checks
-are the format's own. A leaf: standard library only.
+are the format's own (:mod:`ringtrain.record_fields`, which raises
+:class:`~ringtrain.record_fields.FieldError`). A leaf: standard library only.
 
 - ``--output-filename DIR``: each rank's streams, ``DIR/rank.N/{stdout,stderr,output}``
   (:func:`rank_log`), as written, ``output`` holding both streams in the order they arrived;
@@ -28,15 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ringtrain.record_fields import field, items, json_object
+
 #: The streams ``--output-filename`` writes per rank.
 OUTPUT_STREAMS = ("stdout", "stderr")
 #: The file of both streams in the order they arrived (what a follower reads).
 COMBINED_STREAM = "output"
 RANK_STREAMS = (*OUTPUT_STREAMS, COMBINED_STREAM)
-
-
-class RunFileError(ValueError):
-    """A run file is not JSON, or lacks a field, or has one of the wrong type."""
 
 
 def rank_log(directory: str | Path, rank: int | str, stream: str) -> Path:
@@ -84,17 +83,17 @@ class RunReport:
         """The report :meth:`to_json` gave.
 
         Raises:
-            RunFileError: ``data`` lacks a field or has one of the wrong type.
+            FieldError: ``data`` lacks a field or has one of the wrong type.
         """
-        data = _object(data)
-        causes = [_object(c) for c in _field(data, "root_causes", list)]
-        return cls(exit_code=_field(data, "exit_code", int),
-                   message=_field(data, "message", str),
+        data = json_object(data)
+        causes = [json_object(c) for c in field(data, "root_causes", list)]
+        return cls(exit_code=field(data, "exit_code", int),
+                   message=field(data, "message", str),
                    root_causes=tuple(RootCause(
-                       rank=_field(c, "rank", int), hostname=_field(c, "hostname", str),
-                       state=_field(c, "state", str),
-                       exit_code=_field(c, "exit_code", (int, type(None)), None),
-                       signal=_field(c, "signal", (int, type(None)), None)) for c in causes))
+                       rank=field(c, "rank", int), hostname=field(c, "hostname", str),
+                       state=field(c, "state", str),
+                       exit_code=field(c, "exit_code", (int, type(None)), None),
+                       signal=field(c, "signal", (int, type(None)), None)) for c in causes))
 
 
 @dataclass(frozen=True)
@@ -141,17 +140,17 @@ class WorldReport:
         """The report :meth:`to_json` gave.
 
         Raises:
-            RunFileError: ``data`` lacks a field or has one of the wrong type.
+            FieldError: ``data`` lacks a field or has one of the wrong type.
         """
-        data = _object(data)
-        hosts = _object(_field(data, "hosts", dict))
-        lost = [_object(item) for item in _field(data, "lost", list)]
-        return cls(generation=_field(data, "generation", int),
-                   hosts={host: _ints(hosts, host) for host in hosts},
-                   lost=tuple(LostWorker(worker=_field(e, "worker", int),
-                                         host=_field(e, "host", str),
-                                         generation=_field(e, "generation", int),
-                                         reason=_field(e, "reason", str)) for e in lost))
+        data = json_object(data)
+        hosts = json_object(field(data, "hosts", dict))
+        lost = [json_object(item) for item in field(data, "lost", list)]
+        return cls(generation=field(data, "generation", int),
+                   hosts={host: items(hosts, host, int) for host in hosts},
+                   lost=tuple(LostWorker(worker=field(e, "worker", int),
+                                         host=field(e, "host", str),
+                                         generation=field(e, "generation", int),
+                                         reason=field(e, "reason", str)) for e in lost))
 
 
 def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
@@ -165,47 +164,3 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, target)
-
-
-def parse_json(text: str | bytes) -> Any:
-    """The JSON value of a run file's text.
-
-    Raises:
-        RunFileError: it is not JSON.
-    """
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise RunFileError(f"not valid JSON ({e})") from None
-
-
-_REQUIRED = object()
-
-
-def _object(data: Any) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise RunFileError(f"must be a JSON object, not {type(data).__name__}")
-    return data
-
-
-def _field(data: Mapping[str, Any], key: str, kinds: type | tuple[type, ...],
-           default: Any = _REQUIRED) -> Any:
-    """``data[key]`` if it has one of ``kinds``; ``default`` if absent (when there is one)."""
-    if key not in data:
-        if default is _REQUIRED:
-            raise RunFileError(f"lacks the field {key!r}")
-        return default
-    value = data[key]
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    # JSON's true and false are ints to isinstance, but never a rank or a count.
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise RunFileError(f"field {key!r} must be {wanted}, not {value!r}")
-    return value
-
-
-def _ints(data: Mapping[str, Any], key: str) -> tuple[int, ...]:
-    value = _field(data, key, list)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise RunFileError(f"field {key!r} must be a list of int, not {value!r}")
-    return tuple(value)

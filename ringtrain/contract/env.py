@@ -19,6 +19,7 @@ from typing import Any
 from ringtrain import shm_names
 from ringtrain.engine.config import DEFAULT_BUCKET_BYTES, AutotuneConfig, EngineConfig
 from ringtrain.errors import ConfigError
+from ringtrain.record_fields import REQUIRED, FieldError, text_field
 
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_MASTER_PORT = 29500
@@ -368,20 +369,15 @@ class _Reader:
         self._env = environ
 
     def _parse(self, name: str, default, convert, kind: str):
-        raw = self._env.get(name)
-        if raw is None or raw.strip() == "":
-            if default is _REQUIRED:
-                raise ConfigError(f"environment variable {name} is required but not set")
-            return default
         try:
-            return convert(raw.strip())
-        except ValueError:
-            raise ConfigError(f"environment variable {name}={raw!r} is not {kind}") from None
+            return text_field(self._env, name, convert, kind, default)
+        except FieldError as e:
+            raise ConfigError(f"environment variable {e}") from None
 
     # The methods are named after the types they return, so inside the class those names are the
     # methods: annotations spell the types through ``builtins``.
     def int(self, name: str, default: builtins.int | None = None) -> builtins.int:
-        return self._parse(name, _REQUIRED if default is None else default, builtins.int,
+        return self._parse(name, REQUIRED if default is None else default, builtins.int,
                            "an integer")
 
     def opt_int(self, name: str) -> builtins.int | None:
@@ -405,5 +401,3 @@ def _to_bool(raw: str) -> bool:
         return False
     raise ValueError(raw)
 
-
-_REQUIRED = object()

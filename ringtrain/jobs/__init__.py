@@ -1,7 +1,12 @@
-"""The ringtrain job service: clusters, job specs, scheduling, executors, a REST API and its CLI.
+"""The ringtrain job service. Its folders are its layers:
 
-Layout: ``models`` (specs, states, infos), ``store`` (SQLite), ``scheduler``, ``executors``
-(local), ``share`` (the job folders), ``service`` (the operations), ``api`` (FastAPI),
-``server`` (process management), ``client`` (httpx) and ``cli``. The service never imports torch:
-jobs reach training only through ``ringtrain run`` in a subprocess.
+- this package's modules and ``models/``: what both sides share (specs, states, infos, the REST
+  bodies, errors, the home, a job folder's map);
+- ``files/``: the one safe way to read what a job left;
+- ``client/``: the REST client and finding a home's server;
+- ``service/``: the store, scheduler, executors, monitor, API and server;
+- ``cli/``: the command line over the client (and the server it starts).
+
+The service never imports torch: jobs reach training only through ``ringtrain run`` in a
+subprocess.
 """

@@ -2,10 +2,10 @@
 
 Two groups. The service's own settings, read by the CLI and the server (in
 :mod:`ringtrain.jobs.home`): ``RINGTRAIN_HOME``, ``RINGTRAIN_URL``, ``RINGTRAIN_TOKEN``. And what
-the service sets for every process of a job (in :meth:`ringtrain.jobs.share.Share.job_environ`
-and the job runner), which the job's own commands read: the job id, its folders, its inputs and
-outputs. ``RINGTRAIN_JOB_ID`` also marks a job's processes, so that the service finds them in
-/proc.
+the service sets for every process of a job (in
+:meth:`ringtrain.jobs.service.share.Share.job_environ` and the job runner), which the job's own
+commands read: the job id, its folders, its inputs and outputs. ``RINGTRAIN_JOB_ID`` also marks a
+job's processes, so that the service finds them in /proc.
 
 The launcher-to-worker contract (``RINGTRAIN_RUN_ID``, ``HOROVOD_RANK``, ...) is not here: it
 belongs to ``ringtrain run``, which jobs only call, and lives in :mod:`ringtrain.contract.env`.

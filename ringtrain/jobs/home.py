@@ -43,7 +43,7 @@ class Home:
 
     @property
     def token_file(self) -> Path:
-        """The home's bearer token (mode 600), see :mod:`ringtrain.jobs.auth`."""
+        """The home's bearer token (mode 600), see :mod:`ringtrain.jobs.service.api.auth`."""
         return self.root / "token"
 
     @property

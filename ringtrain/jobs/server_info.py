@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.record_file import read_record_file
+from ringtrain.jobs.files.record_file import read_record_file
 
 
 class ServerInfo(BaseModel):
@@ -43,7 +43,7 @@ class ServerInfo(BaseModel):
         Raises:
             RecordError: the file cannot be read, is not JSON, or lacks a field.
         """
-        raw = read_record_file(path, str(path))
+        raw = read_record_file(path.parent, path.name, str(path))
         if raw is None:
             return None
         try:

@@ -33,7 +33,7 @@ from ringtrain.serve.admission import Admission
 from ringtrain.serve.batching import ClosedError, DynamicBatcher, QueueFullError
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.infer_route import InferRoute, add_infer_operation, run_inputs
-from ringtrain.serve.metrics import RequestMetrics, ServeMetrics
+from ringtrain.serve.metrics import ServeMetrics
 from ringtrain.serve.predictor import InputError, Predictor
 from ringtrain.serve.problems import (
     HTTPProblem,
@@ -45,6 +45,7 @@ from ringtrain.serve.schemas import ErrorBody, ModelMetadata, TensorSpec
 from ringtrain.web.body_limit import BodyLimit
 from ringtrain.web.exposure import bearer_matches
 from ringtrain.web.offline_docs import add_offline_docs
+from ringtrain.web.request_timing import RequestTiming
 
 _IMAGE_TYPES = ("image/", "application/octet-stream")
 _ERROR_CODES = (400, 401, 404, 413, 503, 504)
@@ -93,7 +94,7 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
                        admission=admission)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes,
                        hint="send one image or a smaller batch per request")
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(RequestTiming, observe=metrics.observe_request)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

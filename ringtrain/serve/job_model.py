@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
 from ringtrain.jobs.errors import NotFoundError
 from ringtrain.jobs.job_folder import OUTPUTS
 from ringtrain.jobs.models.deployment import servable_model

@@ -3,11 +3,9 @@ tests, do not collide)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -34,43 +32,12 @@ class ServeMetrics:
                       registry=self.registry)
         depth.set_function(queue_depth)
 
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One request, as :class:`~ringtrain.web.request_timing.RequestTiming` reports it."""
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
     def observe_batch(self, size: int, seconds: float) -> None:
         """Record one model call."""
         self.batch_size.observe(size)
         self.inference.observe(seconds)
-
-
-class RequestMetrics:
-    """ASGI middleware: counts each HTTP request by route and status, and times it.
-
-    Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which runs every request in a
-    task group of its own with streams between the two (a large share of a small request).
-
-    Args:
-        app: The application.
-        metrics: Where the counts go.
-    """
-
-    def __init__(self, app: ASGIApp, metrics: ServeMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # what the client gets if the app fails before it answers
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            path = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(path, str(status)).inc()
-            self.metrics.latency.labels(path).observe(time.perf_counter() - started)

@@ -82,7 +82,7 @@ def test_fashion_mnist_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     assert model(torch.zeros(2, *info.input_shape)).shape == (2, 10)
 
     # Its training curves, as the job service's dashboard reads them.
-    from ringtrain.jobs.monitor.tfevents import EventFileReader
+    from ringtrain.jobs.service.monitor.tfevents import EventFileReader
 
     (events,) = (out / "tb").glob("*tfevents*")
     tags = {s.tag: s for s in EventFileReader(events).read()}

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ringtrain.keras")  # keras on torch, or skip
 from ringtrain.data.fashion_mnist import DEFAULT_DATA_DIR
-from ringtrain.jobs.monitor.tfevents import EventFileReader
+from ringtrain.jobs.service.monitor.tfevents import EventFileReader
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "keras_cifar_cnn.py"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.connect import stop_server
-from ringtrain.jobs.executors.ray.node import free_port
+from ringtrain.jobs.client.connection import stop_server
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.service.executors.node_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "--limit-train 512 --limit-test 200"

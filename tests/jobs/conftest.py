@@ -12,24 +12,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 from ringtrain import cli as ringtrain_cli
-from ringtrain.jobs.auth import home_token
 from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.executors import cgroups, procs
-from ringtrain.jobs.executors.base import Observation
-from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, NodeInfo, parse_job_spec
-from ringtrain.jobs.scheduler import Scheduler
-from ringtrain.jobs.share import Share
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.api.auth import home_token
+from ringtrain.jobs.service.executors.base import Observation
+from ringtrain.jobs.service.executors.local import cgroups, procs
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.scheduler import Scheduler
+from ringtrain.jobs.service.share import Share
+from ringtrain.jobs.service.store import SQLiteStore
 from tests.clock import FakeClock
 
 CLI = Callable[..., tuple[int, str, str]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def share(tmp_path: Path) -> Share:
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
     """A fresh RINGTRAIN_HOME; its server and any job processes are stopped afterwards."""
-    from ringtrain.jobs.connect import stop_server
+    from ringtrain.jobs.client.connection import stop_server
 
     h = Home(tmp_path / "home")
     monkeypatch.setenv("RINGTRAIN_HOME", str(h.root))
@@ -152,6 +154,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
 
 
 CLI = Callable[..., tuple[int, str, str]]
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -175,7 +178,7 @@ def bearer(home: Home) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
     """A real server on loopback for one test module: its home and its URL."""
-    from ringtrain.jobs.connect import connect, stop_server
+    from ringtrain.jobs.client.connection import connect, stop_server
 
     h = Home(tmp_path_factory.mktemp("served") / "home")
     with pytest.MonkeyPatch.context() as env:
@@ -195,6 +198,52 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: flo
             return value
         time.sleep(every_s)
     pytest.fail(f"condition not met within {timeout_s} s")
+
+
+def returns_within(timeout_s: float, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``'s value (or its exception), failing the test if it has not
+    returned within ``timeout_s``.
+
+    For what must not block (a named pipe opened, a server that never answers, a hostile spec):
+    a bound on a wait, far above what the call takes, never a speed goal; ``benchmarks/``
+    measures how fast.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        pytest.fail(f"{getattr(call, '__name__', call)} did not return within {timeout_s} s: "
+                    "it waits for something that never comes")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def scheduler_ticks(home: Home) -> int:
+    """How many passes the scheduler of ``home``'s server has made (its ``/metrics``)."""
+    from ringtrain.jobs.client.connection import read_server_file
+
+    info = read_server_file(home)
+    assert info is not None, "no server runs for the home"
+    text = httpx.get(f"{info.url}/metrics", headers=bearer(home), timeout=30).text
+    line = next(x for x in text.splitlines()
+                if x.startswith("ringtrain_jobs_scheduler_tick_seconds_count"))
+    return int(float(line.split()[-1]))
+
+
+def wait_for_ticks(home: Home, passes: int = 2) -> None:
+    """Wait until the scheduler of ``home``'s server has made ``passes`` more passes: whatever
+    it was going to do about the state as it is now, it has done."""
+    target = scheduler_ticks(home) + passes
+    wait_for(lambda: scheduler_ticks(home) >= target, timeout_s=60)
 
 
 def pids_running(marker: str) -> list[int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,37 +41,27 @@ def submit(http: httpx.Client, **spec: object) -> httpx.Response:
                                        "spec": {"node_count": 1, "command": "true", **spec}})
 
 
-def test_a_huge_output_list_neither_freezes_the_api_nor_takes_long(http: httpx.Client) -> None:
+def test_a_huge_output_list_does_not_freeze_the_api(http: httpx.Client) -> None:
     names = [f"o{i}" for i in range(40_000)]  # 379 KiB: validated in 17 s, /v1/health stalled
     answer: dict[str, object] = {}
-
-    def post() -> None:
-        t0 = time.monotonic()
-        answer["response"] = submit(http, outputs=names)
-        answer["took"] = time.monotonic() - t0
-
-    poster = threading.Thread(target=post)
+    poster = threading.Thread(target=lambda: answer.update(response=submit(http, outputs=names)))
     poster.start()
-    slowest = 0.0
-    with httpx.Client(base_url=str(http.base_url), timeout=30, headers=http.headers) as probe:
+    # Each health check must come back while the body is validated: a 5 s bound on the wait
+    # (how fast it comes back is measured by benchmarks/spec_limits.py and jobs_load.py).
+    with httpx.Client(base_url=str(http.base_url), timeout=5, headers=http.headers) as probe:
         while poster.is_alive():
-            t0 = time.monotonic()
             assert probe.get("/v1/health").status_code == 200
-            slowest = max(slowest, time.monotonic() - t0)
-            time.sleep(0.02)
-    poster.join()
+            poster.join(0.02)
     r = answer["response"]
     assert isinstance(r, httpx.Response) and r.status_code == 422
     assert r.json()["errors"][0]["field"] == "outputs"
     assert "at most 256" in r.json()["errors"][0]["message"]
-    # wide bounds, never flaky on a loaded machine: the quadratic check took 17 s, health with it
-    assert answer["took"] < 10 and slowest < 5
 
 
 def test_bodies_over_the_limit_are_refused_unread(http: httpx.Client) -> None:
     body = json.dumps({"cluster": "idle", "spec": {"node_count": 1, "command": "true",
                                                    "outputs": ["o"] * 600_000}}).encode()
-    t0 = time.monotonic()
+    # Read whole, 600,000 names would take far longer than the client's 30 s bound.
     r = http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "larger than 2 MiB" in r.json()["detail"]
 
@@ -82,7 +71,6 @@ def test_bodies_over_the_limit_are_refused_unread(http: httpx.Client) -> None:
 
     r = http.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
-    assert time.monotonic() - t0 < 20  # read whole, 600,000 names would take far longer
     assert http.get("/v1/health").status_code == 200
 
 

@@ -13,7 +13,6 @@ request copies, say, ``/``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -30,8 +29,9 @@ from ringtrain.jobs.models.spec import expand_path
 from tests.jobs.conftest import bearer
 
 EXAMPLES = 25
-#: No answer may take this long: a handler that freezes or goes quadratic on hostile input takes
-#: far longer, while a loaded host (a shared CI runner) may take over a second for a fair one.
+#: The bound on the wait for any answer: a handler that freezes or goes quadratic on hostile
+#: input takes far longer, while a loaded host (a shared CI runner) may take over a second for a
+#: fair one. How fast answers are is measured in benchmarks/ (jobs_load.py).
 SLOW_S = 5.0
 HOSTILE = st.sampled_from([
     "..", ".", "../clusters/victim", "..%2F..", "/etc/passwd", "outputs/..", "a\x00b",
@@ -96,7 +96,7 @@ def test_the_schema_covers_every_route(fuzzed: dict[str, Any]) -> None:
 def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method: str, path: str,
                                                 mode: GenerationMode) -> None:
     operation = fuzzed["schema"][path][method]
-    answers: list[tuple[int, float, str]] = []
+    answers: list[tuple[int, str]] = []
 
     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
     @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
@@ -113,13 +113,11 @@ def test_no_request_gets_a_5xx_or_takes_a_second(fuzzed: dict[str, Any], method:
             case.query["follow"] = "false"  # the job never ends: following it would not either
         if mode == GenerationMode.POSITIVE and isinstance(case.body, dict) and "spec" in case.body:
             case.body["cluster"] = data.draw(st.sampled_from(["fuzz", case.body["cluster"]]))
-        t0 = time.monotonic()
-        response = case.call(base_url=fuzzed["url"], timeout=10, headers=fuzzed["headers"])
-        took = time.monotonic() - t0
-        answers.append((response.status_code, took, case.as_curl_command()))
+        # SLOW_S bounds the wait for each answer (a read timeout fails the case).
+        response = case.call(base_url=fuzzed["url"], timeout=SLOW_S, headers=fuzzed["headers"])
+        answers.append((response.status_code, case.as_curl_command()))
         assert response.status_code < 500, (response.status_code, response.text[:500],
                                             case.as_curl_command())
-        assert took < SLOW_S, (took, case.as_curl_command())
 
     fuzz()
     assert answers  # requests were drawn and sent
@@ -137,7 +135,8 @@ def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str,
              "follow": "false", "rank": "0"}
     schema = httpx.get(f"{fuzzed['url']}/openapi.json", headers=fuzzed["headers"]).json()
     sent = 0
-    with httpx.Client(base_url=fuzzed["url"], headers=fuzzed["headers"], timeout=10) as http:
+    # SLOW_S bounds the wait for each answer (a read timeout fails the test).
+    with httpx.Client(base_url=fuzzed["url"], headers=fuzzed["headers"], timeout=SLOW_S) as http:
         for route, methods in schema["paths"].items():
             for method, op in methods.items():
                 params = op.get("parameters", [])
@@ -155,16 +154,14 @@ def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str,
                         (path_values if p["in"] == "path" else query)[p["name"]] = value
                         url = route.format(**{k: quote(str(v), safe="")
                                               for k, v in path_values.items()})
-                        t0 = time.monotonic()
                         r = http.request(method.upper(), url, params=query)
-                        took = time.monotonic() - t0
                         sent += 1
                         # 0 is in range for offset and rank; every other value is out of every
                         # range.
                         low = 200 if value == "0" else 400
                         assert low <= r.status_code < 500, (route, p["name"], value[:30],
                                                             r.status_code, r.text[:300])
-                        assert took < SLOW_S and len(r.text) < 5000, (route, p["name"], took)
+                        assert len(r.text) < 5000, (route, p["name"])
     assert sent >= 100  # offset, rank, limit and every route's path parameters were tried
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.archive_process import ArchiveProducers
 from ringtrain.jobs.errors import BusyError
+from ringtrain.jobs.service.archive_process import ArchiveProducers
 
 
 def _job(root: Path, files: int, size: int) -> None:
@@ -27,7 +27,8 @@ def _producers() -> list[int]:
     found = []
     for child in (p for t in tasks.iterdir() for p in (t / "children").read_text().split()):
         try:
-            if b"ringtrain.jobs.archive_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"ringtrain.jobs.service.archive_process" in cmdline:
                 found.append(int(child))
         except FileNotFoundError:  # another test's child, gone meanwhile
             pass

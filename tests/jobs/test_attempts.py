@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ringtrain.jobs.executors import cgroups
-from ringtrain.jobs.executors.backend import LocalBackend
-from ringtrain.jobs.executors.local import DEFAULT_RUNNER, LocalExecutor
-from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.records import LAUNCH_FILE, LaunchSpec, RunnerStatus
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, parse_job_spec
-from ringtrain.jobs.service import JobService
-from ringtrain.jobs.share import Share
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.executors.local import cgroups
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.executors.local.executor import DEFAULT_RUNNER, LocalExecutor
+from ringtrain.jobs.service.executors.local.records import LAUNCH_FILE, LaunchSpec, RunnerStatus
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.share import Share
+from ringtrain.jobs.service.store import SQLiteStore
 
 from .conftest import CLI, end_unfinished_jobs, pids_running, wait_for
 
@@ -157,7 +157,8 @@ def test_a_runner_that_cannot_start_the_ranks_reports_why(tmp_path: Path) -> Non
                         node_count=1, process_count_per_node=1, job_preparation=None,
                         runner=DEFAULT_RUNNER, nodes=(0,))
     launch.write(job_dir / LAUNCH_FILE)
-    runner = subprocess.run([sys.executable, "-m", "ringtrain.jobs.executors.jobrunner",
+    runner = subprocess.run([sys.executable, "-m",
+                             "ringtrain.jobs.service.executors.local.jobrunner",
                              str(job_dir / LAUNCH_FILE)], capture_output=True, text=True,
                             timeout=60)
     status = RunnerStatus.read(job_dir)

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ringtrain.jobs.auth import home_token
-from ringtrain.jobs.connect import read_server_file
+from ringtrain.jobs.client.connection import read_server_file
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.service.api.auth import home_token
 
 from .conftest import CLI
 

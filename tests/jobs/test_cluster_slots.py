@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from ringtrain.jobs.errors import InvalidRequestError, SpecError
-from ringtrain.jobs.executors.backend import LocalBackend
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
-from ringtrain.jobs.service import JobService
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.job_service import JobService
 
 from .conftest import CLI, wait_for
 

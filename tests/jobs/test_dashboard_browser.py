@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ringtrain.jobs.client import JobsClient
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
 

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from ringtrain.jobs.connect import connect, read_server_file
+from ringtrain.jobs.client.connection import connect, read_server_file
 from ringtrain.jobs.errors import InvalidTransitionError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, parse_job_spec
-from ringtrain.jobs.monitor.replica_metrics import ReplicaScraper
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.monitor.replica_metrics import ReplicaScraper
+from ringtrain.jobs.service.store import SQLiteStore
 from ringtrain.serve.metrics import ServeMetrics
 
 from .conftest import bearer, wait_for
@@ -123,9 +123,8 @@ def test_replica_figures_come_from_a_model_servers_metrics() -> None:
 
 def test_job_usage_counts_a_runners_whole_process_tree() -> None:
     import subprocess
-    import time
 
-    from ringtrain.jobs.monitor.job_usage import JobUsageSampler
+    from ringtrain.jobs.service.monitor.job_usage import JobUsageSampler
 
     # A "runner" leading its own session, with a child that burns CPU and one that sleeps.
     script = ("import subprocess, sys, time\n"
@@ -142,9 +141,13 @@ def test_job_usage_counts_a_runners_whole_process_tree() -> None:
 
         first = wait_for(three, timeout_s=30)
         assert first["memory"] > 1 << 20
-        time.sleep(1.0)
-        second = sampler.sample({"j-1": runner.pid})["j-1"]
-        assert second["processes"] == 3 and second["cpu_percent"] > 10.0  # the busy child
+
+        def busy() -> dict | None:  # a later sample has a CPU share: the busy child's
+            got = sampler.sample({"j-1": runner.pid})["j-1"]
+            return got if (got["cpu_percent"] or 0.0) > 10.0 else None
+
+        second = wait_for(busy, timeout_s=30, every_s=0.2)
+        assert second["processes"] == 3
         assert sampler.sample({"gone-1": 2 ** 22 + 7})["gone-1"]["processes"] == 0
     finally:
         os.killpg(runner.pid, signal.SIGKILL)

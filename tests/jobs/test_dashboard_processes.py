@@ -10,21 +10,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ringtrain.jobs.api.guard import cookie_name, cookie_value
-from ringtrain.jobs.auth import home_token
-from ringtrain.jobs.connect import connect, read_server_file
+from ringtrain.jobs.client.connection import connect, read_server_file
 from ringtrain.jobs.errors import ConflictError, ServiceUnavailableError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
-from ringtrain.jobs.monitor.progress import MAX_READS_PER_LOOK, JobProgress
-from ringtrain.jobs.monitor.rank_usage import find_ranks
-from ringtrain.jobs.monitor.stack_dump import dump_stack, find_py_spy
+from ringtrain.jobs.service.api.auth import home_token
+from ringtrain.jobs.service.api.guard import cookie_name, cookie_value
+from ringtrain.jobs.service.monitor.progress import MAX_READS_PER_LOOK, JobProgress
+from ringtrain.jobs.service.monitor.rank_usage import find_ranks
+from ringtrain.jobs.service.monitor.stack_dump import dump_stack, find_py_spy
 from tests.clock import FakeClock
 
 from .conftest import bearer, wait_for
@@ -205,9 +204,12 @@ def test_a_running_jobs_progress_ranks_and_stack_dump_through_the_api(
         first = wait_for(two_ranks)
         assert [r["rank"] for r in first] == [0, 1]
         assert all(r["memory"] > 1 << 20 and r["processes"] >= 1 for r in first)
-        time.sleep(1.5)  # past the sampler's period: a second sample has a CPU share
-        second = http.get(f"/v1/jobs/{job.id}/ranks").json()["ranks"]
-        assert all(r["cpu_percent"] is not None and r["cpu_percent"] >= 0 for r in second)
+        def shares() -> list | None:  # past the sampler's period, a sample has CPU shares
+            got = http.get(f"/v1/jobs/{job.id}/ranks").json()["ranks"]
+            return got if all(r["cpu_percent"] is not None for r in got) else None
+
+        second = wait_for(shares, timeout_s=30, every_s=0.2)
+        assert len(second) == 2 and all(r["cpu_percent"] >= 0 for r in second)
 
         r = http.post(f"/v1/jobs/{job.id}/ranks/1/stack")
         assert r.status_code == 200, r.text

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import httpx
 
-from ringtrain.jobs.api.guard import cookie_name, cookie_value
-from ringtrain.jobs.connect import connect, read_server_file
+from ringtrain.jobs.client.connection import connect, read_server_file
 from ringtrain.jobs.home import Home
+from ringtrain.jobs.service.api.guard import cookie_name, cookie_value
 
 from .conftest import bearer
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ringtrain.jobs.connect import connect, stop_server
+from ringtrain.jobs.client.connection import connect, stop_server
 from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError
-from ringtrain.jobs.executors import procs
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, FileInfo, JobInfo, parse_job_spec
 from ringtrain.jobs.models.deployment import (
@@ -29,6 +28,7 @@ from ringtrain.jobs.models.deployment import (
     deployment_state,
     servable_model,
 )
+from ringtrain.jobs.service.executors.local import procs
 
 from .conftest import CLI, wait_for
 from .test_e2e import spec_file

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ringtrain.jobs.connect import stop_server
-from ringtrain.jobs.executors import procs
+from ringtrain.jobs.client.connection import stop_server
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.service.executors.local import procs
 
 from .conftest import CLI, bearer, wait_for
 from .test_deploy import INPUT, trained_job

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from ringtrain.jobs.api.app import create_app
-from ringtrain.jobs.executors.backend import LocalBackend
-from ringtrain.jobs.service import JobService
+from ringtrain.jobs.service.api.app import create_app
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.job_service import JobService
 
 TOKEN = "t0ken-for-the-test"
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.jobs.errors import SpecError
-from ringtrain.jobs.executors.backend import LocalBackend
-from ringtrain.jobs.executors.base import NodeLoss, Observation
-from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.ray.backend import RayBackend
-from ringtrain.jobs.executors.ray.connection import RayConnection
 from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
-from ringtrain.jobs.service import JobService
+from ringtrain.jobs.service.executors.base import NodeLoss, Observation
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.executors.ray.backend import RayBackend
+from ringtrain.jobs.service.executors.ray.connection import RayConnection
+from ringtrain.jobs.service.job_service import JobService
 from tests.clock import FakeClock
 
 from .conftest import FakeExecutor

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from ringtrain import proc_stat
-from ringtrain.jobs.connect import read_server_file
+from ringtrain.jobs.client.connection import read_server_file
 from ringtrain.jobs.home import Home
 
 from .conftest import CLI, wait_for

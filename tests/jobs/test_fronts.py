@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from ringtrain.jobs.fronts import Fronts, wants_front
 from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.deployment_fronts import Fronts, wants_front
+from ringtrain.jobs.service.store import SQLiteStore
 from tests.clock import FakeClock
 
 from .conftest import wait_for

@@ -10,17 +10,16 @@ import os
 import socket
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ringtrain.jobs.auth import home_token
 from ringtrain.jobs.home import Home
-from ringtrain.jobs.paging import DEFAULT_PAGE, MAX_PAGE
-from tests.jobs.conftest import CLI, bearer
+from ringtrain.jobs.models.paging import DEFAULT_PAGE, MAX_PAGE
+from ringtrain.jobs.service.api.auth import home_token
+from tests.jobs.conftest import CLI, bearer, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +216,7 @@ def test_a_folder_downloads_as_one_archive_that_resumes_after_a_file(
 def test_a_download_cut_off_midway_resumes_where_it_stopped(
         http: httpx.Client, served: tuple[Home, str], tmp_path: Path) -> None:
     """The client's resume, driven through a proxy that drops the first connection midway."""
-    from ringtrain.jobs.client import JobsClient
+    from ringtrain.jobs.client.jobs_client import JobsClient
 
     home, url = served
     job, folder = new_job(http, served)
@@ -258,24 +257,31 @@ def test_health_answers_while_a_large_folder_is_listed(http: httpx.Client,
                                                        served: tuple[Home, str]) -> None:
     job, folder = new_job(http, served)
     many_files(folder, 3000)
+    answer = threading.Event()  # set by each health answer
     done = threading.Event()
-    slowest = 0.0
 
     def download() -> None:
-        with http.stream("GET", f"/v1/jobs/{job}/archive", params={"path": "outputs"}) as r:
-            for _ in r.iter_raw():
-                time.sleep(0.001)
-        done.set()
+        try:
+            with http.stream("GET", f"/v1/jobs/{job}/archive", params={"path": "outputs"}) as r:
+                for _ in r.iter_raw():  # a chunk, then a health answer, then the next chunk
+                    if not answer.wait(30):
+                        return  # no health answer while the archive was sent: answered stays
+                    answer.clear()
+        finally:
+            done.set()
 
     t = threading.Thread(target=download)
     t.start()
+    # Health answers while the folder is listed and sent; how fast (< 100 ms) is measured by
+    # benchmarks/job_files_abuse.py.
+    answered = 0
     with httpx.Client(base_url=str(http.base_url), headers=http.headers, timeout=30) as probe:
         while not done.is_set():
-            t0 = time.monotonic()
             assert probe.get("/v1/health").status_code == 200
-            slowest = max(slowest, time.monotonic() - t0)
+            answered += 1
+            answer.set()
     t.join()
-    assert slowest < 2.0  # very wide: the goal (< 100 ms) is measured by the benchmark
+    assert answered >= 2
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo", "socket"])
@@ -283,7 +289,7 @@ def test_status_files_a_job_replaced_are_refused_not_waited_on(tmp_path: Path, k
     """The scheduler reads each attempt's status file from the job's folder, under the service
     lock: a named pipe there would have stopped every job's supervision."""
     from ringtrain.jobs.errors import RecordError
-    from ringtrain.jobs.record_file import read_record_file
+    from ringtrain.jobs.files.record_file import read_record_file
 
     secret = tmp_path / "secret"
     secret.write_text("SECRET")
@@ -293,7 +299,7 @@ def test_status_files_a_job_replaced_are_refused_not_waited_on(tmp_path: Path, k
 
     def read() -> None:
         try:
-            read_record_file(status, "the status file")
+            read_record_file(tmp_path, status.name, "the status file")
         except RecordError as e:
             outcome.append(e)
 
@@ -314,9 +320,9 @@ def test_status_files_a_job_replaced_are_refused_not_waited_on(tmp_path: Path, k
 def test_long_and_non_ascii_names_and_large_sizes_round_trip(tmp_path: Path) -> None:
     """ustar headers for the common case, pax past them; both read back by the client, and by
     tarfile (the archive is a standard one)."""
-    from ringtrain.jobs.archive import tar_stream
-    from ringtrain.jobs.extract import Extractor
-    from ringtrain.jobs.share import Share
+    from ringtrain.jobs.files.archive import tar_stream
+    from ringtrain.jobs.files.extract import Extractor
+    from ringtrain.jobs.service.share import Share
 
     share = Share(tmp_path / "share")
     out = tmp_path / "share" / "jobs" / "j1" / "outputs"
@@ -347,7 +353,7 @@ def test_a_followed_log_shorter_than_the_offset_is_read_from_its_start(
 
 def test_folder_downloads_beyond_the_limit_are_told_to_come_back(
         http: httpx.Client, served: tuple[Home, str]) -> None:
-    from ringtrain.jobs.archive_process import MAX_PRODUCERS
+    from ringtrain.jobs.service.archive_process import MAX_PRODUCERS
 
     job, folder = new_job(http, served)
     (folder / "outputs" / "o").mkdir(parents=True, exist_ok=True)
@@ -362,10 +368,8 @@ def test_folder_downloads_beyond_the_limit_are_told_to_come_back(
         assert int(busy.headers["Retry-After"]) > 0 and "folder downloads" in busy.json()["detail"]
         assert http.get("/v1/health").status_code == 200
     # The clients left: their producers went with them, and the next download is served.
-    for _ in range(100):
-        r = http.get(f"/v1/jobs/{job}/archive", params={"path": "outputs"})
-        if r.status_code == 200:
-            break
-        time.sleep(0.1)
+    r = wait_for(lambda: (got := http.get(f"/v1/jobs/{job}/archive",
+                                          params={"path": "outputs"})).status_code == 200 and got,
+                 timeout_s=30, every_s=0.1)
     with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
         assert tar.getnames() == ["outputs/o/big.bin"]

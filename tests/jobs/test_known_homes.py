@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.connect import connect, stop_server
+from ringtrain.jobs.client.connection import connect, stop_server
+from ringtrain.jobs.client.known_homes import other_running_homes, registry_dir, remember
 from ringtrain.jobs.errors import ServiceUnavailableError
 from ringtrain.jobs.home import Home
-from ringtrain.jobs.known_homes import other_running_homes, registry_dir, remember
 from ringtrain.jobs.server_info import ServerInfo
 from tests.jobs.conftest import CLI
 

@@ -10,7 +10,7 @@ import pytest
 
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import parse_job_spec
-from ringtrain.jobs.output_quota import OutputLimits, over_cap
+from ringtrain.jobs.service.output_quota import OutputLimits, over_cap
 
 from .conftest import CLI, wait_for
 from .test_e2e import spec_file

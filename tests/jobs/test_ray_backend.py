@@ -27,27 +27,27 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ringtrain.jobs.errors import InvalidRequestError, RecordError
-from ringtrain.jobs.executors.backend import LocalBackend
-from ringtrain.jobs.executors.local import LocalExecutor
-from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.ray.backend import RayBackend
-from ringtrain.jobs.executors.ray.connection import RayConnection
-from ringtrain.jobs.executors.ray.executor import RayExecutor, RayHandle
-from ringtrain.jobs.executors.routing import Backends, TaggedHandle
+from ringtrain.jobs.errors import InvalidRequestError, RecordError, SpecError
 from ringtrain.jobs.models import (
-    Backend,
     ClusterSpec,
     JobInfo,
     JobState,
     load_job_spec,
     parse_job_spec,
 )
-from ringtrain.jobs.service import JobService
-from ringtrain.jobs.share import Share
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.executors.local.executor import LocalExecutor
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.executors.ray.attempt import RayHandle
+from ringtrain.jobs.service.executors.ray.backend import RayBackend
+from ringtrain.jobs.service.executors.ray.connection import RayConnection
+from ringtrain.jobs.service.executors.ray.executor import RayExecutor
+from ringtrain.jobs.service.executors.routing import Backends, TaggedHandle
+from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.share import Share
+from ringtrain.jobs.service.store import SQLiteStore
 
-from .conftest import end_unfinished_jobs, pids_running, wait_for
+from .conftest import end_unfinished_jobs, pids_running, returns_within, wait_for
 
 IN_NAMESPACE = os.environ.get("RINGTRAIN_TEST_NETNS") == "1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,21 +105,32 @@ def test_slow_ray_scenarios_in_a_loopback_namespace() -> None:
     _run_inside("slow")
 
 
-def test_cluster_spec_takes_an_address_for_ray_only() -> None:
-    assert ClusterSpec(name="r", nodes=0, backend="ray", address="10.0.0.5:6379").address
-    with pytest.raises(ValidationError, match="needs an address"):
-        ClusterSpec(name="r", nodes=0, backend="ray")
-    with pytest.raises(ValidationError, match="only a ray cluster has an address"):
-        ClusterSpec(name="l", nodes=1, address="10.0.0.5:6379")
+def test_each_backend_checks_the_address_of_its_clusters(tmp_path: Path) -> None:
+    share = Share(tmp_path)
+    ray = RayBackend(RayExecutor(share, RayConnection(), lambda name: ""), RayConnection(),
+                     tmp_path / "ray")
+    local = LocalBackend(LocalExecutor(share, use_cgroups=False))
+    with pytest.raises(SpecError, match="cluster") as refused:
+        ray.attach(ClusterSpec(name="r", nodes=0, backend="ray"))
+    assert refused.value.errors == [{"field": "address", "message": "a ray cluster needs an "
+                                                                   "address: HOST:PORT, or local"}]
+    with pytest.raises(SpecError) as refused:
+        ray.attach(ClusterSpec(name="r", nodes=0, backend="ray", address="host"))
+    assert "HOST:PORT" in refused.value.errors[0]["message"]
+    with pytest.raises(SpecError) as refused:
+        local.attach(ClusterSpec(name="l", nodes=1, address="10.0.0.5:6379"))
+    assert refused.value.errors[0]["message"].startswith("a local cluster has no address")
+    assert local.attach(ClusterSpec(name="l", nodes=1)).address is None
+    # Whatever the backend, no address carries spaces, commands or credentials.
     with pytest.raises(ValidationError, match="address"):
         ClusterSpec(name="r", nodes=0, backend="ray", address="host:1; rm -rf /")
+    with pytest.raises(ValidationError, match="address"):
+        ClusterSpec(name="r", nodes=0, backend="ray", address="user:secret@host:1")
 
 
 def test_an_address_where_nothing_answers_is_refused_at_once() -> None:
-    started = time.monotonic()
     with pytest.raises(InvalidRequestError, match="nothing answers at the Ray address 127.0.0.1:1"):
-        RayConnection().connect("127.0.0.1:1")
-    assert time.monotonic() - started < 15  # not Ray's own minute of retries
+        returns_within(30, RayConnection().connect, "127.0.0.1:1")  # not Ray's minute of retries
 
 
 def test_stored_handles_go_back_to_their_backend_by_their_tag(tmp_path: Path) -> None:
@@ -127,14 +138,14 @@ def test_stored_handles_go_back_to_their_backend_by_their_tag(tmp_path: Path) ->
     local = LocalBackend(LocalExecutor(share, use_cgroups=False))
     ray_executor = RayExecutor(share, RayConnection(), lambda name: "127.0.0.1:1")
     ray = RayBackend(ray_executor, RayConnection(), tmp_path / "ray")
-    routing = Backends([local, ray], lambda name: Backend.RAY)
+    routing = Backends([local, ray], lambda name: "ray")
     handle = RayHandle("127.0.0.1:1", "job-1.0", 2, 0, 5.0)
-    stored = TaggedHandle(Backend.RAY, handle).to_json()
+    stored = TaggedHandle("ray", handle).to_json()
     assert stored == {**handle.to_json(), "backend": "ray"}
-    assert routing.load_handle(stored) == TaggedHandle(Backend.RAY, handle)
+    assert routing.load_handle(stored) == TaggedHandle("ray", handle)
     runner = routing.load_handle({"pid": 7, "start_ticks": None, "attempt": 0,
                                   "backend": "local"})
-    assert runner.backend is Backend.LOCAL and runner.handle.pid == 7
+    assert runner.backend == "local" and runner.handle.pid == 7
     # The tag decides, not the fields: a Ray handle's fields under a local tag are refused.
     with pytest.raises(RecordError, match="pid"):
         routing.load_handle({**handle.to_json(), "backend": "local"})
@@ -142,17 +153,17 @@ def test_stored_handles_go_back_to_their_backend_by_their_tag(tmp_path: Path) ->
         routing.load_handle({"placement_group": "job-1.0", "backend": "ray"})
     with pytest.raises(RecordError, match="names no backend"):
         routing.load_handle(handle.to_json())
-    with pytest.raises(RecordError, match="'slurm', which ringtrain does not know"):
+    with pytest.raises(RecordError, match="'slurm' backend, which this service does not run"):
         routing.load_handle({**handle.to_json(), "backend": "slurm"})
-    local_only = Backends([local], lambda name: Backend.LOCAL)
-    with pytest.raises(RecordError, match="ray backend, which this service does not run"):
+    local_only = Backends([local], lambda name: "local")
+    with pytest.raises(RecordError, match="'ray' backend, which this service does not run"):
         local_only.load_handle(stored)
 
 
 def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path: Path) -> None:
-    from ringtrain.jobs.executors.ray.attempt import AttemptStage, Failure, RayAttempt
-    from ringtrain.jobs.executors.ray.executor import _DRAIN_S
-    from ringtrain.jobs.executors.ray.node import NodeStatus
+    from ringtrain.jobs.service.executors.ray.attempt import AttemptStage, Failure, RayAttempt
+    from ringtrain.jobs.service.executors.ray.node import NodeStatus
+    from ringtrain.jobs.service.executors.ray.watch import DRAIN_S
 
     # The executor's side of a node without the share, without Ray: what a node's answers carry
     # is written into the share, and a drain that ends before a file arrived in full says so.
@@ -167,7 +178,7 @@ def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path
     partial = NodeStatus(Phase.EXITED, 137, chunks=(("outputs/model/big.1", 0, b"x" * 10),),
                          pending=("outputs/model/big.1",))
     attempt = RayAttempt({0: "a", 1: "b"}, AttemptStage.RUNNING)
-    assert executor._take(job, launch, attempt, 1, partial) is None
+    assert executor.watch.take(job, launch, attempt, 1, partial) is None
     assert (job_dir / "outputs" / "model" / "big.1").read_bytes() == b"x" * 10
     assert attempt.fail(Failure(Phase.EXITED, 5, "rank 0 exited with code 5", now[0]))
     assert attempt.stage is AttemptStage.DRAINING
@@ -175,14 +186,14 @@ def test_a_drained_attempt_names_the_files_that_did_not_reach_the_share(tmp_path
     assert attempt.gone == {1} and attempt.failure.message == "rank 0 exited with code 5"
     with pytest.raises(ValueError, match="cannot go from draining to running"):
         attempt.move(AttemptStage.RUNNING)
-    assert executor._draining(job, attempt).phase is Phase.RUNNING  # still waiting for it
-    now[0] += _DRAIN_S
-    ended = executor._draining(job, attempt)
+    assert executor.watch.draining(job, attempt).phase is Phase.RUNNING  # still waiting for it
+    now[0] += DRAIN_S
+    ended = executor.watch.draining(job, attempt)
     assert (ended.phase, ended.exit_code) == (Phase.EXITED, 5)
     assert ended.message == ("rank 0 exited with code 5; within 10 s these files did not reach "
                              "the share in full (node 1: outputs/model/big.1)")
     outside = NodeStatus(Phase.RUNNING, chunks=(("wd/train.py", 0, b"x"),))
-    assert executor._take(job, launch, attempt, 0, outside) == (
+    assert executor.watch.take(job, launch, attempt, 0, outside) == (
         f"cannot write what node 0 sent into the job's folder {job_dir}: a Ray node sent a "
         "chunk for 'wd/train.py', outside the job's stdouterr and prep and outputs")
     assert not (job_dir / "wd").exists()
@@ -266,8 +277,8 @@ def _placement_groups(prefix: str) -> list[dict]:
 def test_cluster_show_has_ray_node_table_and_resize_is_refused(rays: RayService) -> None:
     info = rays.service.get_cluster("r")
     assert info.backend == "ray" and info.target_nodes == 2  # every alive Ray machine
-    assert [n.alive for n in info.ray_nodes] == [True, True]
-    assert {n.cpus for n in info.ray_nodes} == {2.0}
+    assert [m.alive for m in info.machines] == [True, True]
+    assert {m.cpus for m in info.machines} == {2.0}
     with pytest.raises(InvalidRequestError, match="Ray cluster"):
         rays.service.resize_cluster("r", 3)
 
@@ -279,7 +290,7 @@ def test_agents_sample_their_machines_for_the_dashboard(rays: RayService, ray_cl
         return usage if len(usage) == 2 else None
 
     usage = wait_for(both)
-    assert set(usage) == {n.node_id for n in rays.service.get_cluster("r").ray_nodes}
+    assert set(usage) == {m.id for m in rays.service.get_cluster("r").machines}
     for sample in usage.values():
         assert sample["cpus"] >= 1 and 0 < sample["memory_used"] <= sample["memory_total"]
         assert 0.0 <= sample["cpu_percent"] <= 100.0 and sample["gpus"] == []
@@ -289,9 +300,7 @@ def test_agents_sample_their_machines_for_the_dashboard(rays: RayService, ray_cl
 def test_two_node_job_spreads_over_both_machines_and_trains(rays: RayService) -> None:
     job = rays.submit("r", ALLREDUCE, job_preparation="echo prepared node $RINGTRAIN_NODE_INDEX",
                       outputs=["model"])
-    started = time.monotonic()
-    running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
-    assert time.monotonic() - started < 30
+    running = rays.tick_until(job.id, lambda j: j.state == JobState.RUNNING, timeout_s=30)
     (pg,) = _placement_groups(f"{job.id}.")
     assert pg["strategy"] == "STRICT_SPREAD"
     assert len(set(pg["bundles_to_node_id"].values())) == 2  # one bundle on each machine
@@ -486,8 +495,9 @@ def test_node_without_the_share_works_in_a_private_copy(ray_cluster, rays: RaySe
 def test_private_copy_gets_the_inputs_its_machine_does_not_see(tmp_path: Path,
                                                                monkeypatch) -> None:
     from ringtrain.jobs.envvars import input_var
-    from ringtrain.jobs.executors.ray import transfer
-    from ringtrain.jobs.executors.ray.node import SCRATCH_VAR, NodePlan, NodeRunner, free_port
+    from ringtrain.jobs.service.executors.node_launch import free_port
+    from ringtrain.jobs.service.executors.ray import transfer
+    from ringtrain.jobs.service.executors.ray.node import SCRATCH_VAR, NodePlan, NodeRunner
 
     # One node runner, as an agent runs it, on a "machine" where /absent/labels.csv is not:
     # the service's copy of that input comes in the private copy; one it sees is read in place.
@@ -573,7 +583,7 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
     rc, out, err = cli("cluster", "create", "r", "--backend", "ray", "--address",
                        ray_cluster.address, "--slots", "2")
     assert rc == 0, err
-    assert "ray nodes:" in out and out.count(" alive ") == 2
+    assert "machines:" in out and out.count(" alive ") == 2
     spec = tmp_path / "job.yaml"
     spec.write_text("node_count: 2\njob_preparation: echo preparing; echo prep-warning >&2\n"
                     "command: echo rank $RANK of $WORLD_SIZE; sleep 0.3; echo progress $RANK >&2; "
@@ -629,11 +639,10 @@ def test_lost_node_fails_or_retries_the_jobs_naming_it(ray_cluster, tmp_path: Pa
         s.tick_until(job.id, lambda j: j.state == JobState.RUNNING)
     wait_for(lambda: len(_ranks_running(marker)) == 4, timeout_s=30)
     (worker,) = ray_cluster.worker_nodes
-    killed = time.monotonic()
     ray_cluster.remove_node(worker, allow_graceful=False)  # SIGKILL its raylet
-    failed = s.run_to_end(doomed.id, timeout_s=60)
-    requeued = s.tick_until(retried.id, lambda j: j.attempt == 1, timeout_s=60)
-    assert time.monotonic() - killed <= 30
+    # A lost machine is noticed within 30 s: the bound of each wait.
+    failed = s.run_to_end(doomed.id, timeout_s=30)
+    requeued = s.tick_until(retried.id, lambda j: j.attempt == 1, timeout_s=30)
     for job in (failed, requeued):
         assert "was lost: Ray node" in job.message and "127.0.0.1" in job.message, job.message
     assert failed.state == JobState.FAILED and failed.attempt == 0

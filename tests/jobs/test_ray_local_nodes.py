@@ -55,7 +55,7 @@ def test_inside(home: Home, cli: CLI, tmp_path: Path) -> None:
     assert rc == 0, err
     info = json.loads(out)
     assert info["target_nodes"] == 2
-    assert len([n for n in info["ray_nodes"] if n["alive"]]) == 2
+    assert len([n for n in info["machines"] if n["alive"]]) == 2
     spec = tmp_path / "job.yaml"
     spec.write_text(f"node_count: 2\nprocess_count_per_node: 1\ncommand: {json.dumps(ALLREDUCE)}\n")
     rc, out, err = cli("job", "submit", str(spec), "--cluster", "big", "-o", "json")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.jobs.executors.ray import transfer
+from ringtrain.jobs.service.executors.ray import transfer
 
 from .conftest import wait_for
 

@@ -16,23 +16,25 @@ import pytest
 
 from ringtrain import proc_stat
 from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.executors import jobrunner
-from ringtrain.jobs.executors.local import LocalExecutor
-from ringtrain.jobs.executors.phase import Phase
-from ringtrain.jobs.executors.records import (
+from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
+from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.service.executors.local import jobrunner
+from ringtrain.jobs.service.executors.local.executor import LocalExecutor
+from ringtrain.jobs.service.executors.local.records import (
     LAUNCH_FILE,
-    RESULT_FILE,
     STATUS_FILE,
-    WORLD_FILE,
     LaunchSpec,
     RunnerHandle,
     RunnerStatus,
+)
+from ringtrain.jobs.service.executors.node_launch import (
+    RESULT_FILE,
+    WORLD_FILE,
     read_result,
     read_world,
 )
-from ringtrain.jobs.models import JobInfo, JobState, parse_job_spec
-from ringtrain.jobs.server_info import ServerInfo
-from ringtrain.jobs.share import Share
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.share import Share
 from ringtrain.run_files import LostWorker, RootCause, RunReport
 from ringtrain.runner.cli import _write_result
 from ringtrain.runner.hosts import HostInfo, assign
@@ -115,9 +117,9 @@ def test_result_file_as_the_runner_writes_it_for_a_failed_rank_a_killed_one_and_
 
 @pytest.mark.parametrize("content, why", [
     (None, "does not exist"),
-    ("{not json", "is not valid JSON"),
+    ("{not json", "not valid JSON"),
     ('{"job_dir": "/j"}', "lacks the field 'attempt'"),
-    ("runner", "is not valid JSON"),
+    ("runner", "not valid JSON"),
 ])
 def test_malformed_launch_file(tmp_path: Path, content: str | None, why: str) -> None:
     path = tmp_path / "launch.json"
@@ -145,7 +147,7 @@ def test_job_runner_refuses_a_malformed_launch_file(tmp_path: Path,
 
 def test_job_runner_and_its_records_load_no_third_party_package() -> None:
     # The job runner must start quickly, and the records it shares with the executor come along.
-    code = ("import sys, ringtrain.jobs.executors.jobrunner; "
+    code = ("import sys, ringtrain.jobs.service.executors.local.jobrunner; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'pydantic', 'fastapi', 'httpx', 'yaml', 'torch', 'numpy'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -180,7 +182,7 @@ def test_status_files_of_the_previous_version_read(tmp_path: Path) -> None:
     ('{"phase": "exited", "attempt": 0, "pid": 1}', "an exited status needs an exit code"),
     ('{"attempt": 0, "pid": 1}', "lacks the field 'phase'"),
     ('{"phase": "running", "pid": 1}', "lacks the field 'attempt'"),
-    ("", "is not valid JSON"),
+    ("", "not valid JSON"),
 ])
 def test_malformed_status_file(tmp_path: Path, content: str, why: str) -> None:
     directory = job_dir(tmp_path)
@@ -235,7 +237,7 @@ def test_malformed_server_file(tmp_path: Path, content: str, why: str) -> None:
 
 def test_record_file_that_cannot_be_read(tmp_path: Path) -> None:
     (tmp_path / "server.json").mkdir()
-    with pytest.raises(RecordError, match="cannot read .*server.json: Is a directory"):
+    with pytest.raises(RecordError, match="cannot read .*server.json: .*is a folder"):
         ServerInfo.read(tmp_path / "server.json")
 
 
@@ -258,3 +260,45 @@ def test_world_file_as_the_runner_writes_it_and_the_hosts_it_lost(tmp_path: Path
     (folder / WORLD_FILE).write_text('{"generation": 1, "hosts": {"n0": [0]}, "lost": [{}]}')
     with pytest.raises(RecordError, match="lacks the field 'worker'"):
         read_world(folder)
+
+
+def test_one_checker_names_the_field_in_every_kind_of_record(tmp_path: Path) -> None:
+    """`ringtrain run`'s files, the job runner's records and the worker env go through one field
+    checker (ringtrain/record_fields.py): the same wrong value is refused in the same words,
+    whichever record it is in, and each reader adds which record that was."""
+    from ringtrain.contract.env import read_worker_env
+    from ringtrain.errors import ConfigError
+    from ringtrain.record_fields import FieldError
+
+    with pytest.raises(FieldError, match=r"^field 'exit_code' must be int, not True$"):
+        RunReport.from_json({"exit_code": True, "message": "", "root_causes": []})
+    with pytest.raises(RecordError, match=r"^the launch handle stored with the job: field 'pid' "
+                                          r"must be int, not True$"):
+        RunnerHandle.from_json({"pid": True, "attempt": 0})
+    folder = job_dir(tmp_path)
+    (folder / RESULT_FILE).write_text('{"exit_code": 1, "message": "m"}')
+    with pytest.raises(RecordError, match=r"the result file .*result\.json: lacks the field "
+                                          r"'root_causes'$"):
+        read_result(folder)
+    (folder / STATUS_FILE).write_text('{"phase": "gone", "attempt": 0, "pid": 1}')
+    with pytest.raises(RecordError, match=r"status\.json: has an unknown phase 'gone'$"):
+        RunnerStatus.read(folder)
+    with pytest.raises(ConfigError, match=r"^environment variable HOROVOD_RANK='x' is not an "
+                                          r"integer$"):
+        read_worker_env({"HOROVOD_RANK": "x", "HOROVOD_SIZE": "2"})
+    with pytest.raises(ConfigError, match=r"^environment variable HOROVOD_SIZE is required but "
+                                          r"not set$"):
+        read_worker_env({"HOROVOD_RANK": "0", "HOROVOD_SIZE": " "})
+
+
+def test_a_status_file_behind_a_linked_folder_is_refused(tmp_path: Path) -> None:
+    """Records are read through the one safe open: a link is refused in any component below the
+    job's folder (here `launcher/` itself), not only at the file's own name."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    elsewhere = job_dir(tmp_path / "elsewhere")
+    RunnerStatus(Phase.RUNNING, attempt=0, pid=7).write(elsewhere)
+    assert RunnerStatus.read(elsewhere) is not None
+    (folder / "launcher").symlink_to(elsewhere / "launcher")
+    with pytest.raises(RecordError, match="goes through the symbolic link 'launcher'"):
+        RunnerStatus.read(folder)

@@ -15,8 +15,8 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 
 from ringtrain.jobs.home import Home
-from ringtrain.jobs.monitor.scalars import JobScalars
-from ringtrain.jobs.monitor.tfevents import EventFileReader, masked_crc32c
+from ringtrain.jobs.service.monitor.scalars import JobScalars
+from ringtrain.jobs.service.monitor.tfevents import EventFileReader, masked_crc32c
 
 from .conftest import CLI, wait_for
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.jobs.errors import ConflictError, InvalidRequestError, SpecError
-from ringtrain.jobs.executors.backend import LocalBackend
-from ringtrain.jobs.executors.base import Observation
-from ringtrain.jobs.executors.phase import Phase
 from ringtrain.jobs.models import ClusterSpec, JobState, NodeState, parse_job_spec
-from ringtrain.jobs.scheduler import Scheduler
-from ringtrain.jobs.service import JobService
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.executors.base import Observation
+from ringtrain.jobs.service.executors.local.backend import LocalBackend
+from ringtrain.jobs.service.executors.phase import Phase
+from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.scheduler import Scheduler
+from ringtrain.jobs.service.store import SQLiteStore
 from tests.clock import FakeClock
 
 from .conftest import FakeExecutor

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import JobSpec, Priority, load_job_spec, parse_job_spec
+
+from .conftest import returns_within
 
 pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
 
@@ -97,12 +98,12 @@ def test_schema_publishes_every_field() -> None:
 # -- bounded, linear validation (issue 15) -------------------------------------------------------
 
 
-def test_output_names_are_checked_in_linear_time_and_bounded() -> None:
-    names = [f"o{i}" for i in range(40_000)]  # 379 KiB of JSON: quadratic checks took 17 s
-    t0 = time.monotonic()
+def test_output_names_are_bounded_before_they_are_compared() -> None:
+    # 379 KiB of JSON: a quadratic uniqueness check took 17 s (benchmarks/spec_limits.py times
+    # it); the count is refused first.
+    names = [f"o{i}" for i in range(40_000)]
     with pytest.raises(SpecError) as e:
-        parse_job_spec({**GOOD, "outputs": names})
-    assert time.monotonic() - t0 < 5  # wide, never flaky under load; the quadratic check: 17 s
+        returns_within(60, parse_job_spec, {**GOOD, "outputs": names})
     assert e.value.errors[0]["field"] == "outputs"
     assert "at most 256" in e.value.errors[0]["message"]
     with pytest.raises(SpecError, match="repeated: o7"):
@@ -156,13 +157,11 @@ LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"]
                       for i in range(8)]) + "\nnode_count: 1\ncommand: *i\n"
 
 
-def test_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+def test_yaml_alias_bomb_is_refused_unexpanded(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text(LAUGHS)
     assert len(LAUGHS) < 500
-    t0 = time.monotonic()
-    with pytest.raises(SpecError) as e:
-        load_job_spec(tmp_path / "bomb.yaml")
-    assert time.monotonic() - t0 < 10  # expanded, the bomb would take minutes and gigabytes
+    with pytest.raises(SpecError) as e:  # expanded: minutes and gigabytes
+        returns_within(60, load_job_spec, tmp_path / "bomb.yaml")
     assert "aliases" in str(e.value) and "10000" in str(e.value)
     assert len(str(e.value)) < 1000
 

@@ -11,7 +11,7 @@ import pytest
 
 from ringtrain.jobs.errors import ConflictError, InvalidTransitionError, NotFoundError
 from ringtrain.jobs.models import ClusterSpec, JobInfo, JobState, NodeState, parse_job_spec
-from ringtrain.jobs.store import SQLiteStore
+from ringtrain.jobs.service.store import SQLiteStore
 
 pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast`
 
@@ -214,8 +214,8 @@ def test_cluster_spec_is_validated() -> None:
 
     with pytest.raises(ValidationError):
         ClusterSpec(name="c", nodes=-1)
-    with pytest.raises(ValidationError):
-        ClusterSpec(name="c", nodes=1, backend="ray")
+    with pytest.raises(ValidationError, match="backend"):
+        ClusterSpec(name="c", nodes=1, backend="Ray cluster")
     with pytest.raises(ValidationError, match="max_nodes\n.*must be at least nodes \\(3\\)"):
         ClusterSpec(name="c", nodes=3, max_nodes=2)
     assert ClusterSpec(name="c", nodes=2, max_nodes=2).max_nodes == 2
@@ -292,14 +292,14 @@ def test_a_node_s_job_of_a_version_5_database_holds_its_slots(tmp_path: Path) ->
 
 def test_launch_handles_of_a_version_3_database_are_tagged_with_their_backend_once(
         tmp_path: Path) -> None:
-    from ringtrain.jobs.executors.backend import LocalBackend
-    from ringtrain.jobs.executors.local import LocalExecutor
-    from ringtrain.jobs.executors.ray.backend import RayBackend
-    from ringtrain.jobs.executors.ray.connection import RayConnection
-    from ringtrain.jobs.executors.ray.executor import RayExecutor, RayHandle
-    from ringtrain.jobs.executors.routing import Backends
-    from ringtrain.jobs.models import Backend
-    from ringtrain.jobs.share import Share
+    from ringtrain.jobs.service.executors.local.backend import LocalBackend
+    from ringtrain.jobs.service.executors.local.executor import LocalExecutor
+    from ringtrain.jobs.service.executors.ray.attempt import RayHandle
+    from ringtrain.jobs.service.executors.ray.backend import RayBackend
+    from ringtrain.jobs.service.executors.ray.connection import RayConnection
+    from ringtrain.jobs.service.executors.ray.executor import RayExecutor
+    from ringtrain.jobs.service.executors.routing import Backends
+    from ringtrain.jobs.service.share import Share
 
     path = tmp_path / "v3.sqlite"
     store = SQLiteStore(path)
@@ -329,11 +329,11 @@ def test_launch_handles_of_a_version_3_database_are_tagged_with_their_backend_on
     backends = Backends([LocalBackend(LocalExecutor(share, use_cgroups=False)),
                          RayBackend(RayExecutor(share, RayConnection(), lambda name: ""),
                                     RayConnection(), tmp_path / "ray")],
-                        lambda name: Backend.LOCAL)
+                        lambda name: "local")
     local = backends.load_handle(store.get_launch("local-job") or {})
-    assert (local.backend, local.handle.pid) == (Backend.LOCAL, 41)
+    assert (local.backend, local.handle.pid) == ("local", 41)
     ray = backends.load_handle(store.get_launch("ray-job") or {})
-    assert ray.backend is Backend.RAY and ray.handle == RayHandle(**ray_fields)
+    assert ray.backend == "ray" and ray.handle == RayHandle(**ray_fields)
     # Once tagged, the database is version 4: a later opening infers nothing again.
     store.set_launch("unstarted", {"placement_group": "whatever"})
     store.close()

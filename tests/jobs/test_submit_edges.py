@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ringtrain.jobs.auth import home_token
-from ringtrain.jobs.client import JobsClient
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import ServiceUnavailableError, SpecError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import JobSpec, load_job_spec
 from ringtrain.jobs.models.spec import MAX_ARG_BYTES
+from ringtrain.jobs.service.api.auth import home_token
 from tests.jobs.conftest import bearer
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ringtrain.jobs.files.workdir import plan_copy
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import parse_job_spec
-from ringtrain.jobs.share import Share
-from ringtrain.jobs.workdir import plan_copy
+from ringtrain.jobs.service.share import Share
 
 from .conftest import CLI
 

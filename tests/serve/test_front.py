@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from ringtrain.jobs.front import Backends, create_front
+from ringtrain.jobs.service.front_proxy import Backends, create_front
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import Predictor
 from ringtrain.web.exposure import bind_socket

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from ringtrain.jobs.cli.output import deployment_text
-from ringtrain.jobs.executors.ray.node import free_port
 from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
+from ringtrain.jobs.service.executors.node_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -217,7 +217,7 @@ def test_the_bug_report_block_names_keras_and_its_backend():
 
 
 def test_tensorboard_callback_writes_the_curves_the_dashboard_reads(tmp_path):
-    from ringtrain.jobs.monitor.tfevents import EventFileReader
+    from ringtrain.jobs.service.monitor.tfevents import EventFileReader
 
     pytest.importorskip("tensorboard")
     with pytest.raises(ValueError, match="update_freq"):

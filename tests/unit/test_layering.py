@@ -19,6 +19,7 @@ run it with ``PYTHONPATH`` set to that checkout.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -33,6 +34,8 @@ UNITS: dict[str, tuple[str, ...]] = {
              "ringtrain.log_level", "ringtrain.proc_stat", "ringtrain.shm_names",
              # the files `ringtrain run` writes and the job service reads
              "ringtrain.run_files",
+             # the one checker of a record's fields (run files, job runner records, the env)
+             "ringtrain.record_fields",
              # threads per rank: the task wrapper's and a Ray node's rule alike
              "ringtrain.runner.threads"),
     "backends": ("ringtrain.backends",),
@@ -44,15 +47,19 @@ UNITS: dict[str, tuple[str, ...]] = {
     # what launcher and workers share: the worker env, the elastic rendezvous keys, slots
     "contract": ("ringtrain.contract",),
     "runner": ("ringtrain.runner",),
-    "jobs.common": ("ringtrain.jobs.__init__", "ringtrain.jobs.models", "ringtrain.jobs.errors",
-                    "ringtrain.jobs.home", "ringtrain.jobs.api.schemas",
-                    "ringtrain.jobs.envvars",
-                    "ringtrain.jobs.server_info", "ringtrain.jobs.record_file",
-                    "ringtrain.jobs.paging", "ringtrain.jobs.extract", "ringtrain.jobs.job_folder"),
-    "jobs.client": ("ringtrain.jobs.client", "ringtrain.jobs.connect",
-                    "ringtrain.jobs.known_homes"),
+    # The job service: its folders are its layers. `jobs.errors` is the hierarchy every layer
+    # raises; `files/` the one safe way to read what a job left; the package's own modules and
+    # `models/` what client and service share; then `client/`, `service/` (with its `store/`,
+    # `monitor/` and, on top, `api/`) and `cli/` over both.
+    "jobs.errors": ("ringtrain.jobs.errors",),
+    "jobs.files": ("ringtrain.jobs.files",),
+    "jobs": ("ringtrain.jobs",),
+    "jobs.client": ("ringtrain.jobs.client",),
     "jobs.cli": ("ringtrain.jobs.cli",),
-    "jobs.service": ("ringtrain.jobs",),
+    "jobs.service.store": ("ringtrain.jobs.service.store",),
+    "jobs.service.monitor": ("ringtrain.jobs.service.monitor",),
+    "jobs.service": ("ringtrain.jobs.service",),
+    "jobs.service.api": ("ringtrain.jobs.service.api",),
     "data": ("ringtrain.data",),
     "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
@@ -77,17 +84,28 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "compat": ("torch", "keras", "leaf"),
     "contract": ("engine.config", "leaf"),
     "runner": ("contract", "engine.config", "leaf"),
-    "jobs.common": ("leaf",),
-    "jobs.client": ("jobs.common", "leaf"),
-    "jobs.cli": ("jobs.client", "jobs.service", "jobs.common", "leaf"),
-    "jobs.service": ("jobs.common", "web", "leaf"),
+    "jobs.errors": ("leaf",),
+    "jobs.files": ("jobs.errors", "leaf"),
+    "jobs": ("jobs.files", "jobs.errors", "leaf"),
+    # the client never imports the service, nor the service the client
+    "jobs.client": ("jobs", "jobs.files", "jobs.errors", "leaf"),
+    "jobs.service.store": ("jobs", "jobs.errors", "leaf"),
+    # what the dashboard reads from jobs' folders and processes: below the service it serves
+    "jobs.service.monitor": ("jobs", "jobs.files", "jobs.errors", "leaf"),
+    "jobs.service": ("jobs.service.store", "jobs.service.monitor", "jobs", "jobs.files",
+                     "jobs.errors", "web", "leaf"),
+    "jobs.service.api": ("jobs.service", "jobs.service.store", "jobs.service.monitor", "jobs",
+                         "jobs.files", "jobs.errors", "web", "leaf"),
+    # `ringtrain server` runs the service; every other command goes through the client
+    "jobs.cli": ("jobs.client", "jobs.service.api", "jobs.service", "jobs", "jobs.files",
+                 "jobs.errors", "leaf"),
     "data": ("torch", "models", "leaf"),
     "doctor": ("data", "torch", "models", "contract", "leaf"),
     "models": ("leaf",),
     "web": ("leaf",),
     "serve": ("models", "web", "leaf"),
     # `ringtrain serve JOB_ID` asks the job service for the job's model; the server never does.
-    "serve.cli": ("serve", "jobs.client", "jobs.common", "models", "web", "leaf"),
+    "serve.cli": ("serve", "jobs.client", "jobs", "jobs.errors", "models", "web", "leaf"),
     "cli": ("leaf",),
 }
 
@@ -100,7 +118,8 @@ STDLIB_ONLY = ("leaf", "engine.config", "contract")
 FRONTENDS = ("torch", "keras", "compat", "data", "doctor")
 #: Third-party packages a unit must never import, at any depth.
 FORBIDDEN_PACKAGES: dict[str, tuple[str, ...]] = {
-    unit: ("torch",) for unit in ("jobs.common", "jobs.client", "jobs.cli", "jobs.service", "web")
+    unit: ("torch",) for unit in (*(u for u in UNITS if u == "jobs" or u.startswith("jobs.")),
+                                  "web")
 }
 
 
@@ -194,6 +213,14 @@ def read_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, set[st
     return graph, external
 
 
+@functools.cache
+def _package_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """:func:`read_graph` of the package ``import ringtrain`` finds, read once for the tests
+    here (a read parses every module: ~1 s a test on a loaded 2-core machine); callers only
+    read it."""
+    return read_graph()
+
+
 def unit_of(module: str) -> str | None:
     """The unit of the layer table that covers ``module`` (``None`` if no prefix does)."""
     best: tuple[int, str] | None = None
@@ -272,7 +299,7 @@ def _table() -> str:
 
 
 def test_no_module_imports_another_that_imports_it_back():
-    graph, _ = read_graph()
+    graph, _ = _package_graph()
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles)
 
@@ -284,13 +311,25 @@ def test_the_layer_table_points_one_way():
 
 
 def test_every_module_belongs_to_a_unit_of_the_layer_table():
-    graph, _ = read_graph()
+    graph, _ = _package_graph()
     unassigned = sorted(m for m in graph if unit_of(m) is None)
     assert not unassigned, f"modules no unit covers: {unassigned}\n{_table()}"
 
 
+def test_the_job_service_layers_are_its_folders():
+    """Every unit of ``jobs/`` but its error hierarchy is a folder: a reader finds a module's layer
+    by its path, and a new module joins the layer of the folder it is put in."""
+    jobs = [u for u in UNITS if u == "jobs" or u.startswith("jobs.")]
+    assert {"jobs", "jobs.files", "jobs.client", "jobs.service", "jobs.cli"} <= set(jobs)
+    for unit in jobs:
+        for prefix in UNITS[unit]:
+            folder = ROOT.parent.joinpath(*prefix.split("."))
+            if unit != "jobs.errors":
+                assert (folder / "__init__.py").is_file(), f"unit {unit}: {prefix} is no folder"
+
+
 def test_every_import_points_down_the_layer_table():
-    graph, _ = read_graph()
+    graph, _ = _package_graph()
     broken = []
     for importer, targets in sorted(graph.items()):
         source = unit_of(importer)
@@ -303,7 +342,7 @@ def test_every_import_points_down_the_layer_table():
 
 
 def test_units_stay_clear_of_packages_they_must_not_pull_in():
-    graph, external = read_graph()
+    graph, external = _package_graph()
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     pure = {m for m in graph if unit_of(m) in STDLIB_ONLY}
     # Importing a module runs its packages' __init__ first: they must be as light.
@@ -324,7 +363,7 @@ def test_units_stay_clear_of_packages_they_must_not_pull_in():
 
 
 def test_the_frontends_never_import_the_launcher():
-    graph, _ = read_graph()
+    graph, _ = _package_graph()
     broken = []
     for module in sorted(m for m in graph if unit_of(m) in FRONTENDS):
         seen = {module: [module]}

@@ -1,6 +1,7 @@
 """Create, list, show, resize and delete clusters.
 
-Local clusters are N nodes of S slots; a ray cluster is a Ray cluster.
+Local clusters are N nodes of S slots on the service's host; a cluster of another backend the
+service runs is attached to machines at an address (a ray cluster: a Ray cluster's).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pydantic import ValidationError
 
 from ringtrain.jobs.cli import output
 from ringtrain.jobs.cli.args import cluster_name
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
 from ringtrain.jobs.errors import SpecError
-from ringtrain.jobs.models import Backend, ClusterInfo, ClusterSpec
+from ringtrain.jobs.models import ClusterInfo, ClusterSpec
 from ringtrain.jobs.models.spec import validation_errors
 
 
@@ -22,17 +23,23 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     sub = parser.add_subparsers(metavar="COMMAND")
     p = sub.add_parser("create", parents=[common], help="create a cluster")
     p.add_argument("name")
-    p.add_argument("--nodes", type=int, help="number of nodes (required for local; ray: how "
-                                             "many Ray machines jobs may hold, default all)")
+    p.add_argument("--nodes", type=int, help="number of nodes (required unless attached at an "
+                                             "address: then how many of its machines jobs may "
+                                             "hold, default all)")
     p.add_argument("--slots", type=int, default=1, help="process slots per node (default 1; "
-                                                        "ray: CPUs a job may use per machine)")
-    p.add_argument("--backend", default=Backend.LOCAL.value, choices=[b.value for b in Backend],
-                   help="local (default): process slots on the service's host; ray: a Ray "
-                        "cluster (token from RAY_AUTH_TOKEN in the service's environment)")
+                                                        "attached: CPUs a job may use per "
+                                                        "machine)")
+    p.add_argument("--backend", default="local",
+                   help="local (default): process slots on the service's host; or another "
+                        "backend the service runs, attached to machines at --address (ray: a "
+                        "Ray cluster; `ringtrain server --help` lists the backends)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--address", help="ray: the Ray cluster's address, HOST:PORT")
+    where.add_argument("--address", help="where the backend's machines are (ray: the Ray "
+                                         "cluster's HOST:PORT, its token from RAY_AUTH_TOKEN in "
+                                         "the service's environment)")
     where.add_argument("--local", action="store_true",
-                       help="ray: the service starts a private Ray head on its own host")
+                       help="the backend starts private machines on the service's host (ray: a "
+                            "private Ray head)")
     p.add_argument("--max-nodes", type=int, help="the most nodes a resize may set; jobs "
                                                  "needing more are refused (default: no limit)")
     p.set_defaults(func=_create)
@@ -60,9 +67,11 @@ def _show_one(args: argparse.Namespace, info: ClusterInfo) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    if args.nodes is None and not Backend(args.backend).attached:
+    if args.nodes is None and not (args.address or args.local):
         raise SpecError([{"field": "nodes",
-                          "message": f"a {args.backend} cluster needs --nodes N"}], "cluster")
+                          "message": f"a {args.backend} cluster needs --nodes N (only one "
+                                     "attached at an --address may take all its machines)"}],
+                        "cluster")
     try:
         spec = ClusterSpec(name=args.name, nodes=args.nodes or 0, slots=args.slots,
                            backend=args.backend, max_nodes=args.max_nodes,

@@ -11,7 +11,7 @@ import argparse
 import webbrowser
 
 from ringtrain.jobs.cli import output
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

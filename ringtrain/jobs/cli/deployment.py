@@ -8,8 +8,8 @@ import time
 
 from ringtrain.jobs.cli import output
 from ringtrain.jobs.cli.args import job_id
-from ringtrain.jobs.client import JobsClient
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
 
 #: How often a waiting CLI asks for the deployment's state.
@@ -104,7 +104,7 @@ def _front(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from ringtrain.jobs.front import Backends, create_front
+    from ringtrain.jobs.service.front_proxy import Backends, create_front
 
     client = _client(args)
     info = client.get_deployment(args.id)

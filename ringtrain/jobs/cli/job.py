@@ -10,13 +10,13 @@ from typing import Any
 
 from ringtrain.jobs.cli import deployment, output
 from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
-from ringtrain.jobs.client import JobsClient
-from ringtrain.jobs.connect import connect
+from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.files.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
 from ringtrain.jobs.models.overrides import apply_overrides
 from ringtrain.jobs.models.spec import expand_path
-from ringtrain.jobs.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

@@ -81,7 +81,7 @@ def clusters_table(clusters: list[ClusterInfo]) -> str:
     return table(
         ["name", "backend", "nodes", "slots", "free slots", "allocation", "idle", "preparing",
          "running", "leaving", "unusable"],
-        [[c.name, c.backend.value, f"{c.current_nodes}/{c.target_nodes}", c.slots, c.free_slots,
+        [[c.name, c.backend, f"{c.current_nodes}/{c.target_nodes}", c.slots, c.free_slots,
           c.allocation_state.value, *c.node_counts.model_dump().values()] for c in clusters])
 
 
@@ -89,18 +89,18 @@ def cluster_text(c: ClusterInfo) -> str:
     """The text of `cluster show`."""
     counts = ", ".join(f"{k} {v}" for k, v in c.node_counts.model_dump().items())
     return "\n".join([
-        f"name:        {c.name}", f"backend:     {c.backend.value}",
+        f"name:        {c.name}", f"backend:     {c.backend}",
         f"nodes:       {c.current_nodes} (target {c.target_nodes}"
         + ("" if c.max_nodes is None else f", at most {c.max_nodes}")
         + f"), {c.slots} slots each, {c.free_slots} free",
         f"allocation:  {c.allocation_state.value}", f"node states: {counts}",
         f"created:     {when(c.created_at)}"]
         + ([f"address:     {c.address}"] if c.address else [])
-        + (["ray nodes:\n" + table(
-            ["node", "address", "state", "cpus free", "gpus free"],
-            [[n.node_id[:12], n.address, "alive" if n.alive else "dead",
-              f"{n.cpus_free:g}/{n.cpus:g}", f"{n.gpus_free:g}/{n.gpus:g}"]
-             for n in c.ray_nodes])] if c.ray_nodes else []))
+        + (["machines:\n" + table(
+            ["machine", "address", "state", "cpus free", "gpus free"],
+            [[m.id[:12], m.address, "alive" if m.alive else "dead",
+              f"{m.cpus_free:g}/{m.cpus:g}", f"{m.gpus_free:g}/{m.gpus:g}"]
+             for m in c.machines])] if c.machines else []))
 
 
 def jobs_table(jobs: list[JobInfo]) -> str:

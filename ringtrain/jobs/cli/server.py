@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from ringtrain.jobs.cli import output
-from ringtrain.jobs.connect import running_server, start_server, stop_server
+from ringtrain.jobs.client.connection import running_server, start_server, stop_server
+from ringtrain.jobs.client.known_homes import remember
 from ringtrain.jobs.home import Home, service_token
-from ringtrain.jobs.known_homes import remember
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.service.executors.registry import add_server_options
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -23,8 +24,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                                         "RINGTRAIN_TOKEN, else the home's token file)")
     parser.add_argument("--public-host", help="the host name remote clients use in their URL; "
                                               "needed with --host 0.0.0.0")
-    parser.add_argument("--ray-node-ip", help="the address this service announces to Ray "
-                                              "clusters (default: Ray's choice)")
+    add_server_options(parser)  # each backend's own flags
     parser.set_defaults(func=_serve, output="table")
     sub = parser.add_subparsers(metavar="COMMAND")
     for name, func, help_ in (
@@ -37,13 +37,13 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ringtrain.jobs.server import serve
+    from ringtrain.jobs.service.api.server import serve
 
     logging.getLogger("ringtrain").setLevel(logging.INFO)
     home = Home.from_environ()
     remember(home)
-    serve(home, args.host, args.port, args.token or service_token(),
-          args.public_host, args.ray_node_ip)
+    serve(home, args.host, args.port, args.token or service_token(), args.public_host,
+          vars(args))
     return 0
 
 

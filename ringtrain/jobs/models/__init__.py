@@ -1,13 +1,12 @@
 """Specs (what was requested), states with their transition tables, and infos (what is)."""
 
-from ringtrain.jobs.models.backend import Backend
 from ringtrain.jobs.models.info import (
     ClusterInfo,
     FileInfo,
     JobInfo,
+    MachineInfo,
     NodeCounts,
     NodeInfo,
-    RayNodeInfo,
 )
 from ringtrain.jobs.models.spec import ClusterSpec, JobSpec, parse_job_spec
 from ringtrain.jobs.models.specfile import load_job_spec
@@ -21,7 +20,7 @@ from ringtrain.jobs.models.states import (
 )
 
 __all__ = [
-    "AllocationState", "Backend", "ClusterInfo", "ClusterSpec", "FileInfo", "JobInfo", "JobSpec",
-    "JobState", "NodeCounts", "NodeInfo", "NodeState", "Priority", "RayNodeInfo",
+    "AllocationState", "ClusterInfo", "ClusterSpec", "FileInfo", "JobInfo", "JobSpec", "JobState",
+    "MachineInfo", "NodeCounts", "NodeInfo", "NodeState", "Priority",
     "check_job_transition", "check_node_transition", "load_job_spec", "parse_job_spec",
 ]

@@ -6,7 +6,7 @@ that job: a ``ringtrain serve`` process on a free loopback port of its node, whi
 to ``outputs/endpoints/replica.<rank>.json`` once the model is loaded and the port listens. The
 deployment's state is read from the job's state and those files (:func:`deployment_state`). A
 deployment of several replicas also gets a front, one URL for them all, run by the service
-(:mod:`ringtrain.jobs.fronts`).
+(:mod:`ringtrain.jobs.service.deployment_fronts`).
 """
 
 from __future__ import annotations

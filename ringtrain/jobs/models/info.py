@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from ringtrain.jobs.models.backend import Backend
 from ringtrain.jobs.models.spec import JobSpec
 from ringtrain.jobs.models.states import AllocationState, JobState, NodeState
 
@@ -34,10 +33,11 @@ class NodeCounts(BaseModel):
     unusable: int = 0
 
 
-class RayNodeInfo(BaseModel):
-    """One machine of a Ray cluster, as Ray's node table shows it."""
+class MachineInfo(BaseModel):
+    """One machine of a cluster attached to machines run by someone else, as its backend sees
+    it (a Ray cluster: Ray's node table)."""
 
-    node_id: str
+    id: str = Field(description="The backend's id of the machine (Ray's node id).")
     address: str
     alive: bool
     cpus: float = Field(description="CPUs the node has.")
@@ -50,7 +50,7 @@ class ClusterInfo(BaseModel):
     """A cluster as it stands: its target size, allocation state and node states."""
 
     name: str
-    backend: Backend
+    backend: str
     slots: int = Field(description="Process slots per node.")
     free_slots: int = Field(0, description="Slots no job holds, on nodes jobs may use (neither "
                                            "leaving nor unusable).")
@@ -60,9 +60,10 @@ class ClusterInfo(BaseModel):
     allocation_state: AllocationState
     node_counts: NodeCounts
     created_at: float
-    address: str | None = Field(None, description="ray only: the Ray cluster's address.")
-    ray_nodes: list[RayNodeInfo] = Field(
-        default_factory=list, description="ray only: Ray's node table when it was asked.")
+    address: str | None = Field(None, description="Where an attached backend's machines are.")
+    machines: list[MachineInfo] = Field(
+        default_factory=list, description="An attached backend's machines when it was asked "
+                                          "(one cluster's answer only; empty in lists).")
 
 
 class JobInfo(BaseModel):

@@ -28,15 +28,19 @@ from pydantic_core import ErrorDetails
 
 from ringtrain.jobs.envvars import PREFIX as RESERVED_ENV_PREFIX
 from ringtrain.jobs.errors import SpecError, brief
-from ringtrain.jobs.models.backend import Backend
+from ringtrain.jobs.files.safe_open import MAX_NAME_BYTES, MAX_PATH_BYTES
 from ringtrain.jobs.models.ids import JOB_ID_RULE, NAME_RULE, Name
 from ringtrain.jobs.models.states import Priority
 
 # Names end up in ids, folder names and environment variable names, so they stay simple.
 IO_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-#: A Ray cluster's address: ``local``, or HOST:PORT (an IPv6 host in brackets).
-RAY_ADDRESS_PATTERN = r"^(local|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})$"
+#: A backend's name: ``local`` (the default) or another the service's registry holds.
+BACKEND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+#: Where a backend attached to machines run by someone else finds them: HOST:PORT, a name, or
+#: ``local`` (machines the service starts on its own host). No spaces, slashes or ``@``, so no
+#: credentials or commands; each backend checks the form it takes.
+ADDRESS_PATTERN = r"^[A-Za-z0-9_.:\[\]-]{1,255}$"
 
 # Bounds of a spec: far above any real job, and small enough that the largest spec validates in
 # milliseconds (every check below is linear). A spec file or request body holds at most
@@ -47,8 +51,6 @@ MAX_ENTRIES = 256  # environment variables, inputs, outputs
 #: (MAX_ARG_STRLEN less the final NUL). A job's command is one argument of `sh -c`.
 MAX_ARG_BYTES = 131_071
 MAX_ENV_VALUE_CHARS = 64 * 1024
-MAX_PATH_BYTES = 4096
-MAX_NAME_BYTES = 255
 MAX_ERRORS = 20  # reported at once; the rest are counted
 
 
@@ -217,9 +219,10 @@ class JobSpec(BaseModel):
 class ClusterSpec(BaseModel):
     """A cluster as requested: N nodes of S process slots each, on one backend.
 
-    ``local`` nodes are process slots on the service's host; ``ray`` nodes are machines of a Ray
-    cluster at ``address`` (``local``: a private Ray head the service starts), where ``nodes`` is
-    how many of them jobs may hold at once and ``slots`` the CPUs each job may use per node.
+    ``local`` nodes are process slots on the service's host. A backend attached to machines run
+    by someone else (``ray``) finds them at ``address``, where ``nodes`` is how many of them jobs
+    may hold at once (0: all) and ``slots`` the CPUs each job may use per node; the backend
+    checks the address (:meth:`ClusterBackend.attach`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -227,12 +230,14 @@ class ClusterSpec(BaseModel):
     name: Name
     nodes: int = Field(ge=0, le=1024, strict=True)
     slots: int = Field(1, ge=1, le=1024, strict=True)
-    backend: Backend = Field(Backend.LOCAL, description="`local` or `ray`.")
+    backend: str = Field("local", pattern=BACKEND_PATTERN,
+                         description="`local` (process slots on the service's host) or another "
+                                     "backend the service runs (`ray`).")
     address: str | None = Field(
-        None, max_length=255, pattern=RAY_ADDRESS_PATTERN,
-        validate_default=True,
-        description="ray only: the Ray cluster's GCS address (host:port), or `local` for a "
-                    "private head started by the service. Its token never goes here.")
+        None, pattern=ADDRESS_PATTERN,
+        description="Where an attached backend's machines are (ray: the Ray cluster's GCS "
+                    "address host:port, or `local` for a private head started by the service). "
+                    "Its token never goes here.")
     max_nodes: int | None = Field(
         None, ge=0, le=1024, strict=True,
         description="The most nodes a resize may set; jobs needing more are refused at submit.")
@@ -245,19 +250,6 @@ class ClusterSpec(BaseModel):
             raise ValueError(f"must be at least nodes ({nodes})")
         return v
 
-    @field_validator("address")
-    @classmethod
-    def _address_for_ray_only(cls, v: str | None, info: ValidationInfo) -> str | None:
-        backend = info.data.get("backend")
-        if backend is None:  # the backend itself was refused: that error says it all
-            return v
-        if backend.attached and not v:
-            raise ValueError(f"a {backend.value} cluster needs an address: HOST:PORT, or local")
-        if not backend.attached and v:
-            attached = " or ".join(b.value for b in Backend if b.attached)
-            raise ValueError(f"only a {attached} cluster has an address")
-        return v
-
 
 def _matches(pattern: str, value: str) -> bool:
     return re.fullmatch(pattern, value) is not None
@@ -265,7 +257,10 @@ def _matches(pattern: str, value: str) -> bool:
 
 _IO_NAME_RULE = "names must start with a letter and contain only letters, digits or '_'"
 # What a pattern mismatch means, by the field it is in; any other field holds a name.
-_PATTERN_RULES = {"inputs": _IO_NAME_RULE, "outputs": _IO_NAME_RULE, "job_id": JOB_ID_RULE}
+_PATTERN_RULES = {"inputs": _IO_NAME_RULE, "outputs": _IO_NAME_RULE, "job_id": JOB_ID_RULE,
+                  "backend": "a backend's name: lowercase letters, digits or '_' (local, ray)",
+                  "address": "HOST:PORT, or local: letters, digits, '.', '_', '-', ':' or "
+                             "brackets, at most 255"}
 
 
 def validation_errors(err: ValidationError,

@@ -1,0 +1,420 @@
+"""The Python client of the job service (httpx); the CLI is a thin shell over it.
+
+HTTP errors come back as the service's own exceptions (``NotFoundError`` for 404, ``SpecError``
+with the bad fields for 422, ...), so callers handle one error family whether they call the
+service in-process or over the network. Ids and names are checked against their patterns before
+a URL is built, and URL paths are built with escaping, so ``../clusters/victim`` never becomes
+another route.
+
+Two calls outlive a lost connection (a restarted server, a slow one): a submit is retried with
+the same idempotency key, so it never creates two jobs, and a followed log resumes from the last
+byte received. Between tries the client backs off (0.1 s doubling to 2 s) and, given a
+``locate`` function, finds the server again, which may listen on another port after a restart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from ringtrain.jobs.errors import (
+    AuthError,
+    ConflictError,
+    InvalidRequestError,
+    JobsError,
+    NotFoundError,
+    ServiceUnavailableError,
+    SpecError,
+    brief,
+)
+from ringtrain.jobs.files.extract import Extractor, TruncatedArchive
+from ringtrain.jobs.models import (
+    ClusterInfo,
+    ClusterSpec,
+    FileInfo,
+    JobInfo,
+    JobSpec,
+    JobState,
+)
+from ringtrain.jobs.models.deployment import DeploymentInfo
+from ringtrain.jobs.models.ids import check_job_id, check_name
+from ringtrain.jobs.models.paging import FilePage
+from ringtrain.jobs.models.schemas import API_PREFIX, Health
+
+_BY_STATUS: dict[int, type[JobsError]] = {
+    400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
+    503: ServiceUnavailableError,  # busy: a download waits and asks again
+}
+T = TypeVar("T")
+#: Finds the server again after a lost connection: its url and token.
+Locate = Callable[[], tuple[str, "str | None"]]
+
+
+class JobsClient:
+    """Calls one job server.
+
+    Args:
+        url: the server, e.g. ``http://127.0.0.1:8123``.
+        token: the bearer token, if the server requires one.
+        timeout_s: per-request timeout (streams wait without one).
+        locate: finds the server again after a lost connection (default: the same url).
+        reconnect_s: how long a submit or a followed log keeps trying to reach the server
+            without progress before it gives up.
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
+                 locate: Locate | None = None, reconnect_s: float = 60.0):
+        self._timeout_s = timeout_s
+        self._locate = locate
+        self.reconnect_s = reconnect_s
+        self._open(url, token)
+
+    def _open(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers,
+                                  timeout=self._timeout_s)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def reconnect(self) -> None:
+        """After a lost connection: talk to wherever the server is now (a restarted one may
+        listen on another port), if ``locate`` can tell; else nothing changes."""
+        if self._locate is None:
+            return
+        try:
+            url, token = self._locate()
+        except JobsError:  # not back yet: the next try fails, and backs off
+            return
+        if (url.rstrip("/"), token) != (self.url, self._token):
+            self._http.close()
+            self._open(url, token)
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """``call()``, tried again while the server cannot be reached (for ``reconnect_s``)."""
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            try:
+                return call()
+            except ServiceUnavailableError as e:
+                backoff.wait(e)
+            self.reconnect()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(
+                f"cannot reach the job service at {self.url}: {e}") from None
+        _raise_for(response)
+        return None if response.status_code == 204 else response.json()
+
+    # -- clusters ----------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        """Who serves. Raises ServiceUnavailableError if nobody does."""
+        return Health.model_validate(self._call("GET", "/health"))
+
+    def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
+        """Create a cluster (a private Ray cluster, ``address="local"``, starts its nodes
+        first: up to a few minutes on a loaded machine)."""
+        timeout = max(self._timeout_s, 300.0) if spec.address == "local" else self._timeout_s
+        return ClusterInfo.model_validate(self._call("POST", "/clusters", json=spec.model_dump(),
+                                                     timeout=timeout))
+
+    def list_clusters(self) -> list[ClusterInfo]:
+        """All clusters."""
+        return [ClusterInfo.model_validate(c) for c in self._call("GET", "/clusters")]
+
+    def get_cluster(self, name: str) -> ClusterInfo:
+        """One cluster."""
+        return ClusterInfo.model_validate(self._call("GET", _cluster_path(name)))
+
+    def resize_cluster(self, name: str, nodes: int | None = None,
+                       slots: int | None = None) -> ClusterInfo:
+        """Change a cluster's number of nodes and/or its slots per node."""
+        body = {k: v for k, v in (("nodes", nodes), ("slots", slots)) if v is not None}
+        return ClusterInfo.model_validate(self._call("PATCH", _cluster_path(name), json=body))
+
+    def delete_cluster(self, name: str) -> ClusterInfo:
+        """Delete a cluster (once its running jobs end)."""
+        return ClusterInfo.model_validate(self._call("DELETE", _cluster_path(name)))
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+        """Submit a job to a cluster, exactly once however often the connection fails.
+
+        Args:
+            cluster: the cluster.
+            spec: the job.
+            idempotency_key: names this submission (default: a new random key); every retry
+                sends it, so the server records one job whatever reached it.
+
+        Raises:
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+            ConflictError: the key was used before for another spec or cluster.
+        """
+        body = {"cluster": check_name(cluster),
+                "spec": spec.model_dump(mode="json", exclude_unset=True)}
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {"Idempotency-Key": key}
+        try:
+            return JobInfo.model_validate(self._retrying(
+                lambda: self._call("POST", "/jobs", json=body, headers=headers)))
+        except ServiceUnavailableError as e:
+            # A request may have reached the service, its answer lost: the job may exist.
+            raise ServiceUnavailableError(
+                f"{e}\nThe service may have created the job before the connection was lost. "
+                f"Its idempotency key is {key}: once the service answers, "
+                f"`ringtrain job list --idempotency-key {key}` shows it, and submitting again "
+                f"with `--idempotency-key {key}` never creates a second one.") from None
+
+    def find_job(self, idempotency_key: str) -> JobInfo | None:
+        """The job submitted with ``idempotency_key``, if the service created one."""
+        jobs = self._call("GET", "/jobs", params={"idempotency_key": idempotency_key})
+        return JobInfo.model_validate(jobs[0]) if jobs else None
+
+    def list_jobs(self, experiment: str | None = None, cluster: str | None = None,
+                  state: JobState | None = None) -> list[JobInfo]:
+        """Jobs in submission order."""
+        if experiment is not None:
+            check_name(experiment, "experiment")
+        if cluster is not None:
+            check_name(cluster)
+        params = {k: v for k, v in (("experiment", experiment), ("cluster", cluster),
+                                    ("state", state.value if state else None)) if v is not None}
+        return [JobInfo.model_validate(j) for j in self._call("GET", "/jobs", params=params)]
+
+    def get_job(self, job_id: str) -> JobInfo:
+        """One job."""
+        return JobInfo.model_validate(self._call("GET", _job_path(job_id)))
+
+    def terminate(self, job_id: str) -> JobInfo:
+        """Stop a job."""
+        return JobInfo.model_validate(self._call("POST", _job_path(job_id, "terminate")))
+
+    def delete_job(self, job_id: str) -> None:
+        """Forget a finished job and delete its folder."""
+        self._call("DELETE", _job_path(job_id))
+
+    def list_files(self, job_id: str, path: str = "") -> list[FileInfo]:
+        """Every file under a path of the job's folder (all pages; see :meth:`iter_files`)."""
+        return list(self.iter_files(job_id, path))
+
+    def iter_files(self, job_id: str, path: str = "", page_size: int | None = None
+                   ) -> Iterator[FileInfo]:
+        """The files under a path of the job's folder, sorted by path, a page fetched at a time
+        as the caller goes on.
+
+        Args:
+            job_id: the job.
+            path: a file or folder relative to the job's folder.
+            page_size: files per request (default: the server's).
+        """
+        params: dict[str, Any] = {"path": path}
+        if page_size is not None:
+            params["limit"] = page_size
+        while True:
+            page = FilePage.model_validate(
+                self._call("GET", _job_path(job_id, "files"), params=params))
+            yield from page.files
+            if page.next_cursor is None:
+                return
+            params["cursor"] = page.next_cursor
+
+    def download(self, job_id: str, path: str, dest: str | Path) -> list[Path]:
+        """Copy a file or folder of a job into the folder ``dest``, like ``cp -r PATH DEST/``.
+
+        The files come in one streamed archive (see :mod:`ringtrain.jobs.files.archive`); after a
+        lost connection the download goes on after the last file received whole.
+
+        Returns:
+            The local paths written (``outputs/model`` lands in ``DEST/model/``).
+
+        Raises:
+            InvalidRequestError: ``path`` ends in ``..`` (which folder it names, and so where it
+                would land, is not what it says), or the server sent a path outside ``path``.
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+        """
+        return list(self.iter_download(job_id, path, dest))
+
+    def iter_download(self, job_id: str, path: str, dest: str | Path) -> Iterator[Path]:
+        """:meth:`download`, yielding each local path once its file is written whole."""
+        if path.rstrip("/").split("/")[-1] == "..":
+            raise InvalidRequestError(f"path {brief(path)} ends in '..': name the folder itself "
+                                      "(e.g. outputs, or . for the whole job folder)")
+        extract = Extractor(Path(dest), path)
+        params: dict[str, Any] = {"path": path}
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            if extract.last is not None:
+                params["after"] = extract.last
+            try:
+                with self._stream("GET", _job_path(job_id, "archive"), params) as r:
+                    for written in extract.members(r.iter_raw()):
+                        backoff.reset()
+                        yield written
+                return
+            except (ServiceUnavailableError, httpx.TransportError, TruncatedArchive) as e:
+                backoff.wait(e)
+            self.reconnect()
+
+    def logs(self, job_id: str, rank: int = 0, stream: str = "stdout",
+             follow: bool = False) -> Iterator[bytes]:
+        """One rank's ``stdout``, ``stderr`` or ``output`` (both, as written), or node ``rank``'s
+        ``prep.stdout`` / ``prep.stderr``; with ``follow``, until it ends.
+
+        A followed log outlives the server: on a lost connection it reconnects and goes on
+        from the last byte received.
+
+        Raises:
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+        """
+        path = _job_path(job_id, "logs")
+        params: dict[str, Any] = {"rank": rank, "stream": stream, "follow": follow}
+        if not follow:
+            with self._stream("GET", path, params) as r:
+                yield from r.iter_raw()
+            return
+        offset = 0
+        backoff = _Backoff(self.reconnect_s)
+        while True:
+            try:
+                with self._stream("GET", path, {**params, "offset": offset}) as r:
+                    for chunk in r.iter_raw():
+                        offset += len(chunk)
+                        backoff.reset()
+                        yield chunk
+                # The stream ends with the job, or with a server that stopped serving it.
+                if self.get_job(job_id).state.is_terminal():
+                    return
+            except (ServiceUnavailableError, httpx.TransportError) as e:
+                backoff.wait(e)
+            self.reconnect()
+
+    # -- deployments -------------------------------------------------------------------------
+
+    def scalars(self, job_id: str, cursor: int = 0) -> dict[str, Any]:
+        """The training scalars a job logged: ``{"cursor", "series", "points", "truncated"}``,
+        ``points`` being ``[series index, step, wall_time, value]`` after ``cursor``."""
+        return self._retrying(lambda: self._call("GET", _job_path(job_id, "scalars"),
+                                                 params={"cursor": cursor}))
+
+    def dashboard_url(self) -> str:
+        """The dashboard's address with this client's token, to open in a browser (it sets a
+        cookie and drops the token from the address bar)."""
+        query = f"?token={quote(self._token, safe='')}" if self._token else ""
+        return f"{self.url}/dashboard{query}"
+
+    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
+        """Serve a succeeded job's saved model with ``replicas`` servers (a new deployment)."""
+        body: dict[str, Any] = {"replicas": replicas}
+        if cluster is not None:
+            body["cluster"] = check_name(cluster)
+        return DeploymentInfo.model_validate(
+            self._call("POST", _job_path(job_id, "deploy"), json=body))
+
+    def list_deployments(self) -> list[DeploymentInfo]:
+        """Every deployment, in creation order."""
+        return [DeploymentInfo.model_validate(d) for d in self._call("GET", "/deployments")]
+
+    def get_deployment(self, deployment_id: str) -> DeploymentInfo:
+        """One deployment: its state and the URLs of its replicas."""
+        return DeploymentInfo.model_validate(self._call("GET", _deployment_path(deployment_id)))
+
+    def stop_deployment(self, deployment_id: str) -> DeploymentInfo:
+        """Stop a deployment's servers (after the requests in flight)."""
+        return DeploymentInfo.model_validate(
+            self._call("POST", _deployment_path(deployment_id, "stop")))
+
+    def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
+        return _Stream(self._http, method, path, params, self.url)
+
+
+class _Stream:
+    """A streamed response whose errors are raised as the service's exceptions."""
+
+    def __init__(self, http: httpx.Client, method: str, path: str, params: dict[str, Any],
+                 url: str):
+        self._ctx = http.stream(method, path, params=params, timeout=httpx.Timeout(30, read=None))
+        self._url = url
+
+    def __enter__(self) -> httpx.Response:
+        try:
+            response = self._ctx.__enter__()
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(
+                f"cannot reach the job service at {self._url}: {e}") from None
+        if response.status_code >= 400:
+            response.read()
+            self._ctx.__exit__(None, None, None)
+            _raise_for(response)
+        return response
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._ctx.__exit__(exc_type, exc, tb)
+
+
+def _cluster_path(name: str) -> str:
+    return f"/clusters/{quote(check_name(name), safe='')}"
+
+
+def _job_path(job_id: str, *rest: str) -> str:
+    return "/".join([f"/jobs/{quote(check_job_id(job_id), safe='')}", *rest])
+
+
+def _deployment_path(deployment_id: str, *rest: str) -> str:
+    return "/".join([f"/deployments/{quote(check_job_id(deployment_id), safe='')}", *rest])
+class _Backoff:
+    """Waits between tries: 0.1 s doubling to 2 s, for at most ``limit_s`` without progress."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Progress was made: the next wait is short again, and the limit starts anew."""
+        self.deadline = time.monotonic() + self.limit_s
+        self.delay = 0.1
+
+    def wait(self, cause: Exception) -> None:
+        """Sleep before the next try; past the limit, raise instead.
+
+        Raises:
+            ServiceUnavailableError: the limit is reached (``cause`` says why).
+        """
+        if time.monotonic() + self.delay > self.deadline:
+            if isinstance(cause, ServiceUnavailableError):
+                raise cause
+            raise ServiceUnavailableError(f"lost the job service and could not reconnect "
+                                          f"within {self.limit_s:g} s: {cause}") from None
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, 2.0)
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text}
+    detail = body.get("detail") if isinstance(body, dict) else str(body)
+    if response.status_code == 422:
+        first = str(detail).splitlines()[0] if detail else "invalid request:"
+        source = first.removeprefix("invalid ").rstrip(":")
+        raise SpecError(body.get("errors") or [{"field": "(request)", "message": str(detail)}],
+                        source)
+    raise _BY_STATUS.get(response.status_code, JobsError)(str(detail))

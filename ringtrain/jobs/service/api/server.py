@@ -1,0 +1,172 @@
+"""Serving the job service: ``ringtrain server`` runs the API and the scheduler loop in one process.
+
+One server per home (an flock on ``server.lock``); its address, pid and token go to
+``server.json`` so the CLI finds it. Every request needs the home's token (or the one given with
+``--token``), and must name the server in its Host header
+(:mod:`ringtrain.jobs.service.api.auth`). Binding off loopback needs a token given explicitly, the
+one remote clients will be handed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import IO, TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+
+from ringtrain.errors import ConfigError
+from ringtrain.jobs.errors import ConflictError, RecordError
+from ringtrain.jobs.home import Home
+from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.service.api.auth import allowed_hosts, home_token, is_wildcard
+from ringtrain.web.exposure import bind_socket, check_bind, client_url
+
+if TYPE_CHECKING:
+    from ringtrain.jobs.service.deployments import Deployments
+    from ringtrain.jobs.service.job_service import JobService
+
+log = logging.getLogger(__name__)
+
+#: The server process's GIL switch interval (see where it is set).
+SWITCH_INTERVAL_S = 0.0005
+
+
+def check_job_service_bind(host: str, token: str | None, public_host: str | None = None) -> None:
+    """Refuse a non-loopback address without a token, and a wildcard one without a public name.
+
+    Raises:
+        ConfigError: ``host`` is reachable from other machines and ``token`` is empty, or it
+            binds every interface and ``public_host`` does not say which name clients use.
+    """
+    check_bind(host, token, "the job service", "it runs commands on this host")
+    if is_wildcard(host) and not public_host:
+        raise ConfigError(f"binding the job service to {host} answers on every address of this "
+                          "host: pass --public-host NAME, the host name clients put in their URL "
+                          "(requests naming another host are refused, against DNS rebinding)")
+
+
+def _lock(home: Home) -> IO[str]:
+    f = open(home.lock_file, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        try:
+            running = ServerInfo.read(home.server_file)
+        except RecordError:
+            running = None
+        where = "" if running is None else f" (pid {running.pid} at {running.url})"
+        raise ConflictError(f"a server already runs for {home.root}{where}; "
+                            "`ringtrain server stop` stops it") from None
+    return f
+
+
+def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+          public_host: str | None = None, options: Mapping[str, Any] | None = None) -> None:
+    """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
+
+    Args:
+        home: the service home (database, share, server.json).
+        host: the address to bind.
+        port: the port; 0 picks a free one.
+        token: the bearer token clients must send (required off loopback); by default the
+            home's own (:func:`ringtrain.jobs.service.api.auth.home_token`).
+        public_host: the name remote clients use in their URL (required for a wildcard host).
+        options: the backends' own flags of ``ringtrain server``, by ``dest``
+            (:func:`~ringtrain.jobs.service.executors.registry.add_server_options`).
+
+    Raises:
+        ConfigError: a non-loopback host without a token, or a wildcard one without a name.
+        ConflictError: another server already serves this home.
+        RecordError: the home's token file is unsafe or damaged.
+    """
+    # Imported here: `ringtrain server stop|status` and the job runner never load the web stack.
+    import uvicorn
+
+    from ringtrain.jobs.service.api.app import create_app
+    from ringtrain.jobs.service.deployments import Deployments
+
+    check_job_service_bind(host, token, public_host)
+    home.ensure()
+    token = token or home_token(home)
+    lock = _lock(home)
+    sock = bind_socket(host, port)
+    service = _job_service(home, options or {})
+    deployments = Deployments(service, fronts=True)
+    bound_port = sock.getsockname()[1]
+    app = create_app(service, token=token, home=str(home.root),
+                     lifespan=_lifespan(service, deployments),
+                     allowed_hosts=allowed_hosts(host, bound_port, public_host),
+                     deployments=deployments)
+    info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port), host=host,
+                      port=bound_port, token=token, home=str(home.root), started_at=time.time())
+    info.write(home.server_file)
+    log.info("ringtrain job service at %s (home %s)", info.url, home.root)
+    try:
+        # The event loop shares the GIL with the threads that walk folders and read logs: at
+        # Python's default 5 ms interval a health check waits several such slices (300 ms
+        # with a million-file download made in a thread, on 2 cores), at 0.5 ms a tenth.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        try:
+            current = ServerInfo.read(home.server_file)
+        except RecordError:
+            current = None  # not ours to remove
+        if current is not None and current.pid == os.getpid():
+            home.server_file.unlink(missing_ok=True)
+        service.store.close()
+        lock.close()
+
+
+def _job_service(home: Home, options: Mapping[str, Any]) -> JobService:
+    """The service of ``home``, with every backend of the registry."""
+    from ringtrain.jobs.service.executors.registry import BackendContext, create_backends
+    from ringtrain.jobs.service.job_service import JobService
+    from ringtrain.jobs.service.share import Share
+    from ringtrain.jobs.service.store import SQLiteStore
+
+    store = SQLiteStore(home.db_path)
+    share = Share(home.share_root)
+
+    def context(name: str) -> BackendContext:
+        return BackendContext(share, home.root / name,
+                              lambda cluster: store.get_cluster(cluster).address or "")
+
+    return JobService(store, share, create_backends(context, options))
+
+
+def _lifespan(service: JobService, deployments: Deployments
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The scheduler's and the fronts' threads, for as long as the app serves.
+
+    The first tick re-adopts the jobs of a previous server: live runners are watched on, dead
+    ones are settled from their status files (or failed / re-queued). The fronts' loop starts
+    the fronts of the deployments found again, on their recorded ports.
+    """
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        loop = threading.Thread(target=service.run_loop, args=(stop,), name="scheduler",
+                                daemon=True)
+        fronts = threading.Thread(target=deployments.run_fronts, args=(stop,), name="fronts",
+                                  daemon=True)
+        loop.start()
+        fronts.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            service.wake.set()
+            loop.join(timeout=10)
+            fronts.join(timeout=30)
+
+    return lifespan

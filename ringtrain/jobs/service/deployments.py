@@ -1,0 +1,167 @@
+"""Deployments: serve a succeeded job's saved model with replicas of ``ringtrain serve``.
+
+A deployment is a job (see :mod:`ringtrain.jobs.models.deployment`): the scheduler places its
+replicas on the cluster's nodes like any job's ranks, its logs are the ranks' logs, stopping it
+terminates the job, and a restarted service finds it again from its record and its runner, as it
+finds jobs. What this module adds is the spec of that job, the reading of its state and URLs,
+and, for a deployment of several replicas, its front
+(:mod:`ringtrain.jobs.service.deployment_fronts`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ringtrain.jobs import envvars
+from ringtrain.jobs.errors import InvalidRequestError, NotFoundError, RecordError
+from ringtrain.jobs.files.record_file import read_record
+from ringtrain.jobs.job_folder import OUTPUTS
+from ringtrain.jobs.models import FileInfo, JobInfo, JobSpec
+from ringtrain.jobs.models.deployment import (
+    ENDPOINT_FILE,
+    ENDPOINTS_OUTPUT,
+    MAX_REPLICAS,
+    DeploymentInfo,
+    deployment_state,
+    servable_model,
+)
+from ringtrain.jobs.service.deployment_fronts import Fronts, wants_front
+from ringtrain.jobs.service.job_service import JobService
+from ringtrain.record_fields import field, json_object
+
+#: Seconds a stopped replica lets requests in flight finish: within the scheduler's stop grace,
+#: so that a stop is a drain and not a kill.
+DRAIN_S = 3
+# `python` is the service's interpreter (the executor puts it first on PATH); each replica takes a
+# free loopback port and announces it in its endpoint file, named by its rank. `--token ''`: a
+# token in the service's own environment is the job service's, not one for model clients.
+SERVE_COMMAND = (
+    f'exec python -m ringtrain.cli serve "${envvars.input_var("model")}" --host 127.0.0.1 '
+    f"--port 0 --token '' --drain {DRAIN_S} --ready-file "
+    f'"${envvars.output_var(ENDPOINTS_OUTPUT)}/{ENDPOINT_FILE.format(rank="$HOROVOD_RANK")}"')
+
+
+class Deployments:
+    """Create, inspect and stop deployments through a :class:`JobService`.
+
+    Args:
+        service: the job service whose jobs the deployments are.
+        fronts: run a front (one URL, round robin over the healthy replicas) for each
+            deployment of several replicas; the server passes ``True``, an app called
+            in-process has none (:meth:`sync_fronts` then does nothing).
+    """
+
+    def __init__(self, service: JobService, fronts: bool = False):
+        self.service = service
+        self.fronts = Fronts(service.store, self._urls) if fronts else None
+
+    def sync_fronts(self) -> None:
+        """Start and stop fronts so that each live deployment of several replicas has one."""
+        if self.fronts is not None:
+            self.fronts.sync()
+
+    def run_fronts(self, stop: threading.Event) -> None:
+        """Keep the fronts in step with the deployments until ``stop`` is set, then stop them
+        all (the server runs this in a thread)."""
+        if self.fronts is not None:
+            self.fronts.run(stop)
+
+    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
+        """Serve the saved model of a succeeded job with ``replicas`` servers.
+
+        Args:
+            job_id: the job that trained the model; its outputs hold ``model.json`` and
+                ``model.pt`` (as :func:`ringtrain.models.saved.save_model` writes them).
+            replicas: servers to run, one per node of the cluster.
+            cluster: where they run (default: the job's own cluster).
+
+        Returns:
+            The new deployment, ``starting``.
+
+        Raises:
+            NotFoundError: no such job or cluster, or no saved model in the job's outputs.
+            ConflictError: the job has not succeeded.
+            InvalidRequestError: ``replicas`` is out of range, or the job is a deployment.
+            SpecError: the cluster has fewer nodes (``max_nodes``) than replicas.
+        """
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidRequestError(f"replicas must be 1..{MAX_REPLICAS} (got {replicas})")
+        source = self.service.get_job(job_id)
+        folder = servable_model(source, self._outputs(job_id))
+        base = (source.spec.name or "job")[:56]
+        spec = JobSpec(name=f"{base}-serve", experiment=source.spec.experiment,
+                       node_count=replicas, command=SERVE_COMMAND,
+                       inputs={"model": str(Path(source.job_dir) / folder)},
+                       outputs=[ENDPOINTS_OUTPUT])
+        job = self.service.submit(cluster or source.cluster, spec, serves=job_id)
+        self.sync_fronts()  # its URL is in the answer: the front waits for the replicas
+        return self._info(self.service.get_job(job.id))
+
+    def list(self) -> list[DeploymentInfo]:
+        """Every deployment the service knows, in creation order (stopped ones too)."""
+        return [self._info(j) for j in self.service.list_jobs() if j.serves is not None]
+
+    def get(self, deployment_id: str) -> DeploymentInfo:
+        """One deployment.
+
+        Raises:
+            NotFoundError: no job has that id, or that job is not a deployment.
+        """
+        job = self.service.get_job(deployment_id)
+        if job.serves is None:
+            raise NotFoundError(f"{deployment_id} is a job, not a deployment "
+                                "(see `ringtrain deployment list`)")
+        return self._info(job)
+
+    def stop(self, deployment_id: str) -> DeploymentInfo:
+        """Stop a deployment's servers; they finish the requests in flight first.
+
+        Raises:
+            NotFoundError: no such deployment.
+            ConflictError: it has stopped already.
+        """
+        self.get(deployment_id)
+        stopped = self.service.terminate(deployment_id)
+        self.sync_fronts()  # the front stops with it: its requests in flight finish first
+        return self._info(stopped)
+
+    def _outputs(self, job_id: str) -> Iterator[FileInfo]:
+        """The files under a job's ``outputs``, walked as they are read; none if it has none."""
+        try:
+            yield from self.service.files.iter_files(job_id, OUTPUTS)
+        except NotFoundError:  # a job without outputs
+            return
+
+    def _info(self, job: JobInfo) -> DeploymentInfo:
+        urls = [] if job.state.is_terminal() else self._urls(job)
+        state = deployment_state(job, len(urls))
+        front = self.fronts.url(job.id) if self.fronts is not None else None
+        if job.spec.node_count == 1:  # one replica needs no front: its own URL is the one
+            url = urls[0] if urls else None
+        else:
+            url = front if wants_front(job) else None
+        healthy = self.fronts.healthy(job.id) if self.fronts is not None else []
+        return DeploymentInfo(id=job.id, serves=job.serves or "", state=state,
+                              replicas=job.spec.node_count, urls=urls, url=url,
+                              healthy=healthy, model=job.spec.inputs.get("model", ""),
+                              message=job.message, job=job)
+
+    # builtins: inside the class ``list`` is the method above
+    def _urls(self, job: JobInfo) -> builtins.list[str]:
+        """The URLs the replicas announced so far, by replica (a file half-written or damaged
+        counts as not announced)."""
+        urls = []
+        for rank in range(job.spec.node_count):
+            relpath = f"{OUTPUTS}/{ENDPOINTS_OUTPUT}/{ENDPOINT_FILE.format(rank=rank)}"
+            try:  # the job writes this file: read as every record of a job's folder is
+                url = read_record(Path(job.job_dir), relpath, relpath,
+                                  lambda data: field(json_object(data), "url", str))
+            except RecordError:
+                continue
+            if url is not None and url.startswith("http"):
+                urls.append(url)
+        return urls
+

@@ -1,0 +1,159 @@
+"""One URL for a deployment's replicas: a small round-robin HTTP front with health checks.
+
+The job service runs one on its own port for each deployment of several replicas
+(:mod:`ringtrain.jobs.service.deployment_fronts`); ``ringtrain deployment front ID`` runs one
+in the foreground wherever the CLI runs. Each request goes to the next replica that answered its
+last health check (``GET /v2/health/ready``, every ``health_every_s``): one that fails a check is
+taken out, and put back when it passes one again. A replica that refuses a connection is marked down
+at once and the request goes to the next one (it never reached the first, so nothing runs twice).
+The replicas' URLs are read again every ``refresh_s``, so replicas that moved (a restarted
+deployment) are followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ringtrain.jobs.errors import JobsError
+
+log = logging.getLogger(__name__)
+
+HEALTH_PATH = "/v2/health/ready"
+#: Hop-by-hop headers (RFC 9110 7.6.1) and those the proxy sets itself.
+_DROPPED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+            "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+class Backends:
+    """The replicas' URLs, which of them are healthy, and whose turn is next (thread-safe)."""
+
+    def __init__(self, urls: Sequence[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._urls: list[str] = []
+        self._healthy: set[str] = set()
+        self._turn = 0
+        self.set_urls(urls)
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Replace the replicas (new ones count as healthy until a check says otherwise)."""
+        with self._lock:
+            new = [u.rstrip("/") for u in urls]
+            self._healthy = {u for u in new if u in self._healthy or u not in self._urls}
+            self._urls = new
+
+    def urls(self) -> list[str]:
+        """Every replica, healthy or not."""
+        with self._lock:
+            return list(self._urls)
+
+    def healthy_urls(self) -> list[str]:
+        """The replicas requests go to now, in their order."""
+        with self._lock:
+            return [u for u in self._urls if u in self._healthy]
+
+    def mark(self, url: str, healthy: bool) -> None:
+        """Record a health check's or a request's outcome for ``url``."""
+        with self._lock:
+            if healthy and url in self._urls:
+                self._healthy.add(url)
+            else:
+                self._healthy.discard(url)
+
+    def pick(self, exclude: set[str]) -> str | None:
+        """The next healthy replica not in ``exclude`` (``None``: there is none)."""
+        with self._lock:
+            for _ in range(len(self._urls)):
+                url = self._urls[self._turn % len(self._urls)]
+                self._turn += 1
+                if url in self._healthy and url not in exclude:
+                    return url
+            return None
+
+
+def create_front(backends: Backends, *, refresh: Callable[[], Sequence[str]] | None = None,
+                 health_every_s: float = 2.0, refresh_s: float = 5.0,
+                 timeout_s: float = 120.0) -> Starlette:
+    """The front's ASGI app.
+
+    Args:
+        backends: The replicas.
+        refresh: Returns the replicas' URLs now (called in a thread every ``refresh_s``);
+            ``None``: they do not change.
+        health_every_s: Seconds between two health checks of every replica.
+        refresh_s: Seconds between two calls of ``refresh``.
+        timeout_s: The most a request may take at a replica.
+    """
+    state: dict[str, httpx.AsyncClient] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            state["client"] = client
+            task = asyncio.create_task(_watch(backends, client, refresh, health_every_s,
+                                              refresh_s))
+            try:
+                yield
+            finally:
+                task.cancel()
+
+    async def proxy(request: Request) -> Response:
+        return await _proxy(request, backends, state["client"])
+
+    methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
+    return Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
+
+
+async def _watch(backends: Backends, client: httpx.AsyncClient,
+                 refresh: Callable[[], Sequence[str]] | None, health_every_s: float,
+                 refresh_s: float) -> None:
+    """Check every replica's health every ``health_every_s``, and read the replicas again
+    every ``refresh_s``, until cancelled."""
+    loop = asyncio.get_running_loop()
+    last_refresh = loop.time()
+    while True:
+        for url in backends.urls():
+            try:
+                ok = (await client.get(url + HEALTH_PATH, timeout=2.0)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            backends.mark(url, ok)
+        if refresh is not None and loop.time() - last_refresh >= refresh_s:
+            last_refresh = loop.time()
+            try:
+                backends.set_urls(await asyncio.to_thread(refresh))
+            except (JobsError, httpx.HTTPError, OSError) as e:  # the service is away: go on
+                log.warning("front: could not refresh the replicas: %s", e)
+        await asyncio.sleep(health_every_s)
+
+
+async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient) -> Response:
+    """Send ``request`` to the next healthy replica (the one after, if it refuses the
+    connection: it never got the request)."""
+    body = await request.body()
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
+    tried: set[str] = set()
+    while (url := backends.pick(tried)) is not None:
+        try:
+            answer = await client.request(request.method, url + request.url.path,
+                                          params=request.url.query, content=body, headers=headers)
+        except httpx.ConnectError:  # never reached it: safe to send to the next one
+            backends.mark(url, False)
+            tried.add(url)
+            continue
+        except httpx.HTTPError as e:
+            return JSONResponse({"error": f"replica {url} did not answer: {e!r}"}, 502)
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROPPED
+                and k.lower() != "content-encoding"}
+        return Response(answer.content, answer.status_code, kept)
+    return JSONResponse({"error": "no replica is healthy: see `ringtrain deployment show`"},
+                        503, {"Retry-After": "2"})

@@ -1,0 +1,6 @@
+"""Durable records of clusters, nodes and jobs: the Store protocol and its SQLite implementation."""
+
+from ringtrain.jobs.service.store.base import Store
+from ringtrain.jobs.service.store.sqlite import SQLiteStore
+
+__all__ = ["SQLiteStore", "Store"]

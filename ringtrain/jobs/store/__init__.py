@@ -1,6 +1,0 @@
-"""Durable records of clusters, nodes and jobs: the Store protocol and its SQLite implementation."""
-
-from ringtrain.jobs.store.base import Store
-from ringtrain.jobs.store.sqlite import SQLiteStore
-
-__all__ = ["SQLiteStore", "Store"]
