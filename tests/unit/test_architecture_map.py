@@ -1,6 +1,6 @@
-"""docs/architecture.md's layout block names every package and top-level module of ``ringtrain``,
-as ``test_layering`` holds the import rules: a map that leaves out a part of the code, or names
-one that is gone, fails here."""
+"""docs/architecture.md's layout block names every package and module of ``ringtrain``, and the
+rules under it speak of every layer ``test_layering`` enforces: a map that leaves out a part of
+the code, or names one that is gone, fails here."""
 
 from __future__ import annotations
 
@@ -42,3 +42,21 @@ def test_the_layout_names_every_top_level_module_and_nothing_that_is_gone() -> N
     packages = set(re.findall(r"^  ([a-z_]+)/", block, flags=re.M))
     real = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert packages == real, (sorted(packages - real), sorted(real - packages))
+
+
+def test_the_layout_names_every_module() -> None:
+    words = set(re.findall(r"[A-Za-z_]+", _layout_block()))
+    modules = [p for p in ROOT.rglob("*.py") if "shim" not in p.relative_to(ROOT).parts
+               and p.name not in ("__init__.py", "__main__.py")]
+    missing = sorted(str(p.relative_to(ROOT)) for p in modules if p.stem not in words)
+    assert not missing, f"docs/architecture.md's layout does not name: {missing}"
+
+
+def test_the_rules_speak_of_every_layer_the_layering_test_enforces() -> None:
+    from tests.unit.test_layering import ALLOWED
+
+    rules = MAP.read_text().split("\n## Layout\n", 1)[1].split("```\n", 2)[2]
+    rules = rules.split("\n## ", 1)[0]
+    packages = {unit.split(".")[0] for unit in ALLOWED} - {"leaf"}
+    unnamed = sorted(p for p in packages if f"`{p}/" not in rules and f"`{p}" not in rules)
+    assert not unnamed, f"docs/architecture.md's rules say nothing of: {unnamed}"
