@@ -75,6 +75,12 @@ class _SetComm:
     cross: Any  # the Gloo group of the hosts' leaders (hierarchical allreduce), or None
     leader: bool
 
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+        if self.cross is not None:
+            dist.destroy_process_group(self.cross)
+
 
 class HierarchicalBackend:
     """The :class:`~ringtrain.backends.base.CollectiveBackend` of CPU ranks that share hosts.
@@ -224,10 +230,7 @@ class HierarchicalBackend:
     def remove_set(self, ranks: tuple[int, ...]) -> None:
         comm = self._sets.pop(ranks, None)
         if comm is not None:
-            if comm.shm is not None:
-                comm.shm.close()
-            if comm.cross is not None:
-                dist.destroy_process_group(comm.cross)
+            comm.close()
         self._gloo.remove_set(ranks)
 
     def close(self) -> None:
@@ -238,11 +241,7 @@ class HierarchicalBackend:
             segment.close()
         self._raw.clear()
         for ranks in list(self._sets):
-            comm = self._sets.pop(ranks)
-            if comm.shm is not None:
-                comm.shm.close()
-            if comm.cross is not None:
-                dist.destroy_process_group(comm.cross)
+            self._sets.pop(ranks).close()
         self._gloo.close()
 
     # -- the control channel ---------------------------------------------------------------------
@@ -253,19 +252,9 @@ class HierarchicalBackend:
         _guarded(self._control, self._control.allreduce_, counts, ReduceOp.SUM)
 
     def control_allgather(self, obj: Any) -> list[Any]:
-        control = self._control
-        if control is None:
+        if self._control is None:
             return self._gloo.control_allgather(obj)
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        sizes = torch.empty(self.size, dtype=torch.int64)
-        _guarded(control, control.allgather, sizes, torch.tensor([data.numel()]))
-        longest = int(sizes.max())
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[:data.numel()] = data
-        gathered = torch.empty(self.size * longest, dtype=torch.uint8)
-        _guarded(control, control.allgather, gathered, padded)
-        return [pickle.loads(gathered[r * longest:r * longest + int(sizes[r])].numpy().tobytes())
-                for r in range(self.size)]
+        return _allgather_pickled(self._control, obj, self.size)
 
     # -- collectives -----------------------------------------------------------------------------
 
@@ -381,6 +370,21 @@ class HierarchicalBackend:
             return self._gloo.reducescatter(output, tensor, op, ranks)
         shm = local[1]
         _guarded(shm, shm.reducescatter, output, tensor, op)
+
+
+def _allgather_pickled(control: ShmGroup, obj: Any, size: int) -> list[Any]:
+    """Every rank's ``obj``, pickled through the control segment: the lengths first, then the
+    pickles padded to the longest."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = torch.empty(size, dtype=torch.int64)
+    _guarded(control, control.allgather, sizes, torch.tensor([data.numel()]))
+    longest = int(sizes.max())
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    gathered = torch.empty(size * longest, dtype=torch.uint8)
+    _guarded(control, control.allgather, gathered, padded)
+    return [pickle.loads(gathered[r * longest:r * longest + int(sizes[r])].numpy().tobytes())
+            for r in range(size)]
 
 
 def _guarded(shm: ShmGroup | None, call: Callable[..., None], *args: Any) -> None:

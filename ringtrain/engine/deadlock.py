@@ -1,21 +1,19 @@
 """Deadlock detection: operations that can never complete because every rank they wait for is
 itself blocked.
 
-A rank is *blocked* when each of its threads that submits operations waits, with no timeout, for
-an operation that has not completed (``synchronize``, a synchronous collective, ``join``). A
-blocked rank submits nothing until one of the operations it waits for completes. So an
-operation can still complete only if every member that has not submitted it yet may still do
-so: a rank that is not blocked (it computes, and may submit anything), or a blocked rank one of
-whose awaited operations can itself still complete. The ranks left over once that is settled
-(the greatest fixpoint) wait forever: their programs diverged (rank 0 waits in an allgather that
-rank 1 skipped, while rank 1 waits in the next collective). Horovod would print a stall warning
-every minute and wait; here every such operation fails, on every rank that submitted it, with
-:class:`~ringtrain.errors.DeadlockError` listing each blocked rank's pending operations.
+A *blocked* rank (see :mod:`ringtrain.engine.waits`) submits nothing until one of the operations it
+waits for completes. So an operation can still complete only if every member that has not submitted
+it yet may still do so: a rank that is not blocked (it computes, and may submit anything), or a
+blocked rank one of whose awaited operations can itself still complete. The ranks left over once
+that is settled (the greatest fixpoint) wait forever: their programs diverged (rank 0 waits in an
+allgather that rank 1 skipped, while rank 1 waits in the next collective). Horovod would print a
+stall warning every minute and wait; here every such operation fails, on every rank that submitted
+it, with :class:`~ringtrain.errors.DeadlockError` listing each blocked rank's pending operations.
 
 Pure: every rank runs :func:`find` on the same gathered metas and gets the same responses. Only
 ranks seen blocked in the same state in two consecutive negotiation rounds count as blocked (the
-engine's job), so a thread that leaves a wait between rounds (a timeout, a signal handler) is
-never taken for blocked; a rank waiting in ``join`` counts from the first round that sees it
+wait tracker's job), so a thread that leaves a wait between rounds (a timeout, a signal handler)
+is never taken for blocked; a rank waiting in ``join`` counts from the first round that sees it
 wait there (a joined rank submits nothing more), so that a join waiting for ranks found
 deadlocked fails with them even when it began waiting between those two rounds.
 """

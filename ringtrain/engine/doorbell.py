@@ -1,7 +1,7 @@
 """The doorbell: wakes every rank's engine for a round only when it can do something.
 
 A round is collective, so all ranks must enter it together and agree on what it does. Polling
-every cycle would make idle ranks burn the CPU that training needs; instead, round ``k`` starts
+for rounds would make idle ranks burn the CPU that training needs; instead, round ``k`` starts
 when a rank rings bell ``k`` (a key in the rendezvous store, which every engine waits on with a
 blocking read). The first ring of a round decides its bell and later rings find it taken, so
 every rank reads the same bell:
@@ -11,19 +11,43 @@ every rank reads the same bell:
 * a unit's tag (see :mod:`ringtrain.engine.readiness`): run exactly that unit of cached
   operations, known to be submitted on every member, with no negotiation at all. Only the last
   member to count a unit rings its tag.
+
+A rank rings the first round it has not started taking requests for (:class:`Rounds`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch.distributed as dist
 
+from ringtrain.errors import HorovodInternalError
+
 #: The bell of a negotiation round; every other bell names a unit.
 NEGOTIATE = b"g"
+
+_T = TypeVar("_T")
+
+
+def reach_store(call: Callable[..., _T], *args: object) -> _T:
+    """``call(*args)`` on the rendezvous store, whose loss means a peer (its host) died.
+
+    Raises:
+        HorovodInternalError: the store cannot be reached (or the shared-memory doorbell's own
+            error, which names the rank at fault).
+    """
+    try:
+        return call(*args)
+    except HorovodInternalError:
+        raise
+    except Exception as exc:
+        raise HorovodInternalError(
+            f"cannot reach the job's rendezvous store; another rank or the launcher has "
+            f"probably exited: {exc}") from exc
 
 
 class Doorbell(Protocol):
@@ -151,3 +175,53 @@ class LocalDoorbell:
 
     def unclaim(self, wake: bool) -> None:
         """Nothing to withdraw."""
+
+
+class Rounds:
+    """This rank's place in the sequence of rounds: the round it waits for or runs, the rounds
+    it rang, the bells it may release (rank 0 releases those every rank has read). Guarded by
+    the engine's lock, but :attr:`since` and :attr:`negotiating`, which the pending watch reads
+    as they come."""
+
+    def __init__(self, rank: int, doorbell: Doorbell):
+        self._rank = rank
+        self._doorbell = doorbell
+        self.current = 0  # the round this rank waits for or runs
+        self.drained = False  # ``current`` took this rank's requests: news rings the next
+        self.since: float | None = None  # when the round in progress started; None between
+        self.negotiating = False  # the round in progress is a negotiation
+        self._negotiation = -1  # the latest round found rung as a negotiation
+        self._forgotten = 0  # rounds before this one are released from the store
+
+    def ring(self, bell: bytes) -> None:
+        """Make sure a round with ``bell`` happens soon on every rank: the first round this rank
+        has not drained yet whose bell is free, or (for a negotiation) already a negotiation,
+        gets it. A negotiation ring for a round up to the latest negotiation found is answered
+        already."""
+        round_ = self.current + 1 if self.drained else self.current
+        if bell == NEGOTIATE and self._negotiation >= round_:
+            return
+        while reach_store(self._doorbell.ring, round_, bell) != bell:
+            round_ += 1  # taken by a unit, or (for a unit) by another unit or a negotiation
+        if bell == NEGOTIATE:
+            self._negotiation = round_
+
+    def start(self, now: float, bell: bytes) -> None:
+        """The round ``current`` starts, its bell read."""
+        self.since = now
+        self.negotiating = bell == NEGOTIATE
+
+    def finish(self) -> None:
+        """The round ``current`` is done: wait for the next one."""
+        self.since = None
+        self.negotiating = False
+        self.current += 1
+        self.drained = False
+
+    def forget(self) -> None:
+        """Release the bells of the rounds up to ``current``, which every rank has read (this
+        rank just completed a collective of all ranks in it)."""
+        if self._rank == 0:
+            for round_ in range(self._forgotten, self.current + 1):
+                self._doorbell.forget(round_)
+        self._forgotten = self.current + 1

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.errors import HorovodInternalError
 from ringtrain.proc_stat import is_alive, start_ticks
 
 _PROC = Path("/proc")
@@ -107,3 +108,11 @@ class Peers:
         if len(dead) == 1:
             return f"{names} died (its process is gone: it exited or was killed)"
         return f"{names} died (their processes are gone: they exited or were killed)"
+
+    def collective_failure(self, exc: BaseException) -> HorovodInternalError:
+        """The error that a collective failed with ``exc`` stops the engine with: naming the
+        rank that died, if one shows."""
+        dead = self.wait_for_dead()
+        cause = (f"because {self.failure_cause(dead)}" if dead else
+                 "most likely because another rank failed or exited")
+        return HorovodInternalError(f"a collective failed on rank {self._rank}, {cause}: {exc}")

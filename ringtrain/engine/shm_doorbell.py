@@ -31,7 +31,7 @@ every engine waits for a later round. Counter keys are never removed, so that wh
 here or in the store is the same for every rank: once the table is three-quarters full, keys it
 does not hold yet are counted in the fallback doorbell (the TCP store) instead.
 
-A caller that runs its own round (see :mod:`ringtrain.engine.engine`) claims it, and sleeps on
+A caller that runs its own round (see :mod:`ringtrain.engine.turn`) claims it, and sleeps on
 the callers' word. A ring whose bell is the unit every rank claimed for that round wakes only the
 callers: the engines, which would only wait for the callers to finish, sleep on (they see the
 round done at the next ring, or within their wait's timeout). Any other ring wakes both words.
@@ -159,52 +159,12 @@ class ShmDoorbell:
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
         self._table_lock = _TableLock(self)
         self._deferring = _DeferredWakes(self)
-        self._slots: dict[str, int] = {}  # counter keys found in the table (never moved)
+        self._entries: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
 
-    # -- the lock --------------------------------------------------------------------------------
-
     def _locked(self) -> _TableLock:
+        """The tables' lock (see :class:`_TableLock`)."""
         return self._table_lock
-
-    def _acquire(self) -> None:
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        start = time.monotonic()
-        nap = 1e-4
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                pass
-            except OSError as exc:  # pragma: no cover - EINTR is retried by Python itself
-                if exc.errno != errno.EINTR:
-                    raise
-            waited = time.monotonic() - start
-            if waited > _LOCK_TIMEOUT_S:
-                raise HorovodInternalError(self._lock_stuck(waited))
-            if waited < _LOCK_YIELD_S:
-                os.sched_yield()
-            else:
-                time.sleep(nap)
-                nap = min(nap * 2, 1e-3)
-
-    def _lock_stuck(self, waited: float) -> str:
-        holder = self._header[1] - 1
-        me = self._segment.members[self._me].rank
-        if holder < 0 or holder >= self._segment.n:
-            return (f"rank {me} could not take the shared-memory doorbell's lock within "
-                    f"{waited:.0f} s")
-        member = self._segment.members[holder]
-        state = ("alive but not running (stopped or frozen?)"
-                 if is_alive(member.pid, None if member.start_ticks < 0 else member.start_ticks)
-                 else "gone")
-        return (f"rank {member.rank} (pid {member.pid}) has held the shared-memory doorbell's "
-                f"lock for {waited:.0f} s while rank {me} waited for it: its process is {state}")
 
     # -- bells -----------------------------------------------------------------------------------
 
@@ -373,7 +333,7 @@ class ShmDoorbell:
 
     # -- counters --------------------------------------------------------------------------------
 
-    def _slot_locked(self, key: str, insert: bool) -> int | None:
+    def _entry_locked(self, key: str, insert: bool) -> int | None:
         """The table entry of ``key`` (inserting it when asked and there is room), or None."""
         digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
         d0 = int.from_bytes(digest[:8], "little") | 1  # never 0: 0 marks an empty entry
@@ -395,24 +355,24 @@ class ShmDoorbell:
 
     def count(self, key: str) -> int:
         with self._locked():
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slot_locked(key, insert=True)
-            if slot is not None:
-                self._slots[key] = slot
-                value = self._values[slot * _COUNTER_WORDS + 2] + 1
-                self._values[slot * _COUNTER_WORDS + 2] = value
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entry_locked(key, insert=True)
+            if entry is not None:
+                self._entries[key] = entry
+                value = self._values[entry * _COUNTER_WORDS + 2] + 1
+                self._values[entry * _COUNTER_WORDS + 2] = value
                 return value
         return self._fallback.count(key)
 
     def read(self, key: str) -> int:
         with self._locked():
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slot_locked(key, insert=False)
-            if slot is not None:
-                self._slots[key] = slot
-                return self._values[slot * _COUNTER_WORDS + 2]
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entry_locked(key, insert=False)
+            if entry is not None:
+                self._entries[key] = entry
+                return self._values[entry * _COUNTER_WORDS + 2]
             if self._header[2] < _COUNTERS_USED_MAX:
                 return 0  # the table had room all along: nobody counted it anywhere
         return self._fallback.read(key)
@@ -432,7 +392,7 @@ class _TableLock:
         bell = self._bell
         bell._thread_lock.acquire()
         try:
-            bell._acquire()
+            self._flock()
         except BaseException:
             bell._thread_lock.release()
             raise
@@ -445,6 +405,48 @@ class _TableLock:
             fcntl.flock(bell._fd, fcntl.LOCK_UN)
         finally:
             bell._thread_lock.release()
+
+    def _flock(self) -> None:
+        fd = self._bell._fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        start = time.monotonic()
+        nap = 1e-4
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # pragma: no cover - EINTR is retried by Python itself
+                if exc.errno != errno.EINTR:
+                    raise
+            waited = time.monotonic() - start
+            if waited > _LOCK_TIMEOUT_S:
+                raise HorovodInternalError(self._stuck(waited))
+            if waited < _LOCK_YIELD_S:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(nap * 2, 1e-3)
+
+    def _stuck(self, waited: float) -> str:
+        """Why the lock could not be taken: the holder named, and whether its process lives."""
+        segment = self._bell._segment
+        holder = self._bell._header[1] - 1
+        me = segment.members[self._bell._me].rank
+        if holder < 0 or holder >= segment.n:
+            return (f"rank {me} could not take the shared-memory doorbell's lock within "
+                    f"{waited:.0f} s")
+        member = segment.members[holder]
+        state = ("alive but not running (stopped or frozen?)"
+                 if is_alive(member.pid, None if member.start_ticks < 0 else member.start_ticks)
+                 else "gone")
+        return (f"rank {member.rank} (pid {member.pid}) has held the shared-memory doorbell's "
+                f"lock for {waited:.0f} s while rank {me} waited for it: its process is {state}")
 
 
 class _DeferredWakes:

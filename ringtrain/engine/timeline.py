@@ -2,7 +2,8 @@
 
 Each tensor name is one row (a trace "thread"); its phases are complete events: negotiation (from
 submission until every rank had it), then the operation with its fusion-buffer copies and the
-collective nested inside. Cycle markers are instant events on a row of their own.
+collective nested inside. Round markers are instant events on a row of their own (named
+``cycles``, and the events ``CYCLE_START``, as in Horovod, which calls rounds cycles).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 from typing import IO
 
-CYCLE_ROW = "cycles"
+ROUNDS_ROW = "cycles"
 
 
 class Timeline:
@@ -24,7 +25,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
         self._rows: dict[str, int] = {}
-        self._mark_cycles = False
+        self._mark_rounds = False
         self._first = True
 
     @property
@@ -32,10 +33,10 @@ class Timeline:
         return self._file is not None
 
     @property
-    def mark_cycles(self) -> bool:
-        return self._mark_cycles and self._file is not None
+    def mark_rounds(self) -> bool:
+        return self._mark_rounds and self._file is not None
 
-    def start(self, path: str, mark_cycles: bool = False) -> None:
+    def start(self, path: str, mark_rounds: bool = False) -> None:
         """Open ``path`` and record from now on (replacing a recording in progress)."""
         self.stop()
         directory = os.path.dirname(os.path.abspath(path))
@@ -45,7 +46,7 @@ class Timeline:
             self._file.write("[\n")
             self._first = True
             self._rows = {}
-            self._mark_cycles = mark_cycles
+            self._mark_rounds = mark_rounds
             self._emit({"name": "process_name", "ph": "M", "pid": self._rank,
                         "args": {"name": f"rank {self._rank}"}})
 

@@ -17,27 +17,35 @@ from ringtrain.op_types import OpType, ReduceOp
 WAIT_S = 5.0
 
 
-def submit(engine: Engine, name: str, tensor: torch.Tensor | Sequence[torch.Tensor] | None = None,
-           op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
-           root_rank: int = -1, ranks: tuple[int, ...] | None = None,
-           splits: Sequence[int] | None = None, synchronous: bool = False) -> Handle:
-    """Submit one operation on ``engine`` over ``ranks`` (the world by default), as the
-    frontend would; a list of tensors is a grouped operation. ``synchronous``: as
-    ``hvd.allreduce_`` submits, its caller waiting for the result at once."""
+def request(rank: int, ranks: tuple[int, ...], name: str,
+            tensor: torch.Tensor | Sequence[torch.Tensor] | None = None,
+            op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
+            root_rank: int = -1, splits: Sequence[int] | None = None) -> Request:
+    """Rank ``rank``'s request of one operation over ``ranks``, as the frontend makes it; a list
+    of tensors is a grouped operation."""
     grouped = isinstance(tensor, (list, tuple))
     given = list(tensor) if grouped else [] if tensor is None else [tensor]
     tensors = [t.clone() for t in given]
-    ranks = tuple(range(engine.size)) if ranks is None else ranks
-    meta = RequestMeta(name=name, op=op, rank=engine.rank, set_ranks=ranks,
+    meta = RequestMeta(name=name, op=op, rank=rank, set_ranks=ranks,
                        tensors=tuple(TensorMeta(tuple(t.shape), str(t.dtype), t.device.type)
                                      for t in tensors),
                        reduce_op=reduce_op if op in (OpType.ALLREDUCE, OpType.REDUCESCATTER)
                        else None,
                        root_rank=root_rank, splits=None if splits is None else tuple(splits))
-    handle = Handle(name)
-    engine.submit(Request(meta=meta, outputs=tensors, handle=handle, grouped=grouped),
-                  synchronous=synchronous)
-    return handle
+    return Request(meta=meta, outputs=tensors, handle=Handle(name), grouped=grouped)
+
+
+def submit(engine: Engine, name: str, tensor: torch.Tensor | Sequence[torch.Tensor] | None = None,
+           op: OpType = OpType.ALLREDUCE, reduce_op: ReduceOp | None = ReduceOp.SUM,
+           root_rank: int = -1, ranks: tuple[int, ...] | None = None,
+           splits: Sequence[int] | None = None, synchronous: bool = False) -> Handle:
+    """Submit one operation on ``engine`` over ``ranks`` (the world by default), as the
+    frontend would. ``synchronous``: as ``hvd.allreduce_`` submits, its caller waiting for the
+    result at once."""
+    ranks = tuple(range(engine.size)) if ranks is None else ranks
+    made = request(engine.rank, ranks, name, tensor, op, reduce_op, root_rank, splits)
+    engine.submit(made, synchronous=synchronous)
+    return made.handle
 
 
 def join(engine: Engine) -> Handle:
@@ -73,6 +81,18 @@ def errors(handles: list[Handle]) -> list[BaseException]:
             handle.wait(WAIT_S)
         out.append(info.value)
     return out
+
+
+def count_looks(engines: Sequence[Engine]) -> list[int]:
+    """How many times each engine's pending watch looks at its backlog from now on, by rank."""
+    looks = [0] * (max(e.rank for e in engines) + 1)
+    for engine in engines:
+        def counting(_look=engine._watch.look, _rank=engine.rank) -> bool:
+            looks[_rank] += 1
+            return _look()
+
+        engine._watch.look = counting  # type: ignore[method-assign]
+    return looks
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:

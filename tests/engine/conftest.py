@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ringtrain.engine import engine as engine_module
+from ringtrain.engine import watch
 from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.engine import Engine
 from tests.clock import FakeClock
@@ -35,7 +35,7 @@ def start_engines(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
     def start(size: int, probe_s: float = 3600.0, inline: bool = False,
               **knobs) -> tuple[ThreadWorld, list[Engine]]:
-        monkeypatch.setattr(engine_module, "_PROBE_S", probe_s)
+        monkeypatch.setattr(watch, "PROBE_S", probe_s)
         world = ThreadWorld(size)
         engines = [Engine(world.backend(rank), EngineConfig(**knobs), world.doorbell, clock=clock,
                           inline=inline)

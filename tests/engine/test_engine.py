@@ -13,11 +13,20 @@ import threading
 import pytest
 import torch
 
-from ringtrain.engine import engine as engine_module
+from ringtrain.engine import round_runner
 from ringtrain.engine.doorbell import NEGOTIATE
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
 from ringtrain.op_types import OpType, ReduceOp
-from tests.engine.calls import WAIT_S, errors, results, step, submit, sum_ones, wait_until
+from tests.engine.calls import (
+    WAIT_S,
+    count_looks,
+    errors,
+    results,
+    step,
+    submit,
+    sum_ones,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -135,7 +144,8 @@ def test_an_operation_a_peer_negotiated_before_this_rank_submitted_it_is_not_cou
     for i in range(3):
         first = [submit(engines[0], "burst.x", torch.full((1,), float(i))),
                  submit(engines[0], "burst.y", torch.full((1,), float(i)))]
-        wait_until(lambda: "burst.y" in engines[0]._pending and not engines[0]._queue,
+        backlog = engines[0]._backlog
+        wait_until(lambda: "burst.y" in backlog.pending and not backlog.queue,  # noqa: B023
                    "rank 0's negotiation round took its burst")
         x = submit(engines[1], "burst.x", torch.ones(1))
         assert results([first[0], x]) == [[i + 1.0]] * 2
@@ -163,31 +173,37 @@ def test_units_that_differ_between_ranks_keep_running_through_negotiation_rounds
 
 def test_the_watch_rings_no_round_for_requests_a_negotiation_in_progress_took(
         start_engines, clock):
-    # Rank 1's negotiation round is held inside its control collective while the requests it
-    # took grow old: the watches must leave them to it, not ring another round behind it (in
-    # which a rank could offer its peers' next submissions before they make them).
+    # Rank 1's negotiation round that took "held.y" is held inside its control collective while
+    # the requests grow old: the watches must leave them to it, not ring another round behind
+    # it (in which a rank could offer its peers' next submissions before they make them).
     world, engines = start_engines(2, probe_s=0.01)
     sum_ones(engines, ("held.x",))
     held, entered = threading.Event(), threading.Event()
     backend = world.backend(1)
+    at_hold: list[tuple[int, int]] = []  # rounds rung, negotiations completed
 
     def holding(counts, _original=backend.control_allreduce):
-        entered.set()
-        assert held.wait(WAIT_S), "the test never released the round"
+        # A round rung by rank 0's submission may start here before "held.y" is submitted to
+        # rank 1: that one runs on, and the next takes it.
+        if "held.y" in engines[1]._backlog.pending and not entered.is_set():
+            at_hold.append((len(world.doorbell.bells()), world.completed["control_allreduce"]))
+            entered.set()
+            assert held.wait(WAIT_S), "the test never released the round"
         return _original(counts)
 
     backend.control_allreduce = holding  # type: ignore[method-assign]
-    negotiations = world.completed["control_allreduce"]
-    rounds = len(world.doorbell.bells())
+    looks = count_looks(engines)
     handles = [submit(e, "held.y", torch.ones(1)) for e in engines]  # new: negotiated
     assert entered.wait(WAIT_S)
     clock.advance(1.0)  # the requests are old: a watch between rounds would ring now
-    wait_until(lambda: all(not e._queue and e._drained for e in engines),
+    wait_until(lambda: all(not e._backlog.queue and e._rounds.drained for e in engines),
                "both rounds took their requests")
-    threading.Event().wait(0.1)  # ten probes of the watches
+    seen = list(looks)
+    wait_until(lambda: all(n >= s + 10 for n, s in zip(looks, seen)), "ten looks of each watch")
     held.set()
     assert results(handles) == [[2.0], [2.0]]
-    assert len(world.doorbell.bells()) == rounds + 1
+    ((rounds, negotiations),) = at_hold
+    assert len(world.doorbell.bells()) == rounds  # no round rung behind the held one
     assert world.completed["control_allreduce"] == negotiations + 1
 
 
@@ -354,7 +370,7 @@ def test_a_round_stops_gathering_once_its_submitters_block_on_their_results(star
                                                                              monkeypatch):
     # A quiet period and a cycle far past the test's bound: only callers blocking on their
     # handles can end the gathering (a synchronous collective submits nothing more).
-    monkeypatch.setattr(engine_module, "_QUIET_S", 60.0)
+    monkeypatch.setattr(round_runner, "_QUIET_S", 60.0)
     _, engines = start_engines(2, cycle_time_ms=600_000)
     handles = [submit(e, "sync", torch.full((2,), e.rank + 1.0)) for e in engines]
     out: dict[int, list] = {}
@@ -365,4 +381,4 @@ def test_a_round_stops_gathering_once_its_submitters_block_on_their_results(star
     for waiter in waiters:
         waiter.join(WAIT_S + 1)
     assert out == {0: [[3.0, 3.0]], 1: [[3.0, 3.0]]}
-    monkeypatch.setattr(engine_module, "_QUIET_S", 0.0002)  # shutdown rounds gather as usual
+    monkeypatch.setattr(round_runner, "_QUIET_S", 0.0002)  # shutdown rounds gather as usual

@@ -122,7 +122,7 @@ def test_a_negotiation_rung_for_the_claimed_round_gives_it_back_to_the_engine(st
     caller = threading.Thread(target=lambda: waiting.append(_sync(engines[0], "lone", 5.0)),
                               name="caller-0", daemon=True)
     caller.start()
-    wait_until(lambda: engines[0]._turn.locked(), "rank 0's caller holds the turn")
+    wait_until(lambda: engines[0]._turn.lock.locked(), "rank 0's caller holds the turn")
     # Rank 1 submits a name the cache does not know: its negotiation takes the round rank 0's
     # caller waits for, and rank 0's engine must run it (and the lone operation after it).
     other = [submit(engines[1], "other", torch.ones(1)), submit(engines[0], "other", torch.ones(1))]

@@ -43,3 +43,19 @@ def test_peers_on_other_machines_or_with_another_start_are_told_apart():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_failed_collective_names_the_dead_peer_or_says_a_rank_most_likely_failed():
+    proc, peer = _child()
+    try:
+        peers = Peers(0, [PeerProcess.this("h"), peer])
+        proc.kill()
+        error = peers.collective_failure(RuntimeError("connection reset"))
+        assert str(error) == (f"a collective failed on rank 0, because rank 1 (host h, pid "
+                              f"{proc.pid}) died (its process is gone: it exited or was "
+                              "killed): connection reset")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert str(Peers(1, []).collective_failure(RuntimeError("reset"))) == (
+        "a collective failed on rank 1, most likely because another rank failed or exited: reset")

@@ -1,0 +1,118 @@
+"""Wait tracking: whether this rank is *blocked*, for deadlock detection.
+
+A rank is blocked when some thread waits with no timeout for one of its pending operations, and
+every live thread that has submitted operations on it waits too (autograd's gradient hooks do not
+count: they submit on behalf of a thread inside ``backward()``). Its *wait state*, carried in
+every negotiation round's control vector, is 0, or for a blocked rank a counter that every
+submission and every start or end of a wait changes: a rank with the same non-zero state in two
+consecutive rounds has been blocked all along (see :mod:`ringtrain.engine.deadlock`).
+
+Not thread-safe: the engine calls it under its backlog's lock. Threads are arguments (the calling
+one by default), so that a test needs none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ringtrain.engine.handle import Handle
+from ringtrain.engine.request import Request
+
+#: A rank blocked in the same wait since the previous round asks for a deadlock check at least
+#: this often, even when the members it waits for do not all look blocked.
+DEADLOCK_CHECK_S = 5.0
+
+
+class WaitTracker:
+    """Which threads of this rank submit and which wait for what; this rank's wait state.
+    ``enabled`` off (``--no-stall-check``), the rank is never blocked, so that nobody waiting for
+    it is taken for deadlocked; ``clock`` paces deadlock checks."""
+
+    def __init__(self, rank: int, enabled: bool, clock: Callable[[], float]):
+        self._rank = rank
+        self._enabled = enabled
+        self._clock = clock
+        self._waiters: dict[int, int] = {}  # thread id -> its waits with no timeout
+        self._awaited: dict[Handle, int] = {}  # handle -> waits with no timeout on it
+        self._submitters: dict[int | None, threading.Thread] = {}  # thread id -> thread
+        self._for_autograd = threading.local()
+        self._changes = 0  # bumped by every submission and every start or end of a wait
+        self._previous: list[int] | None = None  # every rank's state in the previous round
+        self._last_check = float("-inf")
+
+    @contextlib.contextmanager
+    def submitting_for_autograd(self) -> Iterator[None]:
+        """This thread's submissions in the block are autograd's hooks': they do not make it a
+        thread whose waits decide whether the rank is blocked."""
+        previous = getattr(self._for_autograd, "active", False)
+        self._for_autograd.active = True
+        try:
+            yield
+        finally:
+            self._for_autograd.active = previous
+
+    def submitted(self, thread: threading.Thread | None = None) -> None:
+        """``thread`` submitted an operation."""
+        self._changes += 1
+        if not getattr(self._for_autograd, "active", False):
+            thread = thread or threading.current_thread()
+            self._submitters[thread.ident] = thread
+
+    def began(self, handle: Handle, ident: int | None = None) -> None:
+        """Thread ``ident`` starts waiting for ``handle`` with no timeout."""
+        ident = threading.get_ident() if ident is None else ident
+        self._waiters[ident] = self._waiters.get(ident, 0) + 1
+        self._awaited[handle] = self._awaited.get(handle, 0) + 1
+        self._changes += 1
+
+    def ended(self, handle: Handle, ident: int | None = None) -> None:
+        """That wait of thread ``ident`` ended."""
+        ident = threading.get_ident() if ident is None else ident
+        tables: tuple[tuple[dict[Any, int], Any], ...] = (  # Any: threads' ids, or handles
+            (self._waiters, ident), (self._awaited, handle))
+        for table, key in tables:
+            left = table.get(key, 0) - 1
+            if left > 0:
+                table[key] = left
+            else:
+                table.pop(key, None)
+        self._changes += 1
+
+    def state(self, pending: Mapping[str, Request]) -> tuple[int, set[str]]:
+        """This rank's wait state, and the names of the ``pending`` requests its threads wait
+        for. Forgets submitters that have ended."""
+        awaited = {r.name for r in pending.values() if r.handle in self._awaited}
+        if not awaited or not self._enabled:
+            return 0, awaited
+        for ident, thread in list(self._submitters.items()):
+            if not thread.is_alive():
+                del self._submitters[ident]
+            elif ident not in self._waiters:
+                return 0, awaited
+        return (self._changes & 0x3FFFFFFF) + 1, awaited  # never 0
+
+    def wants_check(self, state: int, awaited: set[str], pending: Mapping[str, Request]) -> bool:
+        """Whether this rank asks this round for a deadlock check: it is blocked in the same
+        wait as in the previous round, and every member of a set it waits on was blocked then
+        too (or it has not asked for :data:`DEADLOCK_CHECK_S`)."""
+        previous = self._previous
+        if not state or previous is None or previous[self._rank] != state:
+            return False
+        now = self._clock()
+        members = [pending[name].meta.set_ranks for name in awaited]
+        if (any(all(previous[m] for m in ranks) for ranks in members)
+                or now - self._last_check >= DEADLOCK_CHECK_S):
+            self._last_check = now
+            return True
+        return False
+
+    def blocked(self, states: list[int]) -> list[int]:
+        """Record every rank's wait state in this round; the ranks blocked in the same wait in
+        the previous round (they cannot have submitted anything in between)."""
+        previous, self._previous = self._previous, states
+        if previous is None:
+            return []
+        return [r for r, s in enumerate(states) if s and previous[r] == s]
