@@ -275,6 +275,20 @@ def remote_environ(environ: Mapping[str, str]) -> dict[str, str]:
             if _SHELL_NAME.fullmatch(k) and not _HOST_SPECIFIC.fullmatch(k)}
 
 
+#: The launchers a worker recognises, looked for in this order, by their variables: the rank
+#: and the world size (``both``: recognised only when both are set), then the local rank and size
+#: and the cross rank and size, as far as the launcher sets them.
+_LAUNCHERS: tuple[tuple[str, bool, str, str, tuple[str, ...]], ...] = (
+    ("ringtrain", False, "HOROVOD_RANK", "HOROVOD_SIZE",
+     ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")),
+    ("torchrun", True, "RANK", "WORLD_SIZE", ("LOCAL_RANK", "LOCAL_WORLD_SIZE")),
+    ("mpirun", False, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")),
+    ("mpirun", False, "PMI_RANK", "PMI_SIZE", ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")),
+    ("slurm", True, "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
+)
+
+
 def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     """Parse this process's place in the job from the environment of whichever launcher started it.
 
@@ -289,34 +303,15 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     hostname = environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     common: dict[str, Any] = dict(knobs=knobs, start_timeout_s=start_timeout, hostname=hostname)
 
-    if "HOROVOD_RANK" in environ:
-        rank, size = r.int("HOROVOD_RANK"), r.int("HOROVOD_SIZE")
-        launcher = "ringtrain"
-        local = (r.opt_int("HOROVOD_LOCAL_RANK"), r.opt_int("HOROVOD_LOCAL_SIZE"))
-        cross = (r.opt_int("HOROVOD_CROSS_RANK"), r.opt_int("HOROVOD_CROSS_SIZE"))
-    elif "RANK" in environ and "WORLD_SIZE" in environ:
-        rank, size = r.int("RANK"), r.int("WORLD_SIZE")
-        launcher = "torchrun"
-        local = (r.opt_int("LOCAL_RANK"), r.opt_int("LOCAL_WORLD_SIZE"))
-        cross = (None, None)
-    elif "OMPI_COMM_WORLD_RANK" in environ:
-        rank, size = r.int("OMPI_COMM_WORLD_RANK"), r.int("OMPI_COMM_WORLD_SIZE")
-        launcher = "mpirun"
-        local = (r.opt_int("OMPI_COMM_WORLD_LOCAL_RANK"), r.opt_int("OMPI_COMM_WORLD_LOCAL_SIZE"))
-        cross = (None, None)
-    elif "PMI_RANK" in environ:
-        rank, size = r.int("PMI_RANK"), r.int("PMI_SIZE")
-        launcher = "mpirun"
-        local = (r.opt_int("MPI_LOCALRANKID"), r.opt_int("MPI_LOCALNRANKS"))
-        cross = (None, None)
-    elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
-        rank, size = r.int("SLURM_PROCID"), r.int("SLURM_NTASKS")
-        launcher = "slurm"
-        local = (r.opt_int("SLURM_LOCALID"), None)
-        cross = (None, None)
-    else:
+    found = next((t for t in _LAUNCHERS if t[2] in environ and (not t[1] or t[3] in environ)), None)
+    if found is None:
         return WorkerEnv(rank=0, size=1, launcher="none", local_rank=0, local_size=1,
                          cross_rank=0, cross_size=1, **common)
+    launcher, _, rank_var, size_var, place_vars = found
+    rank, size = r.int(rank_var), r.int(size_var)
+    # What the launcher does not set stays None: init() derives it from the ranks' hostnames.
+    place: dict[str, Any] = dict(zip(("local_rank", "local_size", "cross_rank", "cross_size"),
+                                     map(r.opt_int, place_vars)))
 
     if not 0 <= rank < size:
         raise ConfigError(f"{launcher} says rank {rank} of world size {size}: the rank must lie in "
@@ -331,15 +326,13 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
             "MASTER_ADDR (the host of rank 0) and MASTER_PORT to every rank, or launch with "
             "`ringtrain run`")
     return WorkerEnv(
-        rank=rank, size=size, launcher=launcher,
-        local_rank=local[0], local_size=local[1], cross_rank=cross[0], cross_size=cross[1],
-        master_addr=master_addr,
+        rank=rank, size=size, launcher=launcher, master_addr=master_addr,
         master_port=r.int("MASTER_PORT", DEFAULT_MASTER_PORT),
         launcher_store=r.bool(LAUNCHER_STORE, False)
         or r.bool("TORCHELASTIC_USE_AGENT_STORE", False),
         run_id=environ.get(RUN_ID) or environ.get("TORCHELASTIC_RUN_ID") or "default",
         elastic=_elastic_worker(r) if launcher == "ringtrain" else None,
-        **common,
+        **place, **common,
     )
 
 

@@ -20,7 +20,6 @@ the same report, every figure with its 95 % interval, from the step profiler its
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 import shutil
@@ -249,7 +248,7 @@ def _doctor(args: argparse.Namespace, argv: list[str], started: float) -> int:
     import ringtrain.torch as hvd
     from ringtrain.data.image_folder import ImageFolder
     from ringtrain.data.tuning import cores_per_rank
-    from ringtrain.doctor.budget import Budget, sample_size
+    from ringtrain.doctor.budget import Budget
     from ringtrain.doctor.progress import Progress
     from ringtrain.doctor.trials import Workload
 
@@ -271,19 +270,7 @@ def _doctor(args: argparse.Namespace, argv: list[str], started: float) -> int:
                   file=sys.stderr)
         hvd.shutdown()
         return 2
-    check = args.check
-    images = len(folder)
-    if not check.full:  # the same random images on every rank (a fixed seed)
-        n = sample_size(images, warmup=check.warmup, steps=check.steps,
-                        batch_size=args.batch_size, ranks=hvd.size())
-        sample = sorted(random.Random(0).sample(range(images), n)) if n < images else None
-    else:
-        sample = None
-    check_report = {"mode": "full" if check.full else "quick", "budget_s": check.budget_s,
-                    "max_steps": check.steps, "warmup": check.warmup,
-                    "images": images if sample is None else len(sample), "of_images": images,
-                    "not_tried": [],
-                    "full_command": None if check.full else full_command(argv, hvd.size())}
+    sample, check_report = _check_images(args, argv, len(folder), hvd.size())
     if hvd.rank() == 0:
         print(f"ringtrain doctor: {_check_note(check_report)}", file=sys.stderr, flush=True)
     model = build_model(args.model, len(classes)).to(device)
@@ -297,21 +284,35 @@ def _doctor(args: argparse.Namespace, argv: list[str], started: float) -> int:
     work = Workload(model, optimizer, device, args.batch_size, args.size, args.steps,
                     args.warmup, args.folder, cores, args.packed, len(classes), args.bf16,
                     sample)
-    baseline_workers = args.workers if args.workers is not None else max(1, cores - 1)
-    pack_size = round(args.size / 0.875)
-
     results: list = []
-    progress = Progress(hvd.rank() == 0)
     stop = signal.signal(signal.SIGTERM, _interrupt)  # `ringtrain run` stops ranks so
     try:
-        return _trials(args, work, baseline_workers, pack_size, results, progress, device,
-                       Budget(check.budget_s, started), check_report)
+        return _trials(args, work, results, Progress(hvd.rank() == 0),
+                       Budget(args.check.budget_s, started), check_report)
     except KeyboardInterrupt:
         if hvd.rank() == 0:
             _report_interrupted(args, results, device)
         return 130
     finally:
         signal.signal(signal.SIGTERM, stop)
+
+
+def _check_images(args: argparse.Namespace, argv: list[str], images: int,
+                  ranks: int) -> tuple[list[int] | None, dict]:
+    """The indices of the images the check reads (``None``: every one), and what the report
+    says of the check."""
+    from ringtrain.doctor.budget import sample_size
+
+    check, sample = args.check, None
+    if not check.full:  # the same random images on every rank (a fixed seed)
+        n = sample_size(images, warmup=check.warmup, steps=check.steps,
+                        batch_size=args.batch_size, ranks=ranks)
+        sample = sorted(random.Random(0).sample(range(images), n)) if n < images else None
+    return sample, {"mode": "full" if check.full else "quick", "budget_s": check.budget_s,
+                    "max_steps": check.steps, "warmup": check.warmup,
+                    "images": images if sample is None else len(sample), "of_images": images,
+                    "not_tried": [],
+                    "full_command": None if check.full else full_command(argv, ranks)}
 
 
 def _interrupt(_signum, _frame) -> None:
@@ -333,16 +334,16 @@ def _report_interrupted(args: argparse.Namespace, results: list, device) -> None
     print(report.as_text(results, [], context), flush=True)
 
 
-def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: int,
-            results: list, progress, device, budget, check: dict) -> int:
+def _trials(args: argparse.Namespace, work, results: list, progress, budget,
+            check: dict) -> int:
+    """Run the trials (each result appended to ``results``), then report on rank 0."""
     import ringtrain.torch as hvd
-    from ringtrain.data.tuning import worker_budget
-    from ringtrain.doctor import report
-    from ringtrain.doctor.advice import Measurements, TrialSpec, advise
+    from ringtrain.doctor.advice import TrialSpec
     from ringtrain.doctor.budget import fits, trial_steps
     from ringtrain.doctor.trials import run_trial
 
-    cuda, cores = device.type == "cuda", work.cores
+    baseline_workers = args.workers if args.workers is not None else max(1, work.cores - 1)
+    pack_size = round(args.size / 0.875)
 
     def plan(trials_left: int):
         """The measured steps of a trial with ``trials_left`` trials to go (itself included)."""
@@ -355,7 +356,7 @@ def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: in
 
     # The fixes are not known before the advice: the first trials leave time for as many as
     # it may try (a packed copy and ringtrain's decoder; GPU decoding too with CUDA).
-    fixes = 0 if args.no_try else (3 if cuda else 2)
+    fixes = 0 if args.no_try else (3 if work.device.type == "cuda" else 2)
     synthetic = run_trial(TrialSpec("synthetic", "synthetic"), work, progress, plan(3 + fixes))
     results.append(synthetic)
     baseline = run_trial(TrialSpec("torchvision", "torchvision", baseline_workers), work,
@@ -369,18 +370,7 @@ def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: in
     noise = max(abs(synthetic.images_per_second - again.images_per_second)
                 / max(synthetic.images_per_second, again.images_per_second),
                 synthetic.noise, again.noise, baseline.noise)
-    # Every rank measures decoding at once (so cores are as busy as in training); rank 0
-    # advises, and every rank gets its advice, so that all run the same trials.
-    costs = hvd.allgather_object(_decode_costs(args.folder, args.packed, args.size, pack_size))
-    advice = None
-    if hvd.rank() == 0:
-        measurements = Measurements(
-            args.batch_size, cores, worker_budget(cores, cpu_training=not cuda),
-            baseline_workers, cuda, synthetic.breakdown_ms, baseline.breakdown_ms,
-            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size,
-            noise)
-        advice = advise(measurements)
-    advice = hvd.broadcast_object(advice, root_rank=0)
+    advice = _advise(args, work, synthetic, baseline, noise, baseline_workers, pack_size)
     tries = [a.trial for a in ([] if args.no_try else advice) if a.trial is not None]
     for i, trial in enumerate(tries):
         # A fix takes its warm-up and at least MIN_STEPS steps of about the baseline's length:
@@ -395,29 +385,54 @@ def _trials(args: argparse.Namespace, work, baseline_workers: int, pack_size: in
                                    else f"packed-{pack_size}-sample")
             work.packed = _pack(args.folder, out, pack_size, work.sample)
         results.append(run_trial(trial, work, progress, plan(len(tries) - i)))
+    _report(args, work, results, advice, baseline, noise, check)
+    hvd.shutdown()
+    return 0
+
+
+def _advise(args: argparse.Namespace, work, synthetic, baseline, noise: float,
+            baseline_workers: int, pack_size: int) -> list:
+    """Rank 0's advice from the first trials and every rank's decoding costs, on every rank."""
+    import ringtrain.torch as hvd
+    from ringtrain.data.tuning import worker_budget
+    from ringtrain.doctor.advice import Measurements, advise
+
+    cuda = work.device.type == "cuda"
+    # Every rank measures decoding at once (so cores are as busy as in training); rank 0
+    # advises, and every rank gets its advice, so that all run the same trials.
+    costs = hvd.allgather_object(_decode_costs(args.folder, args.packed, args.size, pack_size))
+    advice = None
+    if hvd.rank() == 0:
+        advice = advise(Measurements(
+            args.batch_size, work.cores, worker_budget(work.cores, cpu_training=not cuda),
+            baseline_workers, cuda, synthetic.breakdown_ms, baseline.breakdown_ms,
+            {k: sum(c[k] for c in costs) / len(costs) for k in costs[0]}, pack_size, noise))
+    return hvd.broadcast_object(advice, root_rank=0)
+
+
+def _report(args: argparse.Namespace, work, results: list, advice: list, baseline,
+            noise: float, check: dict) -> None:
+    """How much of the gap each trial closed, then the report and its chart from rank 0."""
+    import ringtrain.torch as hvd
+    from ringtrain.doctor import report
+
     ceiling = max((r for r in results if r.data == "synthetic"),
                   key=lambda r: r.images_per_second)
     for r in results:
         if r.data != "synthetic":
             r.gap_closed = report.gap_closed(r, baseline, ceiling)
-    if hvd.rank() == 0:
-        more = ("measure longer (--steps)" if check["mode"] == "full" else
-                f"run the full check ({check['full_command']})")
-        title = (f"{args.model} on {args.folder}, {hvd.size()} rank(s), batch "
-                 f"{args.batch_size} per rank, {args.size} px, {device}")
-        context = {"title": title, "model": args.model, "folder": str(args.folder),
-                   "ranks": hvd.size(), "ceiling": ceiling.name, "baseline": baseline.name,
-                   "noise": noise, "verdict": report.verdict(baseline, ceiling, noise, more),
-                   "batch_size": args.batch_size, "size": args.size, "device": str(device),
-                   "cores_per_rank": cores, "check": check}
-        chart = args.work_dir / "breakdown.png"
-        report.write_chart(results, chart)
-        if args.output == "json":
-            print(json.dumps({**report.as_json(results, advice, context), "chart": str(chart)}))
-        else:
-            print(report.as_text(results, advice, context) + f"\n\nchart: {chart}")
-    hvd.shutdown()
-    return 0
+    if hvd.rank() != 0:
+        return
+    more = ("measure longer (--steps)" if check["mode"] == "full" else
+            f"run the full check ({check['full_command']})")
+    title = (f"{args.model} on {args.folder}, {hvd.size()} rank(s), batch "
+             f"{args.batch_size} per rank, {args.size} px, {work.device}")
+    context = {"title": title, "model": args.model, "folder": str(args.folder),
+               "ranks": hvd.size(), "ceiling": ceiling.name, "baseline": baseline.name,
+               "noise": noise, "verdict": report.verdict(baseline, ceiling, noise, more),
+               "batch_size": args.batch_size, "size": args.size, "device": str(work.device),
+               "cores_per_rank": work.cores, "check": check}
+    print(report.render(results, advice, context, args.work_dir, args.output))
 
 
 def _check_note(check: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ringtrain.doctor.advice import THRESHOLD, Advice
@@ -154,6 +155,17 @@ def check_text(check: dict, results: list[TrialResult]) -> list[str]:
             f"{check['max_steps']}): {steps}{skipped}",
             f"for the full check (every image, more steps, no time bound; minutes on a CPU): "
             f"{check['full_command']}"]
+
+
+def render(results: list[TrialResult], advice: list[Advice], context: dict, work_dir: Path,
+           output: str, unit: str = "img/s") -> str:
+    """The report as ``output`` (``text`` or ``json``) asks, naming its chart, which this writes
+    to ``work_dir/breakdown.png``."""
+    chart = work_dir / "breakdown.png"
+    write_chart(results, chart, unit)
+    if output == "json":
+        return json.dumps({**as_json(results, advice, context), "chart": str(chart)})
+    return as_text(results, advice, context) + f"\n\nchart: {chart}"
 
 
 def write_chart(results: list[TrialResult], path: Path, unit: str = "img/s") -> None:

@@ -11,7 +11,6 @@ every step into ``steps.rank<N>.jsonl`` files in the run's folder;
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -201,10 +200,5 @@ def _report(args: argparse.Namespace, command: list[str],
                "noise_from": (f"{repeats} runs of each trial" if repeats > 1 else
                               f"{len(real.rates)} windows of consecutive steps in its one run"),
                "verdict": report.verdict(real, synthetic, noise) if synthetic else None}
-    chart = args.work_dir / "breakdown.png"
-    report.write_chart(results, chart, unit)
-    if args.output == "json":
-        print(json.dumps({**report.as_json(results, advice, context), "chart": str(chart)}))
-    else:
-        print(report.as_text(results, advice, context) + f"\n\nchart: {chart}")
+    print(report.render(results, advice, context, args.work_dir, args.output, unit))
     return 0

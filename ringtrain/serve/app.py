@@ -37,13 +37,14 @@ from ringtrain.serve.metrics import ServeMetrics
 from ringtrain.serve.predictor import InputError, Predictor
 from ringtrain.serve.problems import (
     HTTPProblem,
+    check_model,
+    check_token,
     error_json,
     problem_of,
     validation_message,
 )
 from ringtrain.serve.schemas import ErrorBody, ModelMetadata, TensorSpec
 from ringtrain.web.body_limit import BodyLimit
-from ringtrain.web.exposure import bearer_matches
 from ringtrain.web.offline_docs import add_offline_docs
 from ringtrain.web.request_timing import RequestTiming
 
@@ -105,29 +106,35 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    _add_error_handlers(app, config.timeout_s)
 
+    def token(request: Request) -> None:  # every route's, /metrics' too
+        check_token(config, request.headers.get("authorization", ""))
+
+    for router in (_status_routes(predictor, config, batcher, metrics),
+                   _image_route(predictor, config, batcher, admission)):
+        app.include_router(router, dependencies=[Depends(token)],
+                           responses={c: {"model": ErrorBody} for c in _ERROR_CODES})
+    return app
+
+
+def _add_error_handlers(app: FastAPI, timeout_s: float) -> None:
     @app.exception_handler(HTTPProblem)
     @app.exception_handler(InputError)
     @app.exception_handler(QueueFullError)
     @app.exception_handler(ClosedError)
     async def _problem(_r: Request, e: Exception) -> Response:
-        return _error(problem_of(e, config.timeout_s))
+        return _error(problem_of(e, timeout_s))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError) -> Response:
         return _error(HTTPProblem(400, validation_message(e.errors())))
 
-    def check_token(request: Request) -> None:
-        if config.token and not bearer_matches(request.headers.get("authorization", ""),
-                                               config.token):
-            raise HTTPProblem(401, "this server requires `Authorization: Bearer <token>`")
 
-    def check_model(name: str) -> None:
-        if name != config.model_name:
-            raise HTTPProblem(404, f"no model {name!r}; this server serves {config.model_name!r}")
-
-    r = APIRouter(dependencies=[Depends(check_token)],
-                  responses={c: {"model": ErrorBody} for c in _ERROR_CODES})
+def _status_routes(predictor: Predictor, config: ServeConfig, batcher: DynamicBatcher,
+                   metrics: ServeMetrics) -> APIRouter:
+    """Health, the server's and the model's metadata and readiness, and ``/metrics``."""
+    r = APIRouter()
 
     @r.get("/v2/health/live")
     def live() -> dict[str, bool]:
@@ -145,7 +152,7 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
 
     @r.get("/v2/models/{name}")
     def model_metadata(name: str) -> ModelMetadata:
-        check_model(name)
+        check_model(config, name)
         return ModelMetadata(
             name=name, versions=["1"],
             platform="keras" if predictor.info.arch == "keras" else "pytorch",
@@ -156,8 +163,20 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
 
     @r.get("/v2/models/{name}/ready")
     def model_ready(name: str) -> JSONResponse:
-        check_model(name)
+        check_model(config, name)
         return ready()
+
+    @r.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return r
+
+
+def _image_route(predictor: Predictor, config: ServeConfig, batcher: DynamicBatcher,
+                 admission: Admission) -> APIRouter:
+    """``POST /v2/models/{name}/image``: one image file in, classes or boxes out."""
+    r = APIRouter()
 
     @r.post("/v2/models/{name}/image", openapi_extra={"requestBody": {"required": True, "content": {
         "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
@@ -168,7 +187,7 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
         """An image file as the body (``curl --data-binary @photo.jpg -H 'Content-Type:
         image/jpeg'``): the ``top_k`` classes, or the boxes scoring at least ``min_score``."""
         started = time.perf_counter()
-        check_model(name)
+        check_model(config, name)
         kind = request.headers.get("content-type", "")
         if not kind.startswith(_IMAGE_TYPES):
             raise HTTPProblem(415, f"Content-Type {kind or '(none)'} is not an image: send the "
@@ -189,9 +208,4 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
             answer = {"width": int(item.shape[-1]), "height": int(item.shape[-2]), **answer}
         return {"model_name": name, **answer}
 
-    @r.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    app.include_router(r)
-    return app
+    return r

@@ -31,6 +31,8 @@ from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import InputError, Predictor
 from ringtrain.serve.problems import (
     HTTPProblem,
+    check_model,
+    check_token,
     error_json,
     problem_of,
     validation_message,
@@ -45,7 +47,6 @@ from ringtrain.serve.tensors import (
     split_body,
     wants_binary_output,
 )
-from ringtrain.web.exposure import bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,8 @@ class InferRoute:
     async def _answer(self, scope: Scope, receive: Receive, name: str, started: float
                       ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         head = dict(scope["headers"])
-        token = self.config.token
-        if token and not bearer_matches(head.get(b"authorization", b"").decode("latin-1"), token):
-            raise HTTPProblem(401, "this server requires `Authorization: Bearer <token>`")
-        if name != self.config.model_name:
-            raise HTTPProblem(404, f"no model {name!r}; this server serves "
-                                   f"{self.config.model_name!r}")
+        check_token(self.config, head.get(b"authorization", b"").decode("latin-1"))
+        check_model(self.config, name)
         # A place before the body is read, its decoding memory before it is decoded.
         with self.admission.place() as ticket:
             with self.batcher.incoming():  # a batch forming now waits for these inputs

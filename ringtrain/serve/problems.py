@@ -13,7 +13,9 @@ from typing import Any
 
 from ringtrain.errors import RingtrainError
 from ringtrain.serve.batching import ClosedError, QueueFullError
+from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import InputError
+from ringtrain.web.exposure import bearer_matches
 
 #: Seconds a client refused with 503 is told to wait.
 RETRY_AFTER_S = "1"
@@ -44,6 +46,18 @@ def validation_message(errors: Iterable[Mapping[str, Any]]) -> str:
     problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
                          for err in list(errors)[:10])
     return f"invalid request: {problems}"
+
+
+def check_token(config: ServeConfig, authorization: str) -> None:
+    """401 unless the ``Authorization`` header carries the server's token (if it has one)."""
+    if config.token and not bearer_matches(authorization, config.token):
+        raise HTTPProblem(401, "this server requires `Authorization: Bearer <token>`")
+
+
+def check_model(config: ServeConfig, name: str) -> None:
+    """404 unless ``name`` is the model this server serves."""
+    if name != config.model_name:
+        raise HTTPProblem(404, f"no model {name!r}; this server serves {config.model_name!r}")
 
 
 def problem_of(error: Exception, timeout_s: float) -> HTTPProblem:
