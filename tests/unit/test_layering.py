@@ -60,6 +60,8 @@ UNITS: dict[str, tuple[str, ...]] = {
     "jobs.service.monitor": ("ringtrain.jobs.service.monitor",),
     "jobs.service": ("ringtrain.jobs.service",),
     "jobs.service.api": ("ringtrain.jobs.service.api",),
+    # object storage: URLs, the node cache, transfers; below the job service and the server
+    "storage": ("ringtrain.storage",),
     "data": ("ringtrain.data",),
     "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
@@ -93,19 +95,21 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # what the dashboard reads from jobs' folders and processes: below the service it serves
     "jobs.service.monitor": ("jobs", "jobs.files", "jobs.errors", "leaf"),
     "jobs.service": ("jobs.service.store", "jobs.service.monitor", "jobs", "jobs.files",
-                     "jobs.errors", "web", "leaf"),
+                     "jobs.errors", "storage", "web", "leaf"),
     "jobs.service.api": ("jobs.service", "jobs.service.store", "jobs.service.monitor", "jobs",
-                         "jobs.files", "jobs.errors", "web", "leaf"),
+                         "jobs.files", "jobs.errors", "storage", "web", "leaf"),
     # `ringtrain server` runs the service; every other command goes through the client
     "jobs.cli": ("jobs.client", "jobs.service.api", "jobs.service", "jobs", "jobs.files",
-                 "jobs.errors", "leaf"),
+                 "jobs.errors", "storage", "leaf"),
     "data": ("torch", "models", "leaf"),
     "doctor": ("data", "torch", "models", "contract", "leaf"),
     "models": ("leaf",),
+    "storage": ("leaf",),
     "web": ("leaf",),
-    "serve": ("models", "web", "leaf"),
+    "serve": ("models", "storage", "web", "leaf"),
     # `ringtrain serve JOB_ID` asks the job service for the job's model; the server never does.
-    "serve.cli": ("serve", "jobs.client", "jobs", "jobs.errors", "models", "web", "leaf"),
+    "serve.cli": ("serve", "jobs.client", "jobs", "jobs.errors", "models", "storage", "web",
+                  "leaf"),
     "cli": ("leaf",),
 }
 
@@ -119,7 +123,7 @@ FRONTENDS = ("torch", "keras", "compat", "data", "doctor")
 #: Third-party packages a unit must never import, at any depth.
 FORBIDDEN_PACKAGES: dict[str, tuple[str, ...]] = {
     unit: ("torch",) for unit in (*(u for u in UNITS if u == "jobs" or u.startswith("jobs.")),
-                                  "web")
+                                  "storage", "web")
 }
 
 
