@@ -1,9 +1,8 @@
 """The collective backend protocol: what the engine needs from a communication library.
 
-Every method is a blocking collective over the members of one process set (given by their global
-ranks), called from the engine's background thread in the same order on every member.
-Reductions are the plain ones (Sum, Min, Max, Product); averaging, scaling and Adasum are the
-engine's business.
+Every method is a blocking collective over the members of one process set (their global ranks),
+called in the same order on every member. Reductions are the plain ones (Sum, Min, Max,
+Product); averaging, scaling and Adasum are the engine's business.
 """
 
 from __future__ import annotations
@@ -36,11 +35,8 @@ class CollectiveBackend(Protocol):
 
     def start_allreduce(self, tensor: torch.Tensor, op: ReduceOp,
                         ranks: tuple[int, ...]) -> Callable[[], None]:
-        """Start reducing a contiguous tensor in place over the set; returns the wait.
-
-        The engine starts several before waiting on the first, so that copying the next fusion
-        buffer overlaps the transfer of the previous one.
-        """
+        """Start reducing a contiguous tensor in place over the set; returns the wait (the
+        engine starts several before waiting on the first)."""
 
     def allreduces_in_place(self, ranks: tuple[int, ...], device: str) -> bool:
         """Whether :meth:`start_allreduce_list` reduces several tensors of the set on ``device``

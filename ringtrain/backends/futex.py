@@ -54,21 +54,10 @@ def _futex():
     return _CALL
 
 
-def available() -> bool:
-    """Whether waits sleep in the kernel (rather than in naps)."""
-    return _futex() is not None
-
-
 def wait(address: int, expected: int, timeout_s: float) -> None:
-    """Sleep until the 32-bit word at ``address`` is woken or no longer ``expected``, or for
-    ``timeout_s`` at most. May return early (a signal, a wake-up meant for another value):
-    callers check their condition again.
-
-    Args:
-        address: the word's address, inside a shared mapping that stays mapped meanwhile.
-        expected: the value the caller last read there (unsigned 32 bits).
-        timeout_s: the longest sleep.
-    """
+    """Sleep until the 32-bit word at ``address`` (in a shared mapping that stays mapped
+    meanwhile) is woken or no longer ``expected`` (unsigned), or for ``timeout_s`` at most. May
+    return early (a signal, a wake-up meant for another value): callers check again."""
     futex = _futex()
     if futex is None:
         time.sleep(min(max(timeout_s, 0.0), _NAP_S))

@@ -1,16 +1,10 @@
 """Shared memory within a host, Gloo across hosts: the CPU backend when ranks share a machine.
 
-For each process set, the members on one host (the same host name on the same running kernel)
-share a segment (see :mod:`ringtrain.backends.shm`). A set that lies on one host runs every
-collective through it. A set spread over hosts allreduces hierarchically, as Horovod's
-``HOROVOD_HIERARCHICAL_ALLREDUCE``: within each host through shared memory, across hosts between
-one leader per host (the lowest rank there) on Gloo, then from each leader to its host; it
-allgathers hierarchically too (within each host, then between the leaders, then from each leader
-to its host); its other collectives, and every CUDA tensor, go through the wrapped
-:class:`TorchDistributedBackend` as before.
-
-Segments are named after the launch and a token drawn at construction, and unlinked as soon as
-every member has mapped them (see :mod:`ringtrain.shm_names`).
+For each process set, the members on one host share a segment (see
+:mod:`ringtrain.backends.shm`); a set on one host runs every collective through it. A set spread
+over hosts allreduces and allgathers hierarchically (within each host, between one leader per
+host on Gloo, then from each leader to its host; docs/shared_memory.md); its other collectives,
+and every CUDA tensor, go through the wrapped :class:`TorchDistributedBackend`.
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from ringtrain.backends.shm_segment import (
     MIN_SLOT_BYTES,
     Member,
     Segment,
+    align,
     check_space,
     choose_slot_bytes,
     free_bytes,
@@ -90,15 +85,12 @@ class HierarchicalBackend:
 
     Args:
         gloo: the torch.distributed backend (control channel, cross-host traffic, CUDA).
-        places: every rank's place, by rank.
         run_id: the launch's id (segments are named after it, for the launcher's sweep).
         hierarchical: allreduce sets that span hosts hierarchically (otherwise flat on Gloo).
         slot_bytes: bytes per member per buffer of each data segment (a multiple of 64);
-            default: chosen per segment from its member count and the space free in
-            ``directory`` on the host (see ``shm_segment.choose_slot_bytes``).
+            default: ``shm_segment.choose_slot_bytes``.
         timeout_s: how long a collective waits for a live peer before failing.
         setup_timeout_s: how long a rank waits for its host's first rank to create a segment.
-        directory: where segments are created.
 
     Raises:
         SharedMemorySpaceError: ``directory`` cannot hold this rank's world segment.
@@ -160,7 +152,7 @@ class HierarchicalBackend:
         """
         if not self.one_host:
             raise ValueError("a world segment needs every rank on this host")
-        slot_bytes = _align(-(-data_bytes // (2 * self.size)))
+        slot_bytes = align(-(-data_bytes // (2 * self.size)))
         check_space(self._directory, segment_bytes(self.size, slot_bytes))
         segment = self._map_segment(tuple(range(self.size)), key, slot_bytes, keep_fd=True)
         self._raw.append(segment)
@@ -400,8 +392,3 @@ def _guarded(shm: ShmGroup | None, call: Callable[..., None], *args: Any) -> Non
 
 def _done() -> None:
     pass
-
-
-def _align(nbytes: int) -> int:
-    """``nbytes`` rounded up to a multiple of 64 (a slot's size)."""
-    return (nbytes + 63) // 64 * 64

@@ -1,34 +1,14 @@
 """Collectives among the ranks of one host through a shared-memory segment.
 
 Every operation goes in steps of at most one slot per member (see
-:mod:`ringtrain.backends.shm_segment`), so a segment of a few MiB carries tensors of any size.
-An allreduce step is a reduce-scatter then an all-gather through the segment:
-
-1. each member copies its chunk into its slot, all but the piece it reduces itself;
-2. each member reduces its own piece: its own data with the others' slots (fp16 and bf16 in
-   fp32), in place, and leaves the result in its slot;
-3. each member copies the other members' reduced pieces out of their slots.
-
-So every byte is copied in once and out once, each member reduces 1/n of the data, and the copies
-and reductions are torch's own kernels (multithreaded where the calling thread allows it).
-
-An allreduce of several tensors (the engine's fused batch) runs the same steps over their
-concatenation without ever forming it: each step's chunk is copied straight from the tensors into
-the member's slot, the member's own piece reduced where it lies in the tensors (one
-``torch._foreach_*`` call; fp16, bf16 and bool are copied in and reduced in the slot instead),
-and the others' pieces copied straight out of their owners' slots into the tensors
-(``torch.cat`` and ``torch.split_with_sizes_copy``, one call per slot), so no fusion buffer and no
-copies into and out of one are needed.
-
-A small allreduce (up to :data:`ONE_STEP_BYTES`, or more among few members: see
-:func:`_one_step`) instead takes one wait: each member copies its whole tensor into its slot,
-waits for everyone, and reduces all the slots into its tensor itself, in member order (so every
-member gets the same bits). Each member then reduces everything, but for a few KiB that costs
-less than a second wait for the slowest member.
+:mod:`ringtrain.backends.shm_segment`), so a segment of a few MiB carries tensors of any size. An
+allreduce step is a reduce-scatter then an all-gather through the segment; a fused batch runs
+the same steps over its tensors' concatenation without forming it; a small allreduce (see
+:func:`_one_step`) takes a single wait. Each is described in docs/shared_memory.md.
 
 No member leaves a collective before every member has entered it (an empty tensor still takes a
 step, a broadcast's root waits for the others to arrive): the engine counts on a collective of
-all ranks meaning that all have read the round's bell (see ``Engine._forget_rounds``).
+all ranks meaning that all have read the round's bell (see ``Rounds.forget``).
 """
 
 from __future__ import annotations

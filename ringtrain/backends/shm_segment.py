@@ -9,24 +9,10 @@ Layout (every part aligned to a 64-byte cache line)::
     data     two buffers (so one step's writes never wait for the previous step's readers)
              of n slots of ``slot_bytes`` each; member i alone writes slot i
 
-Each member alone writes its own flag line ("one writer per slot"), and only ever raises its
-sequence number: a step of a collective publishes ``3 * step + phase`` and waits until the others'
-numbers reach the same value. Aligned 8-byte stores are atomic on the CPUs torch runs on, and x86
-keeps stores in order, so data written before a sequence number is visible to whoever reads that
-number.
-
-A waiting member spins briefly, yields its core a little, then sleeps on a futex (see
-:mod:`ringtrain.backends.futex`): the low 32 bits of the sequence number of a member it waits
-for. It first says so in its own flag line; a publish wakes the futex only when some member says
-it sleeps on the publisher (a wake-up is a system call, and most waits end while spinning). A
-sleeper that reads the old number after the publisher read its flag as unset still cannot miss
-the publish: the kernel compares the number with the one it read before it sleeps, and the
-publisher's store reached memory long before (and its sleep is bounded by the liveness check).
-On a machine with as many ranks as cores the peer it waits for needs that core, and a sleeper is
-woken at once. While it waits it checks, a
-few times a second, that the members it waits for are alive and have not given up, so a rank
-killed in the middle of a collective fails the others' operations within a fraction of a second,
-naming it.
+Each member alone writes its own flag line and only raises its sequence number (``3 * step +
+phase``); aligned 8-byte stores are atomic and x86 keeps them in order, so data written before a
+number is visible to whoever reads that number. How a waiter spins, yields, then sleeps on a
+futex without missing a publish, and how it notices a dead peer: docs/shared_memory.md.
 """
 
 from __future__ import annotations
@@ -94,11 +80,12 @@ def _splits_offset(n: int) -> int:
 
 
 def _data_offset(n: int) -> int:
-    return _align(_splits_offset(n) + 2 * n * n * 8)
+    return align(_splits_offset(n) + 2 * n * n * 8)
 
 
-def _align(x: int) -> int:
-    return (x + _LINE - 1) // _LINE * _LINE
+def align(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole 64-byte cache lines."""
+    return (nbytes + _LINE - 1) // _LINE * _LINE
 
 
 class Segment:
@@ -141,7 +128,6 @@ class Segment:
         self._typed: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         self._elements: dict[torch.dtype, int] = {}
         self.step = int(self._seq[me]) // 3  # the next step (0 in a fresh segment)
-        self.attached = False
         self.fd: int | None = None  # an open descriptor of the file, when asked to keep one
 
     # -- setting up -----------------------------------------------------------------------------
@@ -182,7 +168,6 @@ class Segment:
         finally:
             os.close(fd)
         segment = cls(path, buf, members, 0, slot_bytes, timeout_s)
-        segment.attached = True
         segment.fd = kept
         return segment
 
@@ -229,7 +214,6 @@ class Segment:
                 os.close(kept)
             raise SharedMemoryError(f"shared-memory segment {path} has a foreign header")
         segment.fd = kept
-        segment.attached = True
         return segment
 
     def mark_attached(self) -> None:
@@ -359,7 +343,7 @@ class Segment:
             late = next((j for j in among if words[_LINE_WORDS * j + _SEQ] < target), None)
             if late is None:
                 return
-            words[self._my_line + _SLEEPS_ON] = late + 1  # before reading: see the docstring
+            words[self._my_line + _SLEEPS_ON] = late + 1  # before reading: see shared_memory.md
             try:
                 seen = words[_LINE_WORDS * late + _SEQ] & 0xFFFFFFFF
                 if ready():
@@ -405,10 +389,8 @@ class Segment:
 #: A data segment's slots (both buffers, every member) take at most this much of ``/dev/shm``,
 #: and at most a quarter of what is free there.
 SEGMENT_BUDGET_BYTES = 64 << 20
-#: Slots are a power of two between these sizes. Which step suits a host depends on its caches:
-#: where the cores share one, 1 MiB steps that stay in it are fastest; where they do not, large
-#: ones are (a peer's writes reach memory before they are read). Each segment times both (see
-#: ShmGroup.choose_step); benchmarks/RESULTS.md has the figures.
+#: Slots are a power of two between these sizes. Which step suits a host depends on its caches,
+#: so each segment times both (ShmGroup.choose_step; why: docs/shared_memory.md).
 MIN_SLOT_BYTES = 1 << 20
 MAX_SLOT_BYTES = 16 << 20
 

@@ -121,13 +121,8 @@ class TorchDistributedBackend:
 
 
 def start_allreduce_on(group: Any, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], None]:
-    """Start reducing ``tensor`` in place over a torch.distributed group; returns the wait.
-
-    Args:
-        group: the process group (every member calls this in the same order).
-        tensor: a contiguous tensor of any dtype the engine supports.
-        op: a plain reduction.
-    """
+    """Start reducing contiguous ``tensor`` (any dtype the engine supports) in place over a
+    torch.distributed group (every member calls this in the same order); returns the wait."""
     wire = _widen(tensor)
     if tensor.dtype is torch.bool:
         op = _BOOL_OPS[op]

@@ -2,10 +2,9 @@
 that decide how the next submission rings.
 
 A request is *queued* once submitted (a unit's once counted), *pending* from the round that takes
-it until a response runs or fails it, and its name is *in flight* all along. Callers, the thread
-running a round and the pending watch share the backlog: :attr:`Backlog.lock` guards it and the
-engine's other shared state (rounds, wait tracker). Every method expects it held but
-:meth:`Backlog.fail`.
+it until a response runs or fails it, and its name is *in flight* all along. :attr:`Backlog.lock`
+guards it and the engine's other shared state (docs/engine.md, "The engine's parts"); every
+method expects it held but :meth:`Backlog.fail`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Deadlock detection: operations that can never complete because every rank they wait for is
-itself blocked.
+itself blocked (docs/engine.md, "Deadlocks").
 
-A *blocked* rank (see :mod:`ringtrain.engine.waits`) submits nothing until one of the operations it
-waits for completes. So an operation can still complete only if every member that has not submitted
-it yet may still do so: a rank that is not blocked (it computes, and may submit anything), or a
-blocked rank one of whose awaited operations can itself still complete. The ranks left over once
-that is settled (the greatest fixpoint) wait forever: their programs diverged (rank 0 waits in an
-allgather that rank 1 skipped, while rank 1 waits in the next collective). Horovod would print a
-stall warning every minute and wait; here every such operation fails, on every rank that submitted
-it, with :class:`~ringtrain.errors.DeadlockError` listing each blocked rank's pending operations.
+An operation can still complete only if every member that has not submitted it may still do so:
+a rank that is not blocked, or a blocked rank one of whose awaited operations can itself still
+complete. The ranks left over (the greatest fixpoint) wait forever, and every operation they
+wait for fails with :class:`~ringtrain.errors.DeadlockError`.
 
-Pure: every rank runs :func:`find` on the same gathered metas and gets the same responses. Only
-ranks seen blocked in the same state in two consecutive negotiation rounds count as blocked (the
-wait tracker's job), so a thread that leaves a wait between rounds (a timeout, a signal handler)
-is never taken for blocked; a rank waiting in ``join`` counts from the first round that sees it
-wait there (a joined rank submits nothing more), so that a join waiting for ranks found
-deadlocked fails with them even when it began waiting between those two rounds.
+Pure: every rank runs :func:`find` on the same gathered metas and gets the same responses. A
+rank waiting in ``join`` counts as blocked from the first round that sees it wait there (it
+submits nothing more), so that a join waiting for ranks found deadlocked fails with them even
+when it began waiting between the two rounds that prove the others blocked.
 """
 
 from __future__ import annotations

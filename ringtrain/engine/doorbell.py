@@ -1,18 +1,9 @@
 """The doorbell: wakes every rank's engine for a round only when it can do something.
 
-A round is collective, so all ranks must enter it together and agree on what it does. Polling
-for rounds would make idle ranks burn the CPU that training needs; instead, round ``k`` starts
-when a rank rings bell ``k`` (a key in the rendezvous store, which every engine waits on with a
-blocking read). The first ring of a round decides its bell and later rings find it taken, so
-every rank reads the same bell:
-
-* :data:`NEGOTIATE`: a negotiation round (a rank submitted an operation one by one, wants to shut
-  down, or must report a stall);
-* a unit's tag (see :mod:`ringtrain.engine.readiness`): run exactly that unit of cached
-  operations, known to be submitted on every member, with no negotiation at all. Only the last
-  member to count a unit rings its tag.
-
-A rank rings the first round it has not started taking requests for (:class:`Rounds`).
+Round ``k`` starts when a rank rings bell ``k``; the first ring decides the bell, so every rank
+reads the same one: :data:`NEGOTIATE`, or a unit's tag (see :mod:`ringtrain.engine.readiness`),
+which runs exactly that unit with no negotiation. Why and when ranks ring: docs/engine.md,
+"Rounds and the doorbell".
 """
 
 from __future__ import annotations

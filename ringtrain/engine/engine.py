@@ -24,26 +24,17 @@ from ringtrain.op_types import OpType
 class Engine:
     """Queues named requests and runs them in agreement with every other rank.
 
-    Three kinds of thread share an engine: *callers* (this class: submit, wait, close a
-    :meth:`one_round` block, shut down), the *engine* thread (a
-    :class:`~ringtrain.engine.round_runner.RoundRunner`) and the
-    :class:`~ringtrain.engine.watch.PendingWatch`. They share a
-    :class:`~ringtrain.engine.backlog.Backlog`, :class:`~ringtrain.engine.doorbell.Rounds` and a
-    :class:`~ringtrain.engine.waits.WaitTracker` under the backlog's lock; the
-    :class:`~ringtrain.engine.turn.Turn` says which thread runs a round.
+    This class is the callers' side (submit, wait, close a :meth:`one_round` block, shut down);
+    the threads and the records they share: docs/engine.md, "The engine's parts".
 
     Args:
-        backend: the collectives of this rank's world.
-        config: cycle time, fusion threshold, cache capacity, stall times.
-        doorbell: the bells shared with every other rank's engine.
         backend_name: the library's name in timeline phases (``GLOO_ALLREDUCE``).
         clock: the monotonic clock that requests are stamped and aged by (stall reports, the
             pending watch, gathering); tests pass one they move by hand.
         peers: every rank's process, by rank, so that a failed collective names the rank that
             died (see :mod:`ringtrain.engine.peers`); empty: the error names none.
         inline: a caller's synchronous lone cached operation may run in the caller's own thread
-            while the engine is idle (see :mod:`ringtrain.engine.turn`); off, every round runs
-            on the engine thread.
+            while the engine is idle (see :mod:`ringtrain.engine.turn`).
     """
 
     def __init__(self, backend: CollectiveBackend, config: EngineConfig, doorbell: Doorbell,
@@ -71,9 +62,8 @@ class Engine:
     def submit(self, request: Request, synchronous: bool = False) -> None:
         """Queue a request; its handle completes when every rank has run it.
 
-        ``synchronous``: the calling thread waits for the result right after submitting
-        (``hvd.allreduce_``), so a lone cached request may run in this thread, during this call,
-        instead of on the engine thread (see :mod:`ringtrain.engine.turn`).
+        ``synchronous``: the caller waits for the result at once (``hvd.allreduce_``), so a lone
+        cached request may run in this thread, during this call (see :mod:`ringtrain.engine.turn`).
 
         Raises:
             ValueError: an operation of the same name is already in flight on this rank.
@@ -91,11 +81,8 @@ class Engine:
                 batch.append(request)  # queued once counted, see one_round
                 return
             if not backlog.queue and request.name not in backlog.wanted_by_peers:
-                # Most likely a lone operation (a synchronous collective, or the first of a
-                # burst): counted as a unit of one, it costs a store round trip more than a
-                # ring, but runs with no control collective, and no peer's engine wakes for it
-                # before every member has submitted it (a round that would find it missing
-                # there and decide nothing).
+                # Most likely a lone operation: counted as a unit of one (docs/engine.md, "A
+                # lone request is a unit of one").
                 claimed = self._claim_locked(request) if synchronous else None
                 self._queue_unit_locked([request])
                 if claimed is not None and not self._turn.claimed(request.counted):
@@ -104,10 +91,8 @@ class Engine:
             else:
                 backlog.queue.append(request)
                 backlog.submitted += 1
-                # The rest of a burst: counting each operation would cost a store round trip
-                # per tensor; they ring for a negotiation round that gathers and fuses them.
-                # A name a peer offered uncounted is negotiated too: counted alone here, its
-                # counter would never reach the member count and nobody would ring for it.
+                # The rest of a burst, gathered and fused by a negotiation round; so is a name a
+                # peer offered uncounted (counted alone here, its counter would never complete).
                 backlog.wanted_by_peers.discard(request.name)
                 self._rounds.ring(NEGOTIATE)
         if claimed is not None:
@@ -140,13 +125,9 @@ class Engine:
             self.done_waiting(handle, True)
 
     def submitting_for_autograd(self) -> contextlib.AbstractContextManager[None]:
-        """Mark this thread's submissions in the block as made by autograd's gradient hooks.
-
-        Autograd runs hooks on its own device threads (CUDA) on behalf of a thread inside
-        ``backward()``; such a thread is not one whose waits decide whether the rank is blocked
-        (see :mod:`ringtrain.engine.waits`), since it only submits while another thread
-        computes.
-        """
+        """Mark this thread's submissions in the block as made by autograd's gradient hooks: on
+        behalf of a thread inside ``backward()``, so not ones whose waits decide whether the rank
+        is blocked (see :mod:`ringtrain.engine.waits`)."""
         return self._waits.submitting_for_autograd()
 
     def waiting(self, handle: Handle, untimed: bool) -> None:
@@ -165,12 +146,11 @@ class Engine:
 
     @contextlib.contextmanager
     def one_round(self) -> Iterator[None]:
-        """Submit several requests from this thread as one unit, negotiated in one round.
+        """Submit several requests from this thread as one unit, run in one round.
 
-        On exit the unit is counted once (see :mod:`ringtrain.engine.readiness`) and queued; the
-        rank that completes it everywhere rings the unit's own round, which runs it with no
-        negotiation. Peers must submit the same unit (the same names) for it to complete; a
-        nested block joins the outer one.
+        On exit the unit is counted once (see :mod:`ringtrain.engine.readiness`) and queued.
+        Peers must submit the same unit (the same names) for it to complete; a nested block
+        joins the outer one.
         """
         if getattr(self._batch, "requests", None) is not None:
             yield
@@ -224,9 +204,8 @@ class Engine:
         return self._thread.is_alive()
 
     def set_cycle_time(self, cycle_time_ms: float) -> None:
-        """Change how long a negotiation round gathers (the cycle time, in Horovod's words) from
-        the next round on (autotuning). Safe at any moment: it only paces this rank's rounds,
-        peers need not agree on it.
+        """Change how long a negotiation round gathers (the cycle time) from the next round on.
+        Safe at any moment: it only paces this rank's rounds, peers need not agree on it.
 
         Raises:
             ValueError: a negative time.

@@ -1,14 +1,8 @@
 """Executing negotiated responses: fusion buffers, collectives, scaling, completing handles.
 
 Every rank runs the same responses in the same order (allreduce batches first, then the rest in
-response order); a rank outside an operation's process set skips it, and a rank that has joined
-takes part in allreduces (Adasum too) with zeros. Average still divides by the size of the
-process set, joined members included, as Horovod 0.28.1 does (its Average is a sum with
-``postscale_factor /= process_set.controller->GetSize()``).
-
-A batch of several allreduces goes through a fusion buffer, unless the backend reduces tensors
-where they lie (shared memory within a host: ``CollectiveBackend.allreduces_in_place``), which
-saves copying every byte into the buffer and back out.
+response order); a rank outside an operation's process set skips it, and a joined rank takes
+part in allreduces with zeros (docs/engine.md, "Join" and "Execution").
 """
 
 from __future__ import annotations
@@ -313,4 +307,3 @@ def _scale_(tensor: torch.Tensor, factor: float, divisor: int) -> None:
         # after negotiation, would leave the peers waiting.
         assert tensor.dtype is not torch.bool
         tensor.copy_(torch.div(tensor.double() * factor, divisor).trunc())
-

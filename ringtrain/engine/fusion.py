@@ -1,12 +1,9 @@
 """Tensor fusion: pack small allreduces of the same kind into one collective.
 
 Planning is pure: ready allreduce responses are grouped by everything that must be identical for
-one collective (dtype, device, process set, reduction, scale factors, joined ranks), in response
-order, into batches of at most the fusion threshold. A large tensor is reduced on its own, in
-place: copying it into a buffer and back costs more memory traffic than the extra collective.
-Where the backend reduces a batch's tensors where they lie (shared memory: see
-``CollectiveBackend.allreduces_in_place``) there is no buffer to spare, so large tensors join
-their batch too: one collective instead of one per large tensor.
+one collective, in response order, into batches of at most the fusion threshold. A large tensor
+is reduced alone, in place, unless the backend reduces a batch's tensors where they lie
+(docs/engine.md, "Execution").
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import torch
 
 from ringtrain.engine.negotiation import Response
 
-#: Tensors at least this large skip the fusion buffer (see module docstring).
+#: Tensors at least this large skip the fusion buffer (copying costs more than a collective).
 DIRECT_BYTES = 4 * 1024 * 1024
 
 _ITEMSIZE: dict[str, int] = {}

@@ -17,8 +17,7 @@ _EVENTS_LOCK = threading.Lock()
 
 class WaitObserver(Protocol):
     """Told when a thread starts and stops waiting for a handle (the engine: it stops gathering
-    a round once its submitter blocks, and knows which of its operations a thread is blocked on,
-    for deadlock detection)."""
+    once its submitter blocks, and tracks blocked threads for deadlock detection)."""
 
     def waiting(self, handle: Handle, untimed: bool) -> None:
         """A thread is about to block on ``handle`` (``untimed``: with no timeout)."""
@@ -80,11 +79,9 @@ class Handle:
         self._observer = observer
 
     def set_result(self, result: Any, then: Callable[[], None] | None = None) -> None:
-        """Complete the operation; ``then`` is work on the result left to the waiting thread.
-
-        Why leave work: tensor kernels run on the engine's thread without an intra-op team (see
-        :mod:`ringtrain.engine.intraop`); the thread that synchronizes has the rank's cores.
-        """
+        """Complete the operation; ``then`` is work on the result left to the waiting thread,
+        which has the rank's cores (the engine's thread has no intra-op team: see
+        :mod:`ringtrain.engine.intraop`)."""
         self._result = result
         self._then = then
         self._complete()
@@ -94,10 +91,8 @@ class Handle:
         self._complete()
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Block until the operation finishes and return its result.
-
-        The wait wakes every :data:`WAIT_SLICE_S` seconds, so a signal handler that raises
-        (``KeyboardInterrupt``, a test timeout) ends it promptly.
+        """Block until the operation finishes and return its result (waking every
+        :data:`WAIT_SLICE_S`, so a signal handler that raises ends the wait promptly).
 
         Raises:
             TimeoutError: ``timeout`` seconds passed first.

@@ -1,18 +1,11 @@
 """Keeping the engine's threads out of PyTorch's intra-op parallelism.
 
-With an OpenMP build of PyTorch (every Linux and Windows wheel), each thread that runs a parallel
-kernel gets an OpenMP team of its own, sized by that thread's ``omp_get_max_threads()``. The
-training thread's team already holds every core the rank was given; a second team started by a
-background thread (a fusion copy, a scaling) doubles the threads, and its members spin-wait
-between regions (libgomp's default) on the cores the training team needs. A training step then
-waits for its slowest team member: DDP, which runs its copies on the training thread, does not
-pay this.
-
-``torch.set_num_threads`` cannot fix it from the background thread: it also changes the
-process-wide default that the user's own threads start from. OpenMP's thread count, though, is
-a per-thread setting (the ``nthreads-var`` ICV): setting it on the engine's thread alone makes
-every kernel there run serially, with no team and nothing spinning, and leaves the user's thread
-settings untouched.
+With an OpenMP build of PyTorch each thread running a parallel kernel gets a team of its own; a
+background thread's team would spin on the cores the training thread's team needs (docs/engine.md,
+"Which thread does the tensor work"). ``torch.set_num_threads`` would also change the process-wide
+default the user's threads start from, but OpenMP's thread count is a per-thread setting (the
+``nthreads-var`` ICV): set on the engine's thread alone, its kernels run serially and the user's
+settings stay untouched.
 """
 
 from __future__ import annotations
@@ -31,9 +24,8 @@ log = logging.getLogger(__name__)
 def serialize_this_thread() -> bool:
     """Make tensor kernels run on the calling thread alone, without an OpenMP team.
 
-    Call it first thing in a background thread that runs tensor work. Other threads, the process
-    default (``torch.get_num_threads()`` elsewhere) and threads started later are unaffected.
-    MKL's own threading (BLAS, which the engine does not call) is left as it is.
+    Call it first thing in a background thread that runs tensor work; other threads and the
+    process default are unaffected, and so is MKL's threading (BLAS, which the engine never calls).
 
     Returns:
         Whether the thread was limited (False when PyTorch was built without OpenMP, where

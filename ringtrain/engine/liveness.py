@@ -1,13 +1,9 @@
 """Heartbeats: which ranks' processes still run, for a round that waits on a rank that stopped.
 
-A collective blocks until every member takes part, and a member whose process is stopped
-(SIGSTOP, a debugger, a frozen host) never does, nor closes its connections: the collective
-would wait for the backend's timeout (hours). So while a rank's engine has work (a round in
-progress or requests waiting), its pending watch adds one to the rank's counter in the
-rendezvous store about once a second. A rank stuck in a round past the stall shutdown time reads
-its peers' counters; peers whose counter has not moved for that long are named in the error that
-fails its operations. A live peer in the same round keeps beating, so a collective that is just
-slow is not mistaken for a stopped rank.
+A stopped member (SIGSTOP, a debugger, a frozen host) closes no connection, so a collective would
+wait for the backend's timeout (hours). While a rank's engine has work its pending watch adds one
+to the rank's counter in the store about once a second; a rank stuck in a round past the stall
+shutdown time names the peers whose counter has not moved for that long (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -22,14 +18,7 @@ def _key(rank: int) -> str:
 
 
 class Liveness:
-    """This rank's heartbeat, and what it has seen of its peers'.
-
-    Args:
-        rank: this rank.
-        size: the number of ranks.
-        doorbell: the store counters every rank shares.
-        clock: the monotonic clock silences are measured by.
-    """
+    """This rank's heartbeat (a counter of ``doorbell``), and what it has seen of its peers'."""
 
     def __init__(self, rank: int, size: int, doorbell: Doorbell, clock: Callable[[], float]):
         self._rank = rank

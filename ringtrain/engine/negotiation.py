@@ -1,11 +1,9 @@
 """Negotiation: from every rank's pending requests, decide which operations run now.
 
-This is a pure function of the metas gathered from all ranks, so every rank computes the same
-responses in the same order without a coordinator's broadcast. An operation is ready when every
-member of its process set has submitted it (a rank that has joined counts as having submitted
-the operations that tolerate joined ranks). Ready operations whose ranks disagree on shape, dtype,
-device, root or reduction become error responses: each rank fails that one operation and nothing
-else is disturbed.
+A pure function of the metas gathered from all ranks, so every rank computes the same responses
+in the same order without a coordinator. An operation is ready when every member of its process
+set has submitted it (a joined rank stands in for allreduces); ready operations whose ranks
+disagree become error responses that fail that one operation on every rank.
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType
 
 #: Operations that proceed with joined ranks contributing zeros: allreduce (and Adasum). The
-#: others (allgather, broadcast, alltoall, reducescatter, barrier) fail on every submitting rank,
-#: as in Horovod 0.28.1, whose own test_horovod_join_allgather requires the allgather to raise
-#: ("Allgather is not supported with Join at this time").
+#: others fail on every submitting rank, as in Horovod 0.28.1 (docs/engine.md, "Join").
 JOINABLE_OPS = frozenset({OpType.ALLREDUCE})
 
 
@@ -30,8 +26,6 @@ class Response:
     """A decision for one named operation, identical on every rank.
 
     Attributes:
-        name: the operation's name.
-        op: the collective.
         metas: the meta of every rank that submitted it, by global rank.
         joined: members that had joined and take part contributing zeros (allreduce only).
         error: set when the operation must fail on every rank instead of running.

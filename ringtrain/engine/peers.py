@@ -1,12 +1,9 @@
 """Which peer died: the error of a failed collective names the rank whose process is gone.
 
-When a rank dies in the middle of a collective, the backend only reports a broken connection
-("Connection closed by peer [127.0.0.1]:41234"), which says neither which rank nor why. Every
-rank records each peer's process at ``init()`` (host, pid, machine, start time); after a
-collective fails, the peers on this machine whose process is gone (or a zombie) are the dead
-ones.
-Peers on other hosts cannot be looked at from here; their number is named only by the launcher
-(``ringtrain run`` reports the rank that failed first as the root cause).
+The backend only reports a broken connection, naming no rank. Every rank records each peer's
+process at ``init()``; after a collective fails, the peers on this machine whose process is gone
+(or a zombie) are the dead ones. Peers on other machines cannot be looked at from here: the
+launcher names the rank that failed first (docs/engine.md, "Stalls, deadlocks, failures").
 """
 
 from __future__ import annotations
@@ -67,12 +64,8 @@ def _gone(peer: PeerProcess) -> bool:
 
 
 class Peers:
-    """Every rank's process, as seen from one rank.
-
-    Args:
-        rank: this rank.
-        processes: every rank's process, by rank (empty: nothing is known, nothing is named).
-    """
+    """Every rank's process, by rank (empty: nothing is known, nothing is named), as seen
+    from ``rank``."""
 
     def __init__(self, rank: int, processes: Sequence[PeerProcess]):
         self._rank = rank

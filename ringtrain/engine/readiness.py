@@ -1,20 +1,13 @@
 """Readiness counting: knowing, without a collective, that an operation is submitted everywhere.
 
-Every member of a cached operation adds one to a counter in the rendezvous store when it submits
-the operation (see :meth:`ResponseCache.counter_key`); the member whose addition makes the counter
-a multiple of the member count is the last to submit. Requests submitted together (a gradient
-bucket) count as one unit under a key derived from all of theirs, so a bucket costs one store
-round trip rather than one per tensor; peers that submit the same bucket derive the same key. A
-request the engine gets on its own while its queue is empty (a synchronous collective) is a unit
-of one.
-
-The counter also numbers the unit's submissions: the ``e``-th submission of a unit on every
-member takes the counter from ``(e-1)·m`` to ``e·m`` (a member cannot submit a unit again before
-its previous submission completed, which needs every member's). The last member therefore rings
-the unit's *tag*, ``key@e``, and every rank runs exactly its ``e``-th submission of that unit,
-deciding nothing else (see :mod:`ringtrain.engine.doorbell`). A unit that some member did not
-count (its units differ, it submitted the names one by one) runs in a negotiation round instead,
-which replaces the counter before anyone can count on it again.
+Every member adds one to a unit's counter in the store when it submits the unit (a gradient
+bucket, under a key derived from all of its requests' keys, or a lone request: see
+:meth:`ResponseCache.counter_key`). A member cannot submit a unit again before its previous
+submission completed everywhere, so the ``e``-th submission on every member takes the counter
+from ``(e-1)·m`` to ``e·m``: the member whose addition reaches ``e·m`` rings the unit's tag
+``key@e``, and every rank runs exactly its ``e``-th submission of that unit. A unit some member
+did not count runs in a negotiation round instead, which replaces the counter (docs/engine.md,
+"Units, readiness counters and unit rounds").
 """
 
 from __future__ import annotations

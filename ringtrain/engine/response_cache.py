@@ -1,17 +1,13 @@
 """The response cache: lets steady-state negotiation exchange one small count vector.
 
 After an operation has been negotiated once, every rank stores its response under a bit index
-assigned in the same order on every rank. When a rank submits a request whose meta equals what it
-submitted last time under that name, it only reports the bit; a bit whose count reaches the size of
-the process set is ready everywhere and its cached response is executed without exchanging metas.
-Any rank with a request that misses the cache makes the round a full exchange.
+assigned in the same order on every rank. A rank whose request's meta equals the cached one only
+reports the bit; a bit whose count reaches the size of the process set is ready everywhere. Any
+rank with a request that misses the cache makes the round a full exchange.
 
-Each bit also names a counter in the rendezvous store (see :meth:`counter_key`) that every member
-increments once per submission, so that the last member to submit knows the operation is ready
-everywhere and rings for a round. A bit's counter is replaced whenever a negotiation round runs
-its name (a full exchange, or the counts alone): submissions may then have been counted unevenly
-(a mismatch, a joined rank, units that differ between ranks), and a fresh counter starts every
-rank even.
+Each bit also names a readiness counter (see :meth:`counter_key`), replaced whenever a
+negotiation round runs its name: submissions may then have been counted unevenly, and a fresh
+counter starts every rank even (docs/engine.md).
 """
 
 from __future__ import annotations

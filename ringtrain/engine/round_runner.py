@@ -1,13 +1,6 @@
-"""The round runner: runs this rank's rounds in order, each as its bell says.
-
-A *unit round* runs the unit of cached operations its bell names (see
-:mod:`ringtrain.engine.readiness`), exchanging nothing else. A *negotiation round* gathers while
-this rank keeps submitting (up to the cycle time), adds up the ranks' control vectors (see
-:mod:`ringtrain.engine.control`) and, unless the cached counts decide alone, exchanges the metas
-of everything pending for :func:`ringtrain.engine.negotiation.decide`. Either way the operations
-to run are then executed and their handles completed. The engine thread runs
-:meth:`RoundRunner.run`; a caller that claimed a round, :meth:`RoundRunner.run_claimed` (see
-:mod:`ringtrain.engine.turn`).
+"""The round runner: runs this rank's rounds in order, each as its bell says (a unit round, or a
+negotiation round: docs/engine.md). The engine thread runs :meth:`RoundRunner.run`; a caller
+that claimed a round, :meth:`RoundRunner.run_claimed` (see :mod:`ringtrain.engine.turn`).
 """
 
 from __future__ import annotations
@@ -149,14 +142,9 @@ class RoundRunner:
         return True
 
     def _gather(self) -> None:
-        """Wait up to one cycle time while this rank keeps submitting.
-
-        Operations submitted one by one arrive moments apart, and what arrives meanwhile is
-        negotiated (and fused) in this round instead of the next; a lone operation does not wait
-        the whole cycle time once submissions have stopped, nor at all once its caller blocks on
-        a result (a synchronous collective: nothing more comes from that thread until it is
-        done).
-        """
+        """Wait up to one cycle time while this rank keeps submitting, so that what arrives
+        meanwhile is fused in this round; not once submissions pause, nor once a submitter blocks
+        on a result (docs/engine.md, "Rounds and the doorbell")."""
         backlog = self.backlog
         deadline = self._clock() + self.gather_s
         seen = backlog.submitted
@@ -221,14 +209,10 @@ class RoundRunner:
             wait_state=wait_state), bits
 
     def _note_wanted(self, decision: Decision, offered: Sequence[int], mine: set[int]) -> None:
-        """Remember the operations peers offered in this round that this rank has not submitted.
-
-        A peer that offered one uncounted (the rest of its burst) rang for this round, which
-        leaves it waiting; submitted here later, it must ring for a negotiation too, or nothing
-        rings for it (its readiness counter can no longer complete). One submitted while this
-        round ran, and counted without completing its counter, rings now. A name leaves the set
-        when its operation runs here (see :meth:`Backlog.take_decided`), or with the next
-        negotiation.
+        """Remember the operations peers offered in this round that this rank has not submitted:
+        submitted here later, each must ring for a negotiation, as its readiness counter can no
+        longer complete (one submitted while this round ran rings now). A name leaves the set
+        when its operation runs here (:meth:`Backlog.take_decided`) or with the next negotiation.
         """
         if decision.waiting:  # a full exchange says who is missing
             wanted = {name for name, w in decision.waiting.items() if self.rank in w.missing}

@@ -1,11 +1,8 @@
 """The doorbell and the readiness counters in shared memory, for a world on one host.
 
-The same contract as :class:`~ringtrain.engine.doorbell.StoreDoorbell` (the first ring of a
-round decides its bell; counters add atomically), without a round trip to the launcher's TCP
-store: a ring or a count is a few microseconds under a lock, and an engine waiting for a round
-sleeps on a futex (see :mod:`ringtrain.backends.futex`) that every ring wakes.
-
-Layout of the segment's data area::
+The contract of :class:`~ringtrain.engine.doorbell.StoreDoorbell` without a round trip to the
+launcher's TCP store; how and why it works (the lock, lock-free reads, sleepers, claims):
+docs/shared_memory.md, "The control plane". Layout of the segment's data area::
 
     header    [0] the engines' ring word (32 bits, a futex: bumped by every ring)
               [1] the lock's holder (rank + 1; 0 when free), [2] counters in use
@@ -17,29 +14,11 @@ Layout of the segment's data area::
     bells     _ROUNDS entries of (round + 1, length, bytes): round r lives in entry r % _ROUNDS
     counters  _COUNTERS entries of (16-byte key digest, value), open addressing
 
-Every change to the tables takes the lock: a ``threading.Lock`` between this process's threads
-and ``flock`` on the segment's file between processes. The kernel drops a dead process's
-``flock``, so a rank killed in the middle of a ring cannot block the others, and the system calls
-order memory on every CPU. A lock held too long (a rank stopped with SIGSTOP while it held it)
-fails with an error that names the holder. A waiter first looks for its bell without the lock,
-where stores are seen in program order (x86, :data:`STORES_IN_ORDER`): a ring writes the bell's
-bytes before its round, so a round read means its bell is complete; elsewhere every read takes
-the lock too.
-
-Bells are not deleted (:meth:`ShmDoorbell.forget` does nothing): a round's entry is reused once
-every engine waits for a later round. Counter keys are never removed, so that whether a key lives
-here or in the store is the same for every rank: once the table is three-quarters full, keys it
-does not hold yet are counted in the fallback doorbell (the TCP store) instead.
-
-A caller that runs its own round (see :mod:`ringtrain.engine.turn`) claims it, and sleeps on
-the callers' word. A ring whose bell is the unit every rank claimed for that round wakes only the
-callers: the engines, which would only wait for the callers to finish, sleep on (they see the
-round done at the next ring, or within their wait's timeout). Any other ring wakes both words.
-A ring makes a wake-up call for a word only when a rank says (in its sleepers entry) that a
-thread of its sleeps on it.
-A claim is written without the lock (a ring that misses it only wakes the engines as it would
-without one) and left in place once its round ran (a claim of a past round matches no ring); a
-caller that gives its round back clears it under the lock and wakes the engines.
+Every change to the tables takes the lock (a ``threading.Lock``, then ``flock`` on the segment's
+file). Counter keys are never removed, so whether a key lives here or in the fallback doorbell
+(once the table is three-quarters full) is the same on every rank. A claim is written without the
+lock (a ring that misses it only wakes the engines) and left in place once its round ran (a claim
+of a past round matches no ring).
 """
 
 from __future__ import annotations
@@ -55,7 +34,7 @@ import time
 import numpy as np
 
 from ringtrain.backends import futex
-from ringtrain.backends.shm_segment import Segment
+from ringtrain.backends.shm_segment import Segment, align
 from ringtrain.engine.doorbell import Doorbell
 from ringtrain.errors import HorovodInternalError
 from ringtrain.proc_stat import is_alive
@@ -89,20 +68,16 @@ def bytes_needed(size: int) -> int:
     return _counters_offset(size) + _COUNTERS * _COUNTER_ENTRY
 
 
-def _lines(nbytes: int) -> int:
-    return (nbytes + _LINE - 1) // _LINE * _LINE
-
-
 def _claims_offset(size: int) -> int:
-    return _LINE + _lines(size * 8)
+    return _LINE + align(size * 8)
 
 
 def _sleepers_offset(size: int) -> int:
-    return _claims_offset(size) + _lines(size * 16)
+    return _claims_offset(size) + align(size * 16)
 
 
 def _bells_offset(size: int) -> int:
-    return _sleepers_offset(size) + _lines(size * 16)
+    return _sleepers_offset(size) + align(size * 16)
 
 
 def _key_digest(key: bytes) -> int:
@@ -157,14 +132,10 @@ class ShmDoorbell:
         self._digest_words = counters.cast("Q")
         self._values = counters.cast("q")
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
-        self._table_lock = _TableLock(self)
+        self._locked = _TableLock(self)  # the tables' lock
         self._deferring = _DeferredWakes(self)
         self._entries: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
-
-    def _locked(self) -> _TableLock:
-        """The tables' lock (see :class:`_TableLock`)."""
-        return self._table_lock
 
     # -- bells -----------------------------------------------------------------------------------
 
@@ -183,7 +154,7 @@ class ShmDoorbell:
             raise ValueError(f"a bell holds at most {_MAX_BELL} bytes, got {len(bell)}")
         deadline = time.monotonic() + _REUSE_TIMEOUT_S
         while True:
-            with self._locked():
+            with self._locked:
                 words, first = self._bell_words, round_ % _ROUNDS * (_BELL_ENTRY // 8)
                 held = words[first] - 1
                 if held == round_:
@@ -242,14 +213,9 @@ class ShmDoorbell:
             futex.wake(self._word_address)
 
     def _sleeping(self, which: int) -> bool:
-        """Whether some rank's caller (``which`` 0) or engine (1) says it sleeps on its word.
-
-        A wake-up is a system call of several microseconds, and most waits end while spinning.
-        A sleeper cannot be missed: it says so before the futex call, whose kernel side orders
-        that store before it compares the word with the value it read before the ring; the
-        ringer bumped the word before the lock's release, which orders it before these reads.
-        So either the ringer sees the sleeper, or the sleeper sees the new word and does not
-        sleep. Where stores may be seen out of order every ring wakes both kinds."""
+        """Whether some rank's caller (``which`` 0) or engine (1) says it sleeps on its word: a
+        wake-up is a system call of several microseconds (why no sleeper is missed:
+        docs/shared_memory.md). Where stores may be seen out of order every ring wakes both."""
         if not self._lock_free_reads:
             return True
         sleepers = self._sleepers
@@ -269,7 +235,7 @@ class ShmDoorbell:
     def unclaim(self, wake: bool) -> None:
         if not wake:
             return  # the claimed round ran here: a claim of a past round matches no ring
-        with self._locked():
+        with self._locked:
             self._claims[2 * self._me] = 0  # the round first: no ring matches it then
             self._claims[2 * self._me + 1] = 0
         futex.wake(self._word_address)
@@ -300,7 +266,7 @@ class ShmDoorbell:
                     if mine[self._me] < round_:
                         mine[self._me] = round_
                     return bell
-            with self._locked():
+            with self._locked:
                 # An engine that slept through rounds its callers ran waits for one that is
                 # past: what this rank has done is the most any of its waits knew.
                 self._progress[self._me] = max(self._progress[self._me], round_)
@@ -354,7 +320,7 @@ class ShmDoorbell:
             i = (i + 1) % _COUNTERS
 
     def count(self, key: str) -> int:
-        with self._locked():
+        with self._locked:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._entry_locked(key, insert=True)
@@ -366,7 +332,7 @@ class ShmDoorbell:
         return self._fallback.count(key)
 
     def read(self, key: str) -> int:
-        with self._locked():
+        with self._locked:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._entry_locked(key, insert=False)

@@ -70,12 +70,13 @@ class Timeline:
                 event["args"] = args
             self._emit(event)
 
-    def instant(self, row: str, name: str, at: float | None = None) -> None:
+    def instant(self, row: str, name: str) -> None:
+        """Record event ``name`` on ``row`` now."""
         with self._lock:
             if self._file is None:
                 return
             self._emit({"name": name, "ph": "i", "s": "t", "pid": self._rank,
-                        "tid": self._row(row), "ts": _us(time.monotonic() if at is None else at)})
+                        "tid": self._row(row), "ts": _us(time.monotonic())})
 
     def _row(self, name: str) -> int:
         tid = self._rows.get(name)

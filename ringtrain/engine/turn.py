@@ -1,13 +1,9 @@
 """The turn: which thread runs this rank's rounds, and callers that run their own.
 
-Whichever thread holds the turn runs the round: normally the engine thread, after reading a bell.
-On one host, a caller that submits a cached operation on its own and waits for it at once
-(``hvd.allreduce_``) while the engine is idle takes the turn and *claims* the round before
-counting the operation (the peer whose count completes the unit then need not wake this rank's
-engine). If the round's bell is its unit's tag, it runs the round in its own thread: no hand-off
-to the engine thread and back. Any other bell, a failed engine or :data:`GIVE_UP_S` without a
-bell, and it gives the turn back: the engine runs that round. Peers see no difference: the bell
-alone decides what every rank runs in it.
+Whichever thread holds the turn runs the round: normally the engine thread, after reading a bell;
+on one host, a caller of a synchronous cached operation while the engine is idle, if the round's
+bell is its unit's tag (docs/engine.md, "A caller may run its own round"). Peers see no
+difference: the bell alone decides what every rank runs in it.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ class Turn:
     """The lock that the thread running a round holds, and a caller's claim of a round.
 
     Args:
-        doorbell: the bells shared with every other rank.
         callers_may_run: callers may run their own rounds (off: only the engine thread does).
         failed: whether the engine has failed (a caller then leaves its round to it).
         fail: fails the engine (a doorbell error while a caller waits for its bell).

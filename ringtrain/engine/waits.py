@@ -1,11 +1,9 @@
-"""Wait tracking: whether this rank is *blocked*, for deadlock detection.
+"""Wait tracking: whether this rank is *blocked*, for deadlock detection (docs/engine.md,
+"Deadlocks").
 
-A rank is blocked when some thread waits with no timeout for one of its pending operations, and
-every live thread that has submitted operations on it waits too (autograd's gradient hooks do not
-count: they submit on behalf of a thread inside ``backward()``). Its *wait state*, carried in
-every negotiation round's control vector, is 0, or for a blocked rank a counter that every
-submission and every start or end of a wait changes: a rank with the same non-zero state in two
-consecutive rounds has been blocked all along (see :mod:`ringtrain.engine.deadlock`).
+A rank's *wait state*, carried in every negotiation round's control vector, is 0, or for a
+blocked rank a counter that every submission and every start or end of a wait changes: a rank
+with the same non-zero state in two consecutive rounds has been blocked all along.
 
 Not thread-safe: the engine calls it under its backlog's lock. Threads are arguments (the calling
 one by default), so that a test needs none.
