@@ -39,9 +39,7 @@ def apply_log_level(name: str | None) -> None:
     logging, a stderr handler is added to the ``ringtrain`` logger when no handler would receive
     its records (none on it or its ancestors). A script that set up logging before ``init()``
     gets ringtrain's records through its own handlers instead, once, at the level asked for.
-
-    Args:
-        name: the level name, or ``None`` (variable unset) to leave logging untouched.
+    ``name`` ``None`` (the variable unset) leaves logging untouched.
 
     Raises:
         ConfigError: ``name`` is not one of the level names.

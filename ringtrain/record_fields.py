@@ -83,18 +83,13 @@ def items(data: Mapping[str, Any], key: str, kind: type) -> tuple[Any, ...]:
 
 def text_field(data: Mapping[str, str], key: str, convert: Callable[[str], T], kind: str,
                default: Any = REQUIRED) -> T:
-    """The string ``data[key]`` converted, stripped of blanks; ``default`` if absent or blank.
-
-    Args:
-        data: a map of strings (an environment).
-        key: the field.
-        convert: the string to the value; raises ``ValueError`` on a bad one.
-        kind: what the value must be, for the message ("an integer").
-        default: the value of an absent field; :data:`REQUIRED` if there is none.
+    """The string ``data[key]`` of a map of strings (an environment), stripped of blanks and
+    converted by ``convert`` (which raises ``ValueError`` on a bad one); ``default`` if absent or
+    blank (:data:`REQUIRED`: there is none).
 
     Raises:
-        FieldError: the field is absent and required (the message says "is required but not
-            set"), or ``convert`` refused it.
+        FieldError: the field is absent and required ("is required but not set"), or
+            ``convert`` refused it (the message says it is not ``kind``, "an integer").
     """
     raw = data.get(key)
     if raw is None or raw.strip() == "":

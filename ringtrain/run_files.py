@@ -80,11 +80,7 @@ class RunReport:
 
     @classmethod
     def from_json(cls, data: Any) -> RunReport:
-        """The report :meth:`to_json` gave.
-
-        Raises:
-            FieldError: ``data`` lacks a field or has one of the wrong type.
-        """
+        """The report :meth:`to_json` gave (``FieldError``: a field is missing or mistyped)."""
         data = json_object(data)
         causes = [json_object(c) for c in field(data, "root_causes", list)]
         return cls(exit_code=field(data, "exit_code", int),
@@ -137,11 +133,7 @@ class WorldReport:
 
     @classmethod
     def from_json(cls, data: Any) -> WorldReport:
-        """The report :meth:`to_json` gave.
-
-        Raises:
-            FieldError: ``data`` lacks a field or has one of the wrong type.
-        """
+        """The report :meth:`to_json` gave (``FieldError``: a field is missing or mistyped)."""
         data = json_object(data)
         hosts = json_object(field(data, "hosts", dict))
         lost = [json_object(item) for item in field(data, "lost", list)]

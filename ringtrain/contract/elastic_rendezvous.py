@@ -87,7 +87,7 @@ def publish_world(store: Store, keys: Keys, generation: int,
                   slots: Mapping[int, SlotInfo]) -> None:
     """Write every member's slot of world ``generation``."""
     for worker, slot in slots.items():
-        store.set(keys.slot(generation, worker), _encode(slot))
+        store.set(keys.slot(generation, worker), json.dumps(dataclasses.asdict(slot)).encode())
 
 
 def replace_world(store: Store, keys: Keys, old: int, new: int) -> None:
@@ -188,12 +188,4 @@ def _read_slot(store: Store, keys: Keys, generation: int, worker: int, deadline:
     except Exception as exc:
         raise RendezvousTimeout(f"no place in world {generation} for worker {worker} within "
                                 f"the elastic timeout ({exc})") from exc
-    return _decode(store.get(key))
-
-
-def _encode(slot: SlotInfo) -> bytes:
-    return json.dumps(dataclasses.asdict(slot)).encode()
-
-
-def _decode(value: bytes) -> SlotInfo:
-    return SlotInfo(**json.loads(value))
+    return SlotInfo(**json.loads(store.get(key)))

@@ -156,11 +156,8 @@ class ElasticWorker:
 
 
 def elastic_timeout_from_environ(environ: Mapping[str, str]) -> float:
-    """``HOROVOD_ELASTIC_TIMEOUT``, or Horovod's default of 600 s.
-
-    Raises:
-        ConfigError: the variable is not a number.
-    """
+    """``HOROVOD_ELASTIC_TIMEOUT``, or Horovod's default of 600 s (``ConfigError``: not a
+    number)."""
     return _Reader(environ).float(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT_S)
 
 

@@ -23,14 +23,8 @@ def random_shift_flip(
     meant for is black, so zero reads as "more background" (Keras fills with the nearest pixel,
     which for such images is almost always zero too). Whole pixels keep it a copy, no resampling.
 
-    Args:
-        image: A ``[C, H, W]`` tensor of any dtype.
-        max_shift: The largest shift as a fraction of the side, in ``[0, 1)``.
-        flip: Mirror left to right with probability 1/2.
-        generator: The random source; the global one when ``None``.
-
-    Returns:
-        A new ``[C, H, W]`` tensor of the same dtype and device.
+    ``image`` is ``[C, H, W]`` of any dtype; ``flip`` mirrors it with probability 1/2;
+    ``generator`` is the random source (``None``: the global one). Returns a new tensor.
 
     Raises:
         ValueError: ``image`` is not three-dimensional or ``max_shift`` is outside ``[0, 1)``.

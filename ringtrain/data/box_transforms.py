@@ -14,11 +14,7 @@ import torch.nn.functional as F
 
 
 def hflip(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mirror left to right: ``x1' = W - x2``, ``x2' = W - x1``.
-
-    Returns:
-        The mirrored image and new boxes.
-    """
+    """The image and new boxes mirrored left to right: ``x1' = W - x2``, ``x2' = W - x1``."""
     width = image.shape[-1]
     flipped = boxes.clone()
     flipped[:, 0] = width - boxes[:, 2]
@@ -51,10 +47,8 @@ def crop(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, top: in
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cut ``height x width`` pixels at ``(top, left)`` out of the image; boxes move by
     ``(-left, -top)`` and are clipped to the crop. A box left with no area is dropped (with its
-    label), and so is one keeping less than ``min_visible`` of its area.
-
-    Returns:
-        The crop, its boxes and their labels.
+    label), and so is one keeping less than ``min_visible`` of its area. Returns the crop, its
+    boxes and their labels.
 
     Raises:
         ValueError: the region is not inside the image.

@@ -39,11 +39,7 @@ class ImageSource(Protocol):
 
 
 class SourceDataset(Dataset[tuple[torch.Tensor, int]]):
-    """A map-style data set over an image source: its length and class names are the source's.
-
-    Args:
-        source: The images.
-    """
+    """A map-style data set over an image source: its length and class names are the source's."""
 
     def __init__(self, source: ImageSource) -> None:
         self.source = source
@@ -57,15 +53,10 @@ class SourceDataset(Dataset[tuple[torch.Tensor, int]]):
 
 
 class ClassificationImages(SourceDataset):
-    """``(uint8 [3, size, size] image, label)`` items of an image source, cropped on the CPU.
-
-    Args:
-        source: The images.
-        size: The side of the square crops.
-        train: Random resized crops and flips (else the centre crop).
-        scale, ratio: ``RandomResizedCrop``'s area and aspect ranges.
-        rng: The random source; by default Python's global one, which PyTorch's DataLoader
-            seeds differently in every worker and every epoch.
+    """``(uint8 [3, size, size] image, label)`` items of an image source, cropped on the CPU:
+    random resized crops (``scale``, ``ratio`` as ``RandomResizedCrop``'s) and flips when
+    ``train``, else the centre crop. ``rng`` defaults to Python's global generator, which
+    PyTorch's DataLoader seeds differently in every worker and every epoch.
 
     Raises:
         ValueError: ``size`` is not positive.

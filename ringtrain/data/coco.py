@@ -31,20 +31,13 @@ SPLIT_IMAGES = "images"
 
 
 class CocoDetection(Dataset):
-    """COCO images with their boxes and labels.
+    """COCO images (``file_name`` relative to ``image_dir``) with their boxes and labels from
+    ``annotation_file`` (``instances_*.json``). With ``flip``, ``dataset[i]`` flips each image
+    and its boxes left-right and top-bottom at random, each with probability 1/2 (aerial photos
+    have no up or down).
 
-    Args:
-        image_dir: The folder the ``file_name`` entries are relative to.
-        annotation_file: The COCO JSON file (``instances_*.json``).
-        flip: ``dataset[i]`` flips each image (and its boxes) left-right and top-bottom at random,
-            each with probability 1/2 (aerial photos have no up or down).
-        first_label: The label of the category with the smallest id (0, or 1 for torchvision's
-            detectors).
-
-    Attributes:
-        images: The image records, by id; a trainer may filter this list.
-        categories: The category names, by label.
-        category_ids: The COCO category ids, by label.
+    ``images`` holds the image records by id (a trainer may filter it); ``categories`` and
+    ``category_ids`` the names and COCO ids by label.
 
     Raises:
         DatasetFileError: The JSON file is missing, not JSON, or lacks ``images``,

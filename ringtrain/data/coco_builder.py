@@ -15,11 +15,8 @@ from ringtrain.data.voc import Box
 
 
 class CocoBuilder:
-    """Collects images and their boxes; :meth:`write` saves the JSON.
-
-    Args:
-        categories: The class names; their ids are 1, 2, ... in this order.
-    """
+    """Collects images and their boxes; :meth:`write` saves the JSON. The ``categories`` get
+    the ids 1, 2, ... in their order."""
 
     def __init__(self, categories: list[str]) -> None:
         self.categories = list(categories)
@@ -29,17 +26,9 @@ class CocoBuilder:
 
     def add_image(self, file_name: str, width: int, height: int, boxes: list[Box],
                   **extra: Any) -> int:
-        """Add one image and its boxes.
-
-        Args:
-            file_name: The image's path relative to the images folder.
-            width: Its width in pixels.
-            height: Its height in pixels.
-            boxes: Its objects, corners in its own pixels; labels must be among the categories.
-            **extra: More fields for the image record (COCO readers ignore unknown fields).
-
-        Returns:
-            The image's id.
+        """Add one image (its path relative to the images folder, its size in pixels) and its
+        boxes, corners in its own pixels; returns its id. ``extra`` adds fields to the image
+        record (COCO readers ignore unknown fields).
 
         Raises:
             ValueError: A box's label is not a category.

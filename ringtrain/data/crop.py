@@ -38,17 +38,9 @@ class Box(NamedTuple):
 def random_resized_crop_box(height: int, width: int, rng: random.Random,
                             scale: tuple[float, float] = SCALE,
                             ratio: tuple[float, float] = RATIO) -> Box:
-    """The box ``v2.RandomResizedCrop.make_params`` would draw for a ``height x width`` image.
-
-    Args:
-        height, width: The image's size.
-        rng: The random source (one per loader worker, seeded per epoch).
-        scale: The range of the crop's area as a fraction of the image's.
-        ratio: The range of the crop's aspect ratio (width / height).
-
-    Returns:
-        The crop box, inside the image.
-    """
+    """The box, inside the image, that ``v2.RandomResizedCrop.make_params`` would draw for a
+    ``height x width`` image from ``rng`` (one per loader worker, seeded per epoch): ``scale``
+    bounds its area as a fraction of the image's, ``ratio`` its aspect (width / height)."""
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):
@@ -76,17 +68,8 @@ def center_box(height: int, width: int, crop_fraction: float = 0.875) -> Box:
 
 
 def resized_crop(image: torch.Tensor, box: Box, size: int, *, flip: bool = False) -> torch.Tensor:
-    """Cut ``box`` out of an image, resize it to ``size x size`` and maybe mirror it.
-
-    Args:
-        image: ``uint8 [C, H, W]`` or ``[N, C, H, W]`` (any device).
-        box: The region to keep.
-        size: The side of the square result.
-        flip: Mirror left to right.
-
-    Returns:
-        A ``uint8`` tensor of ``[C, size, size]`` (or ``[N, C, size, size]``).
-    """
+    """Cut ``box`` out of a ``uint8 [C, H, W]`` or ``[N, C, H, W]`` image (any device), resize
+    it to ``size x size`` and mirror it left to right if ``flip``."""
     crop = image[..., box.top:box.top + box.height, box.left:box.left + box.width]
     if flip:
         crop = crop.flip(-1)

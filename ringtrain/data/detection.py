@@ -38,11 +38,7 @@ class EpochSampler(Protocol):
 class EpochKeys(Sampler[tuple[int, int]]):
     """A sampler's indices as ``(epoch, index)`` keys, the epoch read from ``sampler.epoch``
     (:class:`~ringtrain.data.sharding.ShardedSampler`, ``DistributedSampler``) when an epoch's
-    iteration starts.
-
-    Args:
-        sampler: Gives the indices and holds the epoch (``set_epoch``).
-    """
+    iteration starts."""
 
     def __init__(self, sampler: EpochSampler) -> None:
         self.sampler = sampler
@@ -62,7 +58,6 @@ class DetectionImages(Dataset[tuple[torch.Tensor, Target]]):
     ``labels`` ``[N]``, ``image_id``), moved with the image.
 
     Args:
-        source: The images and their boxes.
         train: Augment (else the image as it is).
         scale: Range of the resize factor (uniform); ``(1, 1)``: no resize.
         crop: Largest ``(height, width)`` of the random crop; ``None``: no crop. An image

@@ -48,15 +48,9 @@ _HINT = (
 def load_fashion_mnist(
     split: Split, data_dir: str | Path = DEFAULT_DATA_DIR
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read one split of Fashion-MNIST.
-
-    Args:
-        split: ``"train"`` (60,000 examples) or ``"test"`` (10,000).
-        data_dir: The directory with the IDX files, gzip-compressed (``*.gz``) or not.
-
-    Returns:
-        ``(images, labels)``: ``uint8`` tensors of shapes ``[N, 28, 28]`` and ``[N]``, labels in
-        ``0..9`` (names in :data:`CLASSES`).
+    """Read the ``"train"`` (60,000 examples) or ``"test"`` (10,000) split from the IDX files
+    in ``data_dir`` (gzip-compressed or not) as ``uint8`` images ``[N, 28, 28]`` and labels
+    ``[N]`` in ``0..9`` (names in :data:`CLASSES`).
 
     Raises:
         ValueError: ``split`` is neither ``"train"`` nor ``"test"``.
@@ -102,12 +96,8 @@ class FashionMNIST(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     The whole split is held in memory as bytes (47 MB for train) and converted per example, so
     every process of a job can hold its own copy cheaply.
 
-    Args:
-        split: ``"train"`` or ``"test"``.
-        data_dir: The directory with the IDX files.
-        augment: Apply :func:`~ringtrain.data.augment.random_shift_flip` (10 % shifts, flips) to
-            every example as it is read.
-        generator: The random source of the augmentation; the global one when ``None``.
+    ``augment`` applies :func:`~ringtrain.data.augment.random_shift_flip` (10 % shifts, flips)
+    to every example as it is read, drawing from ``generator`` (``None``: the global one).
 
     Raises:
         ValueError, DatasetFileError: As :func:`load_fashion_mnist`.

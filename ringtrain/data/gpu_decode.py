@@ -26,11 +26,8 @@ from ringtrain.data.jpeg import decode_jpeg_cuda
 
 
 class EncodedImages(SourceDataset):
-    """``(uint8 [nbytes] encoded file, label)`` items of an image source that stores JPEGs.
-
-    Args:
-        source: An image folder of JPEGs or a JPEG-format packed file.
-    """
+    """``(uint8 [nbytes] encoded file, label)`` items of an image source that stores JPEGs (an
+    image folder of JPEGs or a JPEG-format packed file)."""
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.source.read(index)
@@ -41,14 +38,9 @@ class EncodedImages(SourceDataset):
 
 
 class GpuDecoder:
-    """Decode a batch of JPEGs on a CUDA device and crop each to ``size x size``.
-
-    Args:
-        device: The CUDA device.
-        size: The side of the crops.
-        train: Random resized crops and flips (else centre crops).
-        rng: The random source of the crops (the main process's; default Python's global one).
-    """
+    """Decode a batch of JPEGs on a CUDA device and crop each to ``size x size``: random
+    resized crops and flips when ``train`` (else centre crops), drawn from ``rng`` (the main
+    process's; default Python's global one)."""
 
     def __init__(self, device: torch.device | str, size: int = 224, *, train: bool = True,
                  scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO,

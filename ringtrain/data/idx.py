@@ -24,15 +24,9 @@ class DatasetFileError(RingtrainError, OSError):
 
 
 def read_idx(path: str | Path, *, ndim: int, hint: str = "") -> torch.Tensor:
-    """Read an IDX file of unsigned bytes into a tensor.
-
-    Args:
-        path: The file; names ending in ``.gz`` are decompressed.
-        ndim: The number of dimensions the file must have (3 for images, 1 for labels).
-        hint: What the user can do about a missing or corrupt file; appended to error messages.
-
-    Returns:
-        A ``torch.uint8`` tensor with the shape recorded in the file's header.
+    """Read an IDX file of unsigned bytes (``.gz``: decompressed) into a ``torch.uint8`` tensor
+    of the shape its header records, which must have ``ndim`` dimensions (3 for images, 1 for
+    labels); ``hint``, what the user can do about a bad file, ends each error message.
 
     Raises:
         DatasetFileError: The file is missing or unreadable, its header is not an IDX header of

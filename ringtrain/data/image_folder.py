@@ -17,10 +17,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class ImageFolder:
-    """The images of a folder tree as ``(bytes, label)`` items.
-
-    Args:
-        root: The folder holding one sub-folder per class.
+    """The images of ``root`` (one sub-folder per class) as ``(bytes, label)`` items.
 
     Raises:
         DatasetFileError: ``root`` is not a folder, or holds no class folder with images.

@@ -37,15 +37,9 @@ def image_size(data: bytes | memoryview) -> tuple[int, int]:
 
 def decode_rgb(data: bytes | memoryview, *, min_height: int = 0,
                min_width: int = 0) -> np.ndarray:
-    """Decode an image to RGB, scaled down in the decoder as far as the minimum size allows.
-
-    Args:
-        data: The encoded file.
-        min_height, min_width: The result is at least this large (JPEG only: the decoder skips
-            detail it would throw away, at 1/2, 1/4 or 1/8 scale). 0: full size.
-
-    Returns:
-        A ``uint8 [H, W, 3]`` array.
+    """Decode an image to a ``uint8 [H, W, 3]`` RGB array at least ``min_height x min_width``
+    (0: full size); a JPEG is scaled down in the decoder as far as that allows (1/2, 1/4 or 1/8:
+    it skips detail it would throw away).
 
     Raises:
         ValueError: ``data`` is not a decodable image.
@@ -67,14 +61,8 @@ def decode_rgb(data: bytes | memoryview, *, min_height: int = 0,
 
 
 def decode_jpeg_cuda(blobs: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
-    """Decode a batch of JPEGs with nvjpeg on a CUDA device, in one batched call.
-
-    Args:
-        blobs: Encoded files as 1-D ``uint8`` CPU tensors (pinned memory speeds the upload).
-        device: The CUDA device.
-
-    Returns:
-        ``uint8 [3, H, W]`` tensors on ``device``, one per file.
+    """Decode a batch of JPEGs (1-D ``uint8`` CPU tensors; pinned memory speeds the upload)
+    with nvjpeg in one call, to ``uint8 [3, H, W]`` tensors on the CUDA ``device``.
 
     Raises:
         RuntimeError: torchvision's CUDA image operators are not available.

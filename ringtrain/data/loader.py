@@ -20,20 +20,15 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class DeviceLoader:
-    """Normalised image batches on ``device``, one epoch per iteration.
+    """Normalised image batches (``dtype``, ``mean``/``std`` in 0..255 units) on ``device``, one
+    epoch per iteration.
 
     Args:
         dataset: ``(uint8 [3, S, S], label)`` items (:class:`~ringtrain.data.classification.
             ClassificationImages`), or ``(uint8 encoded bytes, label)`` items with ``decoder``.
-        batch_size: Images per batch.
         sampler: This rank's indices (:class:`~ringtrain.data.sharding.ShardedSampler`).
-        device: Where batches go.
         settings: Workers and prefetch depth; by default :func:`~ringtrain.data.tuning.
-            choose_loader_settings` for ``local_size`` ranks on this host.
-        local_size: Ranks on this host (``hvd.local_size()``), for the default settings.
-        dtype: The images' floating dtype on the device.
-        channels_last: Channels-last memory format.
-        mean, std: Normalisation, in 0..255 units.
+            choose_loader_settings` for ``local_size`` ranks on this host (``hvd.local_size()``).
         decoder: Turns a batch of encoded images (a list of 1-D ``uint8`` tensors) into a
             ``uint8 [N, 3, S, S]`` batch on ``device`` (:class:`~ringtrain.data.gpu_decode.
             GpuDecoder`); ``None`` when the workers crop.

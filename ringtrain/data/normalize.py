@@ -16,16 +16,9 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 def normalize(images: torch.Tensor, mean: tuple[float, ...] = IMAGENET_MEAN,
               std: tuple[float, ...] = IMAGENET_STD, *, dtype: torch.dtype = torch.float32,
               channels_last: bool = False) -> torch.Tensor:
-    """``(images - mean) / std`` per channel, as floats.
-
-    Args:
-        images: ``uint8 [N, C, H, W]``.
-        mean, std: Per channel, in the images' 0..255 units.
-        dtype: The floating dtype of the result.
-        channels_last: Return the channels-last memory format (faster convolutions on GPUs).
-
-    Returns:
-        A ``dtype [N, C, H, W]`` tensor on the images' device.
+    """``(images - mean) / std`` per channel of ``uint8 [N, C, H, W]`` images (``mean`` and
+    ``std`` in their 0..255 units), as a ``dtype`` tensor on their device; ``channels_last``
+    gives that memory format (faster convolutions on GPUs).
 
     Raises:
         ValueError: ``images`` is not 4-D, or ``mean``/``std`` do not have one value per channel.

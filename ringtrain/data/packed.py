@@ -34,9 +34,6 @@ class PackedImages:
     The file is mapped lazily in each process, so loader workers share the page cache instead
     of pickling the data.
 
-    Args:
-        folder: The folder ``ringtrain data pack`` wrote.
-
     Raises:
         DatasetFileError: A file is missing or the folder is not a packed data set.
     """
@@ -91,19 +88,10 @@ def resize_short_side(pixels: np.ndarray, size: int) -> np.ndarray:
 
 def write_packed(items: Iterable[tuple[bytes, int]], out: str | Path, *, classes: list[str],
                  size: int = 256, fmt: PackFormat = "raw", quality: int = 90) -> int:
-    """Write a packed data set.
-
-    Args:
-        items: ``(encoded image, label)`` pairs (e.g. from an
-            :class:`~ringtrain.data.image_folder.ImageFolder`; wrap it in a progress bar).
-        out: The folder to create; must not exist or be empty.
-        classes: The class names, by label.
-        size: The short side of the stored images.
-        fmt: ``"raw"`` pixels or ``"jpeg"``.
-        quality: The JPEG quality of the ``jpeg`` format.
-
-    Returns:
-        The number of images written.
+    """Write a packed data set of ``(encoded image, label)`` items (an
+    :class:`~ringtrain.data.image_folder.ImageFolder`'s, say, in a progress bar) to the folder
+    ``out`` (absent or empty), short side ``size``, as ``raw`` pixels or ``jpeg`` of ``quality``;
+    returns the number of images written.
 
     Raises:
         FileExistsError: ``out`` exists and is not empty.

@@ -79,7 +79,3 @@ class ShardedSampler(ElasticSampler):
         self._padded = list(itertools.islice(itertools.cycle(self.remaining_indices),
                                              self.total_size))
         self.indices = self._shard(self.rank)
-
-    def num_batches(self) -> int:
-        """The batches this rank has left in the epoch."""
-        return -(-self.num_samples // self.batch_size)

@@ -19,20 +19,11 @@ def synthetic_batch(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed random batch of images (standard normal) and labels (uniform over the classes).
+    """A fixed random batch on ``device``: ``dtype`` images of ``[batch_size, *image_shape]``
+    (standard normal) and ``int64`` labels of ``[batch_size]`` (uniform over the classes).
 
-    Args:
-        batch_size: Examples in the batch.
-        image_shape: ``(channels, height, width)`` of one image.
-        num_classes: Labels are drawn from ``0..num_classes-1``.
-        device: Where the batch lives.
-        dtype: The images' floating dtype.
-        seed: Seeds a private generator, so the batch is the same on every call and every rank
-            without touching the global random state.
-
-    Returns:
-        ``(images, labels)`` of shapes ``[batch_size, *image_shape]`` and ``[batch_size]``
-        (``int64``), on ``device``.
+    ``seed`` seeds a private generator, so the batch is the same on every call and every rank
+    without touching the global random state.
 
     Raises:
         ValueError: ``batch_size`` or ``num_classes`` is not positive, or ``image_shape`` does

@@ -12,19 +12,11 @@ from ringtrain.data.voc import Box
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
-    """The offsets of the tiles along one side, covering ``[0, length)`` with no gap.
+    """The increasing offsets of the tiles along one side, covering ``[0, length)`` with no gap.
 
-    Tiles step by ``tile - overlap``; the last one is moved back to end at ``length`` rather than
-    hang off the image, so it may overlap its neighbour by more. A side no longer than a tile is
-    one tile (of the side's length).
-
-    Args:
-        length: The image's side in pixels.
-        tile: The tile's side in pixels.
-        overlap: Pixels shared by neighbouring tiles, ``0 <= overlap < tile``.
-
-    Returns:
-        The start offsets, increasing.
+    Tiles step by ``tile - overlap`` (pixels shared by neighbours); the last one is moved back to
+    end at ``length`` rather than hang off the image, so it may overlap its neighbour by more. A
+    side no longer than a tile is one tile (of the side's length).
 
     Raises:
         ValueError: ``tile`` is not positive or ``overlap`` is outside ``[0, tile)``.
@@ -40,19 +32,9 @@ def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
 
 def boxes_in_tile(boxes: tuple[Box, ...] | list[Box], left: int, top: int, width: int,
                   height: int, min_visible: float) -> list[Box]:
-    """The boxes a tile keeps, in the tile's coordinates.
-
-    Args:
-        boxes: Boxes in the image's coordinates.
-        left: The tile's left edge in the image.
-        top: The tile's top edge in the image.
-        width: The tile's width.
-        height: The tile's height.
-        min_visible: The smallest fraction of a box's area that must lie inside the tile for it
-            to be kept (clipped); 1.0 keeps only boxes wholly inside.
-
-    Returns:
-        The kept boxes, clipped to ``[0, width] x [0, height]``.
+    """The image's ``boxes`` a tile (its edges in the image) keeps, clipped to ``[0, width] x
+    [0, height]`` in the tile's coordinates: those with at least ``min_visible`` of their area
+    inside (1.0 keeps only boxes wholly inside).
 
     Raises:
         ValueError: ``min_visible`` is not in ``(0, 1]``.

@@ -12,7 +12,6 @@ the workers leave. Every value here is overridable by the caller.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sized
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from typing import cast
 
 import torch
 from torch.utils.data import Dataset
+
+from ringtrain.runner.threads import usable_cores
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,7 @@ class LoaderSettings:
 
 def cores_per_rank(local_size: int) -> int:
     """The cores this process may use: its affinity mask divided among the host's ranks."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_size))
+    return max(1, usable_cores() // max(1, local_size))
 
 
 def worker_budget(cores: int, *, cpu_training: bool) -> int:
@@ -55,21 +55,13 @@ def training_threads(cores: int, workers: int) -> int:
 def choose_loader_settings(*, local_size: int, batch_size: int, decode_ms: float | None = None,
                            step_ms: float | None = None, cores: int | None = None,
                            cpu_training: bool = False) -> LoaderSettings:
-    """Workers and prefetch depth for one rank.
+    """Workers and prefetch depth for one rank of ``local_size`` on this host: at least one
+    worker for GPU training, so that decoding overlaps it; none for CPU training on one core
+    per rank.
 
-    Args:
-        local_size: Ranks on this host (``hvd.local_size()``).
-        batch_size: Images per batch on this rank.
-        decode_ms: Measured CPU milliseconds to read, decode and crop one image
-            (:func:`measure_decode_ms`); unknown: use every core this rank has.
-        step_ms: Measured milliseconds of one training step without data waits (e.g. with
-            synthetic data); unknown: use every core this rank has.
-        cores: Cores of this rank (default :func:`cores_per_rank`).
-        cpu_training: The model trains on the CPU (its threads use the cores too).
-
-    Returns:
-        The settings: at least one worker for GPU training, so that decoding overlaps it; none
-        for CPU training on one core per rank.
+    ``decode_ms`` (:func:`measure_decode_ms`: CPU ms to read, decode and crop one image) and
+    ``step_ms`` (a step without data waits, e.g. with synthetic data) are measured; either
+    unknown: use every core this rank has (``cores``, default :func:`cores_per_rank`).
     """
     cores = cores if cores is not None else cores_per_rank(local_size)
     budget = worker_budget(cores, cpu_training=cpu_training)
@@ -89,14 +81,8 @@ def choose_loader_settings(*, local_size: int, batch_size: int, decode_ms: float
 
 
 def measure_decode_ms(dataset: Dataset, samples: int = 16) -> float:
-    """CPU milliseconds to produce one item of ``dataset`` (read, decode, crop), measured here.
-
-    Args:
-        dataset: A map-style data set.
-        samples: Items timed (spread over the data set), after one warm-up item.
-
-    Returns:
-        Mean process CPU time per item on one thread, in milliseconds.
+    """Mean process CPU milliseconds on one thread to produce one item of a map-style
+    ``dataset`` (read, decode, crop): ``samples`` items spread over it, after one warm-up.
 
     Raises:
         ValueError: ``dataset`` is empty.

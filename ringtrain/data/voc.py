@@ -43,13 +43,7 @@ class VocAnnotation:
 
 
 def read_voc(path: Path) -> VocAnnotation:
-    """Read one Pascal VOC XML file.
-
-    Args:
-        path: The ``.xml`` file.
-
-    Returns:
-        The image size and every object's box.
+    """The image size and every object's box of one Pascal VOC ``.xml`` file.
 
     Raises:
         AnnotationFileError: The file is not VOC XML, lacks a size or a box corner, or holds a box

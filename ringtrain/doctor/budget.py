@@ -38,14 +38,9 @@ REPORT_RESERVE_S = 5.0
 
 @dataclass(frozen=True)
 class Check:
-    """The shape of one run of the doctor on a folder.
-
-    Args:
-        full: The full check (``--full``) rather than the quick one.
-        steps: Measured steps per trial at most.
-        warmup: Unmeasured steps at the start of each trial.
-        budget_s: The bound on the whole run in seconds; ``None``: none.
-    """
+    """The shape of one run of the doctor on a folder: the full check (``--full``) or the quick
+    one, measured steps per trial at most, warm-up steps of each, and the bound on the whole run
+    in seconds (``None``: none)."""
 
     full: bool
     steps: int
@@ -55,37 +50,17 @@ class Check:
 
 def sample_size(images: int, *, warmup: int, steps: int, batch_size: int, ranks: int) -> int:
     """Images the quick check reads: what one trial trains on at most (each trial then reads
-    each sampled image about once, as it would read that many images of the whole folder),
-    and no more than the folder holds.
-
-    Args:
-        images: Images in the folder.
-        warmup, steps: Steps of each trial.
-        batch_size: Images per rank per step.
-        ranks: Ranks training.
-
-    Returns:
-        The sample's size; ``images`` itself means every image.
-    """
+    each sampled image about once, as it would read that many images of the whole folder), and
+    no more than the folder's ``images`` (which means every image)."""
     return min(images, (warmup + steps) * batch_size * ranks)
 
 
 def trial_steps(left_s: float, step_s: float, trials_left: int, *, warmup: int, steps: int,
                 min_steps: int = MIN_STEPS) -> int:
-    """Measured steps for the trial now past its warm-up: its even share of the time left
-    once the later trials' warm-ups are set aside (steps as long as this trial's).
-
-    Args:
-        left_s: Seconds left in the budget (``math.inf``: unbounded).
-        step_s: Seconds one step of this trial takes (its last warm-up step).
-        trials_left: Trials still to run, this one included.
-        warmup: Warm-up steps of each later trial.
-        steps: The most steps a trial measures.
-        min_steps: The fewest (kept even when the budget is spent).
-
-    Returns:
-        Between ``min(min_steps, steps)`` and ``steps``.
-    """
+    """Measured steps for the trial now past its warm-up: its even share of the ``left_s``
+    seconds left (``math.inf``: unbounded) once the warm-ups of the ``trials_left - 1`` later
+    trials are set aside, at ``step_s`` seconds a step (its last warm-up step's); between
+    ``min(min_steps, steps)`` (kept even when the budget is spent) and ``steps``."""
     floor = min(min_steps, steps)
     if math.isinf(left_s) or step_s <= 0:
         return steps
@@ -101,14 +76,8 @@ def fits(left_s: float, step_s: float, *, warmup: int, min_steps: int = MIN_STEP
 
 
 class Budget:
-    """The time left of a run bounded to ``seconds`` from ``started`` (less
-    :data:`REPORT_RESERVE_S` for the report).
-
-    Args:
-        seconds: The bound; ``None``: unbounded (:meth:`left_s` is ``math.inf``).
-        started: When the run began, on ``clock``'s scale (default: now).
-        clock: Seconds, monotonic (injectable for tests).
-    """
+    """The time left of a run bounded to ``seconds`` (``None``: unbounded) from ``started``
+    (on ``clock``'s scale; default: now), less :data:`REPORT_RESERVE_S` for the report."""
 
     def __init__(self, seconds: float | None, started: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -1,21 +1,10 @@
 """``ringtrain doctor --forecast 2,4,8 -- python train.py``: measure here, forecast there, check.
 
-What is measured, from short runs of the unchanged script with the step profiler on (see
-:mod:`ringtrain.torch.auto_profile`), one process at a time:
-
-* the compute of a step (its time less the wait for data), the input pipeline (its wait when
-  loading runs in the training process; the rate it delivers when loader workers run beside
-  training and cannot keep up), and the gradient buckets with the time before the end of
-  backward at which each is ready (:mod:`ringtrain.torch.gradient_plan`);
-* for CPU training, all of that again for each core share a worker would have on a host of
-  ``--per-host`` workers like this one (the run is pinned to that many cores with ``taskset``):
-  processes on one host share its cores, and a step on 1 core is not half a step on 2;
-* the allreduce cost curve: 2 ranks on this host (:mod:`ringtrain.doctor.allreduce_probe`),
-  fitted to latency + bandwidth.
-
-Then :mod:`ringtrain.doctor.forecast_model` forecasts every size for ring, hierarchical and
-parameter-server reduction, and every size that fits on this host is run for real (``ringtrain
-run -np N``) and reported beside its forecast with the error.
+Short runs of the unchanged script with the step profiler on, one process at a time (for CPU
+training, again pinned with ``taskset`` to each core share a worker would get: a step on 1 core
+is not half a step on 2), and the allreduce probe of 2 ranks feed
+:mod:`ringtrain.doctor.forecast_model`; every size that fits on this host is then run for real
+and reported beside its forecast. What is measured and how: docs/forecast.md.
 """
 
 from __future__ import annotations
@@ -29,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtrain.doctor import network_profiles
+from ringtrain.doctor import network_profiles, script_results
 from ringtrain.doctor.forecast_model import (
     Layout,
     Network,
@@ -40,6 +29,7 @@ from ringtrain.doctor.forecast_model import (
 )
 from ringtrain.doctor.script import run_script
 from ringtrain.doctor.script_results import ScriptRunError
+from ringtrain.runner.threads import usable_cores
 from ringtrain.torch.gradient_plan import GradientPlan, read_plan
 
 #: A background pipeline whose wait is above this share of the step is what paces it.
@@ -108,22 +98,15 @@ def read_run(out: Path, warmup: int, workers: int, cores: int) -> Measured:
     Raises:
         ScriptRunError: no step recorded after the warm-up.
     """
-    records = []
-    for path in sorted(out.glob("steps.rank*.jsonl")):
-        records += [r for r in map(json.loads, path.read_text().splitlines())
-                    if r["step"] >= warmup]
-    if not records:
-        raise ScriptRunError(f"no step was profiled after {warmup} warm-up step(s) in {out}: "
-                             "the script must train with hvd.DistributedOptimizer and run more "
-                             "than --warmup steps")
-    loader = [r["loader_workers"] for r in records if "loader_workers" in r]
+    run = script_results.read_run(out, warmup)
+    records = [r for rank in run.ranks for r in rank]
     samples = [r["samples"] for r in records if r.get("samples")]
     return Measured(
         workers, cores,
         statistics.median(r["step_ms"] for r in records),
         statistics.median(r["step_ms"] - r["data_ms"] - r["communication_ms"] for r in records),
         statistics.median(r["data_ms"] for r in records),
-        max(loader) if loader else None,
+        run.workers,
         int(statistics.median(samples)) if len(samples) == len(records) else 0,
         read_plan(out))
 
@@ -134,22 +117,10 @@ def _cpus(cores: int) -> str:
     return ",".join(str(c) for c in allowed[:cores])
 
 
-def host_cores() -> int:
-    """Cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-
-
 class Forecaster:
-    """Runs the measurements of one forecast into ``work_dir`` and keeps what they found.
-
-    Args:
-        command: The user's training command.
-        work_dir: Where each run's records go (``forecast/<run>/``).
-        warmup, steps: Steps left out, then measured, in every run.
-        timeout_s: Seconds each run may take.
-        log: Where progress lines go (a person waits minutes for this).
-    """
+    """Runs the measurements of one forecast of ``command`` into ``work_dir/forecast/<run>/``,
+    each run ``warmup`` then ``steps`` steps within ``timeout_s``; progress lines go to ``log``
+    (a person waits minutes for this)."""
 
     def __init__(self, command: list[str], work_dir: Path, warmup: int, steps: int,
                  timeout_s: float, log=print) -> None:
@@ -165,7 +136,7 @@ class Forecaster:
             ScriptRunError: the run failed, or ``taskset`` is missing for a pinned run.
         """
         command = self.command
-        full = host_cores()
+        full = usable_cores()
         if cores is not None and cores < full:
             if shutil.which("taskset") is None:
                 raise ScriptRunError("forecasting CPU training on hosts shared by several "
@@ -189,7 +160,7 @@ class Forecaster:
         out = self.dir / f"{n}proc"
         run_script(self.command, n, out, synthetic=False, steps=self.warmup + self.steps,
                    timeout_s=self.timeout_s)
-        return read_run(out, self.warmup, n, max(1, host_cores() // n))
+        return read_run(out, self.warmup, n, max(1, usable_cores() // n))
 
     def checks(self, sizes: tuple[int, ...], here: int) -> dict[int, Measured]:
         """:meth:`world` of every size from 2 to ``here`` (the workers that fit on this host),
@@ -263,12 +234,8 @@ def forecast_table(spec: ForecastSpec, workloads: dict[int, Workload], per_host:
 
 
 def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
-    """Measure, forecast, check and report (``ringtrain doctor --forecast``).
-
-    Returns:
-        0; 1 when a run failed; 2 for a request that cannot be met (``--network measured``
-        on one core).
-    """
+    """Measure, forecast, check and report (``ringtrain doctor --forecast``); returns 0, 1 when
+    a run failed, 2 for a request that cannot be met (``--network measured`` on one core)."""
     import torch
 
     from ringtrain.doctor import forecast_report
@@ -276,7 +243,7 @@ def doctor_forecast(args, command: list[str], spec: ForecastSpec) -> int:
     def log(message: str) -> None:
         print(f"ringtrain doctor: {message}", file=sys.stderr, flush=True)
 
-    cores = host_cores()
+    cores = usable_cores()
     load_avg = os.getloadavg()  # measurements on a busy host are slower: the report says so
     forecaster = Forecaster(command, args.work_dir, args.warmup, args.steps, args.timeout, log)
     try:

@@ -1,24 +1,10 @@
 """The scaling forecast's performance model: pure arithmetic from measured inputs to a step time.
 
-A worker's step is its compute (forward, backward, optimizer), plus whatever part of the
-gradients' reduction backward could not hide, plus input-pipeline time that runs in the
-training process; an input pipeline that runs beside it (loader workers) caps the step rate
-instead. Gradients travel in buckets: each becomes ready at some point of backward and is
-reduced as soon as the network is free, one bucket at a time, as ``DistributedOptimizer`` and
-Horovod's fusion buffer do. What the step cannot hide is the reduction that ends after backward.
-
-The cost of one reduction of ``n`` bytes over ``p`` workers (``alpha``: a link's latency,
-``B``: its bandwidth; ``L`` workers per host, ``H`` hosts):
-
-* ring allreduce, the ring crossing each host's NIC once each way:
-  ``2 (p-1) alpha + 2 (p-1)/p * n / B`` with the slowest link of the ring (across hosts when
-  ``H > 1``);
-* hierarchical: reduce-scatter within the host, a ring across hosts of every local rank's
-  ``n/L`` shard (the ``L`` shards share the host's NIC), allgather within the host:
-  ``2 (L-1) alpha_in + 2 (L-1)/L n / B_in + 2 (H-1) alpha_out + 2 (H-1)/H n / B_out``;
-* parameter server with ``k`` servers (each on its own NIC): every worker pushes ``n`` bytes
-  and pulls ``n`` bytes; the servers together receive and send ``p n``:
-  ``2 alpha + 2 max(n / B, p n / (k B))``.
+A worker's step is its compute, plus the part of the gradients' reduction backward could not
+hide, plus input-pipeline time in the training process; loader workers beside it cap the step
+rate instead. Buckets are reduced one at a time as soon as each is ready and the network is
+free, as ``DistributedOptimizer`` and Horovod's fusion buffer do. The formulas of ring,
+hierarchical and parameter-server reduction: docs/forecast.md, "The model".
 
 Nothing here measures or imports torch: :mod:`ringtrain.doctor.forecast` feeds it the
 buckets ``DistributedOptimizer`` planned and timed (:class:`~ringtrain.torch.grad_bucket.Bucket`,
@@ -33,10 +19,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ringtrain.torch.grad_bucket import Bucket
-
-#: The resources a forecast names as the limit of a size.
-LIMITS = ("compute", "network", "input pipeline")
-
 
 @dataclass(frozen=True)
 class Link:
@@ -94,11 +76,6 @@ class Workload:
             raise ValueError(f"overlap must be within [0, 1], got {self.overlap}")
         if self.inline_data_ms < 0 or (self.pipeline_ms is not None and self.pipeline_ms <= 0):
             raise ValueError("inline_data_ms must be >= 0 and pipeline_ms positive")
-
-    @property
-    def gradient_bytes(self) -> int:
-        """Gradient bytes reduced per step."""
-        return sum(b.nbytes for b in self.buckets)
 
 
 @dataclass(frozen=True)
@@ -188,7 +165,7 @@ class Point:
 
 def allreduce_ms(nbytes: int, layout: Layout, network: Network, strategy: Strategy) -> float:
     """Milliseconds to reduce ``nbytes`` once over ``layout`` with ``strategy`` (0 for one
-    worker); see the module's description for the formulas."""
+    worker); the formulas are in docs/forecast.md."""
     p = layout.workers
     if p == 1 or nbytes <= 0:
         return 0.0

@@ -86,8 +86,3 @@ def ratio(a: Estimate, b: Estimate) -> Estimate:
         raise ValueError("the ratio's denominator is 0")
     mean = a.mean / b.mean
     return Estimate(mean, abs(mean) * math.hypot(a.relative, b.relative))
-
-
-def difference(a: Estimate, b: Estimate) -> Estimate:
-    """``a - b`` for independent estimates (half-widths added in quadrature)."""
-    return Estimate(a.mean - b.mean, math.hypot(a.half, b.half))

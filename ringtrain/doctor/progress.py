@@ -12,15 +12,9 @@ from typing import TextIO
 
 
 class Progress:
-    """Writes ``trial NAME: step K/N, ~S s left`` lines (rank 0 only: ``enabled``).
-
-    Args:
-        enabled: Whether to write anything.
-        every_s: The least time between two lines of one trial (its first and last step are
-            always shown).
-        clock: Seconds, monotonic (injectable for tests).
-        out: Where the lines go (default ``sys.stderr``).
-    """
+    """Writes ``trial NAME: step K/N, ~S s left`` lines to ``out`` (default ``sys.stderr``)
+    when ``enabled`` (rank 0 only), at most one per ``every_s`` of a trial besides its first
+    and last step."""
 
     def __init__(self, enabled: bool, every_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, out: TextIO | None = None):

@@ -95,12 +95,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def doctor_script(args: argparse.Namespace, command: list[str]) -> int:
-    """Run the script's trials ``args.repeats`` times each, and report as the doctor does.
-
-    Returns:
-        0; 1 when a run of the script failed or trained no visible step; 130 on Ctrl-C (what
-        was measured so far is printed).
-    """
+    """Run the script's trials ``args.repeats`` times each, and report as the doctor does;
+    returns 0, 1 when a run of the script failed or trained no visible step, 130 on Ctrl-C
+    (what was measured so far is printed)."""
     runs: dict[str, list[ScriptRun]] = {"synthetic": [], "real": []}
     # Ctrl-C stops the trials and reports them, also when this process was started with SIGINT
     # ignored (a background job of a shell), which Python would otherwise keep.

@@ -64,12 +64,8 @@ StepPlan = Callable[[float | None], int]
 
 
 class SampledImages:
-    """Some images of a source, by index: the quick check's sample of a folder.
-
-    Args:
-        source: The images.
-        indices: The indices of ``source`` to keep, in order.
-    """
+    """The images ``indices`` of ``source``, in that order: the quick check's sample of a
+    folder."""
 
     def __init__(self, source: ImageSource, indices: list[int]) -> None:
         self.source = source

@@ -1,9 +1,7 @@
 """Horovod's Keras API on Keras 3 (PyTorch backend): ``import ringtrain.keras as hvd``.
 
-The names of ``horovod.keras`` / ``horovod.tensorflow.keras``: the process model and build
-probes of ringtrain.torch, ``DistributedOptimizer`` for any ``keras.optimizers.Optimizer``,
-collectives on numpy arrays and tensors, ``load_model``, ``callbacks`` and ``elastic``.
-Importing it makes ``torch`` Keras' backend if keras is not imported yet, and refuses any other
+The names of ``horovod.keras`` / ``horovod.tensorflow.keras`` (docs/keras.md). Importing it makes
+``torch`` Keras' backend if keras is not imported yet, and refuses any other
 (see :mod:`ringtrain.keras.backend`).
 """
 

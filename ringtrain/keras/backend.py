@@ -1,9 +1,7 @@
-"""Keras 3 on PyTorch, and nothing else: ringtrain reduces torch tensors through its engine.
-
-Keras picks its backend once, when ``keras`` is first imported (``KERAS_BACKEND``, else
-``~/.keras/keras.json``, else TensorFlow). A model on another backend would train without ever
-touching ringtrain's collectives: every rank alone, silently. So importing ``ringtrain.keras``
-makes ``torch`` the default if keras is not imported yet, and refuses any other backend.
+"""Keras 3 on PyTorch, and nothing else: on another backend a model would never touch
+ringtrain's collectives, every rank training alone, silently. So importing ``ringtrain.keras``
+makes ``torch`` Keras' backend if keras is not imported yet, and refuses any other
+(docs/keras.md, "The backend").
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Horovod's Keras callbacks (``hvd.callbacks``), on Keras 3, with Horovod 0.28.1's semantics.
-
-- :class:`BroadcastGlobalVariablesCallback`: rank ``root_rank``'s model and optimizer variables
-  everywhere, at the end of the first batch (once the optimizer has its slots).
-- :class:`MetricAverageCallback`: every rank's epoch-end metrics replaced by their average.
-- :class:`LearningRateScheduleCallback`: ``lr = initial_lr * multiplier(epoch)`` per epoch
-  (staircase) or per batch, with momentum correction.
-- :class:`LearningRateWarmupCallback`: from ``initial_lr / size`` to ``initial_lr`` over the
-  warmup epochs (Goyal et al., "Accurate, Large Minibatch SGD").
-- :class:`BestModelCheckpoint`: ``ModelCheckpoint`` keeping only the best model.
-- :class:`TensorBoard` (ringtrain's): the training curves as TensorBoard event files, written
-  by rank 0 without TensorFlow (Keras' own callback needs it), which the job service's
-  dashboard draws.
+"""Horovod's Keras callbacks (``hvd.callbacks``) on Keras 3, with Horovod 0.28.1's semantics
+(docs/keras.md, "Callbacks"), and a :class:`TensorBoard` that needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -39,12 +28,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and its optimizer's variables from ``root_rank`` to every rank.
 
     As Horovod's, it runs at the end of the first batch of ``fit`` (a model or optimizer may
-    only be built by the first step), so that every rank goes on from the same weights and
-    optimizer state, also when only the root loaded a checkpoint. The states of random seed
-    generators (dropout, augmentation) stay each rank's own.
+    only be built by the first step). The states of random seed generators stay each rank's own.
 
     Args:
-        root_rank: the rank whose values everyone takes.
         device: accepted for Horovod's signature; variables are broadcast where they live.
         local_variables: variables (or one) not to broadcast.
     """
@@ -79,15 +65,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Average the metrics in the epoch-end logs over all ranks, in place.
-
-    Callbacks after it in the list (``ReduceLROnPlateau``, ``TensorBoard``, the ``History``
-    that ``fit`` returns) see the averaged values; put it before them, as in Horovod. All
-    numeric metrics go in one allreduce, in the order of their sorted names.
-
-    Args:
-        device: accepted for Horovod's signature.
-    """
+    """Average the metrics in the epoch-end logs over all ranks, in place (one allreduce, in
+    the order of their sorted names); callbacks after it in the list see the averages.
+    ``device``: accepted for Horovod's signature."""
 
     def __init__(self, device: str = ""):
         super().__init__()
@@ -119,21 +99,14 @@ def _is_number(value: Any) -> bool:
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` until
-    ``end_epoch`` (exclusive).
+    ``end_epoch`` (exclusive; None: no end).
 
     With ``staircase=True`` the rate changes at the first batch of each epoch and ``multiplier``
-    gets the integer epoch; otherwise at every batch, with ``epoch + batch / steps_per_epoch``.
-    A constant ``multiplier`` means ``multiplier ** (epoch - start_epoch)``. With momentum
-    correction, an optimizer with a ``momentum`` has it multiplied by ``new_lr / old_lr`` for
-    the batch in which the rate changes, then restored. The epoch's logs get ``lr``.
-
-    Args:
-        initial_lr: the learning rate at the start of training.
-        multiplier: a number, or ``f(epoch) -> factor``.
-        start_epoch, end_epoch: the epochs it applies to (``end_epoch`` None: all after start).
-        staircase: adjust per epoch (True) or per batch (False).
-        momentum_correction: apply momentum correction.
-        steps_per_epoch: batches per epoch; found from ``fit``'s parameters when missing.
+    gets the integer epoch; otherwise at every batch, with ``epoch + batch / steps_per_epoch``
+    (``steps_per_epoch`` found from ``fit``'s parameters when missing). A constant
+    ``multiplier`` means ``multiplier ** (epoch - start_epoch)``. With momentum correction, an
+    optimizer's ``momentum`` is multiplied by ``new_lr / old_lr`` for the batch in which the
+    rate changes, then restored. The epoch's logs get ``lr``.
 
     Raises:
         ValueError: ``initial_lr`` is None.
@@ -215,14 +188,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     ``lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)`` with
     ``epoch = full_epochs + (batch + 1) / steps_per_epoch`` (shifted by one batch so that each
-    epoch ends on a round value, as in Horovod), for the first ``warmup_epochs`` epochs.
-
-    Args:
-        initial_lr: the learning rate after the warmup.
-        warmup_epochs: epochs of the warmup.
-        momentum_correction: apply momentum correction.
-        steps_per_epoch: batches per epoch; found from ``fit``'s parameters when missing.
-        verbose: 1: rank 0 prints when the warmup ends.
+    epoch ends on a round value, as in Horovod), for the first ``warmup_epochs`` epochs;
+    ``verbose=1``: rank 0 prints when the warmup ends.
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,
@@ -252,10 +219,6 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     Horovod leaves ``filepath`` to be set later (its Spark estimator does); Keras 3 checks the
     path when the callback is made, so it is an argument here, last, with a default.
-
-    Args:
-        monitor, verbose, mode, save_freq, save_weights_only: as ``ModelCheckpoint``'s.
-        filepath: where the model goes (``.keras``; ``.weights.h5`` with save_weights_only).
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
@@ -269,19 +232,14 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
 
 class TensorBoard(keras.callbacks.Callback):
-    """Rank 0 writes ``fit``'s metrics to TensorBoard event files in ``log_dir``.
+    """Rank 0 writes ``fit``'s metrics to TensorBoard event files in ``log_dir`` (created; in a
+    job, under its outputs, where the dashboard finds them).
 
-    Keras' ``TensorBoard`` callback writes through TensorFlow, which a Keras 3 on torch does not
-    have; this one writes the same files through ``torch.utils.tensorboard`` (the
-    ``tensorboard`` package, ``pip install 'ringtrain[tensorboard]'``). Every epoch's logs
-    (``loss``, ``accuracy``, ``val_*``, ...) go to ``epoch/<name>`` at the epoch's number, and
-    every ``update_freq`` batches the batch's logs to ``train/<name>`` at the step, with the
-    optimizer's learning rate as ``train/lr``. Other ranks write nothing.
-
-    Args:
-        log_dir: The folder of the event files (created); in a job, under its outputs, where
-            the dashboard finds them.
-        update_freq: Batches between ``train/*`` points; 0 for epoch points only.
+    Keras' own callback writes through TensorFlow, which Keras 3 on torch does not have; this
+    one writes through ``torch.utils.tensorboard`` (``pip install 'ringtrain[tensorboard]'``).
+    Every epoch's logs go to ``epoch/<name>`` at the epoch's number, and every ``update_freq``
+    batches (0: never) the batch's logs to ``train/<name>`` at the step, with the learning rate
+    as ``train/lr``.
 
     Raises:
         ImportError: The ``tensorboard`` package is not installed.

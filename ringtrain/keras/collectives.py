@@ -40,20 +40,8 @@ def _back(result: torch.Tensor, as_numpy: bool) -> Any:
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               op: ReduceOp | None = None, compression: Any = Compression.none) -> Any:
-    """Reduce ``value`` over all ranks (the average by default).
-
-    Args:
-        value: a number, list, numpy array, torch tensor or Keras variable, of the same shape
-            on every rank.
-        name: the operation's name (generated if missing; ranks must agree).
-        average: deprecated: ``True`` for Average, ``False`` for Sum.
-        prescale_factor, postscale_factor: multiply before and after the reduction.
-        op: ``Average``, ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
-        compression: ``Compression.fp16``/``.bf16`` send floats narrower.
-
-    Returns:
-        The reduced value: numpy for numpy input, a torch tensor for tensor input.
-    """
+    """Reduce ``value`` (of the same shape on every rank) over all ranks, the average by
+    default; as :func:`ringtrain.torch.allreduce` otherwise (``average`` deprecated)."""
     tensor, as_numpy = _as_tensor(value)
     wire, ctx = compression.compress(tensor)
     result = ops.synchronize(ops.allreduce_async(wire, average=average, name=name, op=op,
@@ -92,15 +80,9 @@ def is_seed_state(variable: Any) -> bool:
 def broadcast_variables(variables: Iterable[Any], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         name: str = "broadcast_variables") -> None:
-    """Overwrite Keras variables, in place on every rank, with rank ``root_rank``'s values.
-
-    Args:
-        variables: e.g. ``model.variables`` or ``optimizer.variables``, in the same order on
-            every rank.
-        root_rank: the rank whose values everyone takes.
-        process_set: broadcast among these ranks only.
-        name: prefix of the operations' names.
-    """
+    """Overwrite Keras variables (``model.variables``, say, in the same order on every rank),
+    in place on every rank, with rank ``root_rank``'s values; ``name``: the operations'
+    names' prefix."""
     handles = []
     for i, variable in enumerate(variables):
         tensor = variable.value
@@ -111,10 +93,8 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int,
 
 
 def broadcast_global_variables(root_rank: int) -> None:
-    """Horovod's TF1 call, which Keras 3 cannot offer.
-
-    Keras 3 keeps no collection of global variables (neither does TensorFlow 2, where
-    Horovod's ``broadcast_global_variables`` raises the same way in eager mode).
+    """Horovod's TF1 call, which Keras 3 cannot offer: it keeps no collection of global
+    variables (in TensorFlow 2's eager mode Horovod's raises too).
 
     Raises:
         RuntimeError: always, saying what to use instead.

@@ -1,10 +1,6 @@
-"""Elastic training for Keras (``hvd.elastic``): a model's state, its callbacks, and ``run``.
-
-:class:`KerasState` commits copies of a model's and optimizer's variables (and plain
-attributes such as ``epoch`` and ``batch``), restores them after a peer failed, and synchronises
-them from rank 0 when a world forms. The callbacks commit it during ``fit`` and keep its
-``epoch``/``batch`` current. :func:`run` is ringtrain.torch's: it retries the training function
-in the next world that the elastic launcher forms (see docs/horovod-compat.md, *Elastic*).
+"""Elastic training for Keras (``hvd.elastic``): a model's state, the callbacks that commit it and
+keep its ``epoch``/``batch`` current during ``fit``, and ringtrain.torch's :func:`run`
+(docs/keras.md, "Elastic").
 """
 
 from __future__ import annotations
@@ -27,12 +23,8 @@ __all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
 
 
 class KerasState(ObjectState):
-    """The state of a Keras model and its optimizer, plus plain values as attributes.
-
-    Args:
-        model: a built Keras model.
-        optimizer: its optimizer (default: the one the model was compiled with).
-        **kwargs: further values to commit and synchronise (``epoch=0, batch=0``).
+    """The state of a built Keras model and its optimizer (default: the model's), plus plain
+    values as attributes (``epoch=0, batch=0``).
 
     Raises:
         ValueError: the model is not built yet.
@@ -82,12 +74,7 @@ class KerasState(ObjectState):
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit ``state`` every ``batches_per_commit`` batches and at the end of every epoch.
-
-    Args:
-        state: the state to commit.
-        batches_per_commit: batches between commits (default 1).
-    """
+    """Commit ``state`` every ``batches_per_commit`` batches and at the end of every epoch."""
 
     def __init__(self, state: Any, batches_per_commit: int = 1):
         super().__init__()

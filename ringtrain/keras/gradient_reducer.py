@@ -1,13 +1,8 @@
 """One step's gradients of Keras variables, averaged across ranks in a few flat buckets.
 
-Keras on torch hands the optimizer a list of gradients once backward is done. They are copied
-into the flat tensors of :class:`~ringtrain.torch.grad_bucket.GradBucket` (the torch frontend's
-buckets, cut by the same :func:`~ringtrain.torch.grad_bucket.plan_buckets`: ~25 MiB, from the
-end of the variable list, one per dtype and device) and each bucket goes to the engine as one
-named in-place allreduce; a bucket's averaged values are handed back as views of its flat
-tensor. The tutorial's CNN (12 variables, 5 MB) costs one collective per step. Explicit
-``groups`` are units of their own, as in Horovod: each group is submitted as one grouped
-allreduce.
+The gradients are copied into :class:`~ringtrain.torch.grad_bucket.GradBucket` flat tensors (the
+torch frontend's buckets, cut the same way) and each bucket is one named in-place allreduce;
+explicit ``groups`` are units of their own, each one grouped allreduce (docs/keras.md).
 """
 
 from __future__ import annotations
@@ -17,10 +12,10 @@ from typing import Any
 
 import torch
 
+from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
-from ringtrain.torch.optimizer import BUCKET_BYTES
 from ringtrain.torch.process_sets import ProcessSet
 
 
@@ -32,18 +27,9 @@ def split_list(items: list, parts: int) -> list[list]:
 
 
 class GradientReducer:
-    """Reduces the gradients of one list of variables across the ranks of a process set.
-
-    Args:
-        prefix: names of the bucket allreduces start with it (the same on every rank).
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the wire.
-        op: ``ReduceOp.AVERAGE`` or ``ReduceOp.SUM``.
-        gradient_predivide_factor: with Average, divide by it before the sum and by
-            ``size / factor`` after.
-        groups: ``None``, a number of groups to split the variables into, or lists of variables
-            each reduced as one unit.
-        process_set: the ranks to reduce over.
-    """
+    """Reduces the gradients of one list of variables across the ranks of a process set, with
+    :func:`~ringtrain.keras.optimizer.DistributedOptimizer`'s arguments (``prefix``: its
+    allreduces' names start with it, alike on every rank)."""
 
     def __init__(self, prefix: str, compression: Any, op: ReduceOp,
                  gradient_predivide_factor: float, groups: int | list | None,
@@ -80,7 +66,8 @@ class GradientReducer:
         units = [[[index[id(p)] for p in kind] for kind in by_kind([self._params[i] for i in g])]
                  for g in explicit]
         rest = [p for i, p in enumerate(self._params) if i not in grouped]
-        units += [[[index[id(p)] for p in bucket]] for bucket in plan_buckets(rest, BUCKET_BYTES)]
+        units += [[[index[id(p)] for p in bucket]]
+                  for bucket in plan_buckets(rest, DEFAULT_BUCKET_BYTES)]
         self._units = []
         for unit in units:
             buckets = []

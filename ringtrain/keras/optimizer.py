@@ -1,12 +1,10 @@
 """``DistributedOptimizer`` for Keras 3: any ``keras.optimizers.Optimizer``, gradients averaged
 across ranks before they are applied.
 
-Keras' torch trainer computes a step's gradients with ``loss.backward()`` and hands them to
-``optimizer.apply(grads, variables)``; every other path (``apply_gradients``, custom training
-loops) ends there too. The wrapper is an instance of a subclass of the user's optimizer class
-whose ``apply`` reduces the gradients first, in buckets (:mod:`ringtrain.keras.gradient_reducer`),
-then runs the optimizer's own update. As in Horovod, the subclass has the wrapped class's name,
-and here its module too, so a model saved with it loads in plain Keras with the plain optimizer.
+Keras' torch trainer, and every other path, ends in ``optimizer.apply(grads, variables)``: the
+wrapper is an instance of a subclass of the user's optimizer class whose ``apply`` reduces the
+gradients first (:mod:`ringtrain.keras.gradient_reducer`). The subclass has the wrapped class's
+name and module, so a model saved with it loads in plain Keras (docs/keras.md).
 """
 
 from __future__ import annotations
@@ -127,25 +125,16 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     Horovod does), with its state (slots, iterations) copied if it is already built.
 
     Args:
-        optimizer: any ``keras.optimizers.Optimizer``.
         name: prefix of the names of the gradient allreduces (default
             ``Distributed<Class>``); ranks must agree on it.
-        device_dense, device_sparse: accepted for Horovod's signature; tensors are reduced
-            where they live (CPU through Gloo, CUDA through NCCL).
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for gradients on the wire.
-        sparse_as_dense: accepted for Horovod's signature; Keras on torch produces dense
-            gradients only.
+        device_dense, device_sparse, sparse_as_dense: accepted for Horovod's signature.
         gradient_predivide_factor: with ``Average``, divide gradients by this before the sum
             and by ``size / factor`` after.
-        op: ``Average`` (default) or ``Sum``.
         backward_passes_per_step: gradients of this many ``apply`` calls are summed locally,
             then reduced and applied once; the calls in between only count an iteration.
-        average_aggregated_gradients: divide the summed gradients by
-            ``backward_passes_per_step`` before applying them.
         num_groups: deprecated form of ``groups=N`` (as in Horovod).
         groups: ``N`` to reduce the variables in ``N`` groups, or a list of lists of
             variables, each list reduced as one unit; other variables go in buckets.
-        process_set: average over these ranks only.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.

@@ -17,14 +17,11 @@ def load_model(filepath: str | Path, custom_optimizers: Iterable[type] | None = 
     """Load a ``.keras`` model and wrap its optimizer in a :func:`DistributedOptimizer`.
 
     The optimizer's state saved with the model (slots, iterations, learning rate) is the
-    wrapped optimizer's state, so training resumes where it stopped. Keras' own optimizers
-    load without help; optimizers of your own classes are named in ``custom_optimizers``.
+    wrapped optimizer's state, so training resumes where it stopped.
 
     Args:
-        filepath: the ``.keras`` file (``model.save(...)``).
         custom_optimizers: optimizer classes of your own used by the saved model.
         custom_objects: other custom classes or functions, by name (as for Keras).
-        compression: the distributed optimizer's gradient compression.
         legacy_opts: Horovod's switch for ``tf.keras.optimizers.legacy``; Keras 3 has none.
 
     Returns:

@@ -13,14 +13,9 @@ from torch import nn
 
 
 class CifarCNN(nn.Sequential):
-    """The CNN: ``[N, C, S, S]`` images in, ``[N, num_classes]`` logits out.
-
-    Args:
-        num_classes: Output classes.
-        in_channels: Channels of the input images (3 for CIFAR-10, 1 for grey images).
-        image_size: Side ``S`` of the square input images (32 for CIFAR-10).
-
-    With the defaults it has 1,250,858 parameters, 1,180,160 of them in the 2304-to-512 layer.
+    """The CNN: ``[N, in_channels, S, S]`` images in (``S``: ``image_size``; CIFAR-10's are
+    ``[N, 3, 32, 32]``), ``[N, num_classes]`` logits out. With the defaults it has 1,250,858
+    parameters, 1,180,160 of them in the 2304-to-512 layer.
 
     Raises:
         ValueError: ``image_size`` is too small for two blocks (less than 10).

@@ -42,12 +42,9 @@ def packaged_mobilenet_v2_weights() -> Path | None:
 def load_mobilenet_v2_features(backbone: nn.Module, path: Path) -> None:
     """Load an ImageNet ``mobilenet_v2`` ``state_dict`` file into ``backbone``'s features.
 
-    The file is read with ``torch.load(weights_only=True)``; the classifier and the batch-norm
-    step counters (which ``FrozenBatchNorm2d`` does not keep) are left out.
-
-    Args:
-        backbone: A torchvision ``mobilenet_v2`` model.
-        path: The ``.pth`` file.
+    ``backbone`` is a torchvision ``mobilenet_v2``; the ``.pth`` file is read with
+    ``torch.load(weights_only=True)``; the classifier and the batch-norm step counters (which
+    ``FrozenBatchNorm2d`` does not keep) are left out.
 
     Raises:
         ValueError: The file is not a ``mobilenet_v2`` ``state_dict`` (missing or unexpected

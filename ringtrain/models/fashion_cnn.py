@@ -10,14 +10,8 @@ from ringtrain.models.cifar_cnn import CifarCNN
 
 
 class FashionCNN(CifarCNN):
-    """The CNN: ``[N, C, 28, 28]`` images in, ``[N, num_classes]`` logits out.
-
-    Args:
-        num_classes: Output classes.
-        in_channels: Channels of the input images (1 for Fashion-MNIST).
-
-    With the defaults it has 889,834 parameters, 819,712 of them in the 1600-to-512 layer.
-    """
+    """The CNN: ``[N, in_channels, 28, 28]`` images in, ``[N, num_classes]`` logits out. With
+    the defaults it has 889,834 parameters, 819,712 of them in the 1600-to-512 layer."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__(num_classes, in_channels, image_size=28)

@@ -44,13 +44,9 @@ def _keras() -> Any:
 
 
 class KerasClassifier(nn.Module):
-    """A Keras classifier taking ``[N, C, H, W]`` and answering logits (or log-probabilities).
-
-    Args:
-        model: the Keras model (torch backend).
-        channels_last: whether it takes ``[N, H, W, C]``.
-        probabilities: whether its outputs are probabilities (a softmax at the end).
-    """
+    """A Keras classifier (torch backend) taking ``[N, C, H, W]`` and answering logits, or
+    log-probabilities when its outputs are ``probabilities`` (a softmax at the end);
+    ``channels_last``: the Keras model takes ``[N, H, W, C]``."""
 
     def __init__(self, model: Any, channels_last: bool, probabilities: bool):
         super().__init__()
@@ -73,16 +69,10 @@ def _ends_in_softmax(model: Any) -> bool:
 
 
 def load_keras_classifier(path: Path, outputs: str | None = None) -> tuple[KerasClassifier, dict]:
-    """Load ``path`` (a ``.keras`` file) without its optimizer, as a classifier.
-
-    Args:
-        path: the file.
-        outputs: ``"probabilities"`` or ``"logits"`` as its trainer recorded; found from the
-            last layer's activation when missing.
-
-    Returns:
-        The classifier in eval mode, and what the file says of its shapes:
-        ``{"input_shape": [C, H, W], "num_classes": K}``.
+    """Load ``path`` (a ``.keras`` file) without its optimizer, as a classifier in eval mode,
+    with what the file says of its shapes: ``{"input_shape": [C, H, W], "num_classes": K}``.
+    ``outputs`` is ``"probabilities"`` or ``"logits"`` as its trainer recorded (missing: found
+    from the last layer's activation).
 
     Raises:
         KerasModelError: keras is missing or on another backend, or the file does not load or

@@ -95,11 +95,8 @@ class ModelInfo:
 
 
 def save_model(directory: Path, model: nn.Module, info: ModelInfo) -> Path:
-    """Write ``model.pt`` and ``model.json`` into ``directory`` (created).
-
-    Returns:
-        The weights file's path.
-    """
+    """Write ``model.pt`` and ``model.json`` into ``directory`` (created); returns the weights
+    file's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / WEIGHTS_FILE
@@ -171,14 +168,8 @@ def _load_keras(weights: Path, info: ModelInfo) -> tuple[nn.Module, ModelInfo]:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
-    """Rebuild a saved model and load its weights, in eval mode.
-
-    Args:
-        path: As :func:`read_info`.
-        device: Where the model goes.
-
-    Returns:
-        The model and its metadata.
+    """The saved model at ``path`` (as :func:`read_info` finds it) rebuilt with its weights, in
+    eval mode on ``device``, and its metadata.
 
     Raises:
         SavedModelError: As :func:`read_info`, or the weights do not fit the architecture.

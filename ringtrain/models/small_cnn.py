@@ -11,13 +11,7 @@ from torch import nn
 
 class SmallCNN(nn.Sequential):
     """Four conv-batchnorm-ReLU blocks of stride 2 (``width`` to ``8 * width`` channels), global
-    average pooling and a linear classifier.
-
-    Args:
-        num_classes: Outputs of the classifier.
-        width: Channels of the first block.
-        in_channels: Channels of the input images.
-    """
+    average pooling and a linear classifier of ``num_classes`` outputs."""
 
     def __init__(self, num_classes: int = 1000, width: int = 32, in_channels: int = 3) -> None:
         layers: list[nn.Module] = []

@@ -4,16 +4,12 @@ ringtrain does not depend on torchvision: its own :mod:`ringtrain.models.resnet`
 the examples and benchmarks need. When torchvision is installed, :func:`load_torchvision` imports
 it and :func:`vision_model` prefers its builders (they cover every classic architecture).
 
-Why importing needs help: torchvision's PyPI wheel ships compiled operators built against the CUDA
-build of PyTorch. Next to the CPU build that library fails to load, torchvision carries on without
-its operators, and then dies registering fake kernels for two of them:
-``operator torchvision::nms does not exist``. :func:`load_torchvision` first tries the compiled
-library itself and, only where it cannot load, defines ``torchvision::nms`` and
-``torchvision::qnms`` with the pure-PyTorch :func:`nms` below. Everything else in torchvision
-(models, transforms, datasets) then works; its other compiled operators (``roi_align``,
-``deform_conv2d``, ...) still refuse with torchvision's own message. The Python wrapper
-``torchvision.ops.nms``, which its detectors call and which refuses whenever the compiled library
-is missing, is pointed at the fallback too (:func:`_route_nms_wrapper`).
+Why importing needs help: torchvision's PyPI wheel ships compiled operators built against CUDA
+PyTorch; next to the CPU build they fail to load, and torchvision then dies registering fake
+kernels (``operator torchvision::nms does not exist``). Where the compiled library cannot load,
+:func:`load_torchvision` defines ``torchvision::nms`` and ``qnms`` with the pure-PyTorch
+:func:`nms` (other compiled operators still refuse with torchvision's own message), and points
+the ``torchvision.ops.nms`` wrapper its detectors call at it.
 """
 
 from __future__ import annotations
@@ -55,7 +51,6 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     Args:
         boxes: ``[N, 4]`` boxes as ``(x1, y1, x2, y2)``, floating point.
         scores: ``[N]`` scores.
-        iou_threshold: Boxes overlapping a kept box by more than this are dropped.
 
     Returns:
         ``int64`` indices of the kept boxes, in decreasing score order, on ``boxes``'s device.
@@ -182,18 +177,11 @@ def _route_nms_wrapper(torchvision: ModuleType) -> None:
 
 
 def vision_model(name: str, **kwargs: object) -> nn.Module:
-    """Build an image classifier by torchvision's name for it, randomly initialised.
+    """Build an image classifier by torchvision's name for it (``"resnet50"``), randomly
+    initialised, with ``kwargs`` passed to the builder (``num_classes``, ...).
 
     torchvision's builder is used when torchvision imports (any of its classification models);
-    otherwise ringtrain's own (``resnet18``, ``resnet34``, ``resnet50``, ``resnet101``,
-    ``resnet152``, with the same ``state_dict`` keys).
-
-    Args:
-        name: The builder's name, e.g. ``"resnet50"``.
-        **kwargs: Passed to the builder (``num_classes``, ``zero_init_residual``, ...).
-
-    Returns:
-        The model.
+    otherwise ringtrain's own (``resnet18`` to ``resnet152``, with the same ``state_dict`` keys).
 
     Raises:
         ValueError: Neither torchvision nor ringtrain has a model of that name.
@@ -205,15 +193,3 @@ def vision_model(name: str, **kwargs: object) -> nn.Module:
         return resnet.BUILDERS[name](**kwargs)
     hint = "" if torchvision is not None else "; install torchvision for more"
     raise ValueError(f"unknown model {name!r}: choose from {sorted(resnet.BUILDERS)}{hint}")
-
-
-def resnet50(**kwargs: object) -> nn.Module:
-    """ResNet-50, torchvision's when it imports, else ringtrain's (same keys and shapes).
-
-    Args:
-        **kwargs: As :func:`ringtrain.models.resnet.resnet50`.
-
-    Returns:
-        The model, randomly initialised.
-    """
-    return vision_model("resnet50", **kwargs)

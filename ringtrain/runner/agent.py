@@ -17,9 +17,9 @@ import logging
 import queue
 import signal
 import time
+from collections.abc import Iterable
 
 from ringtrain.runner import node_rendezvous as nodes
-from ringtrain.runner.hints import failure_hint
 from ringtrain.runner.output import RankOutput
 from ringtrain.runner.plan import LaunchPlan, RankSpec
 from ringtrain.runner.result import RankOutcome, RankState, RunResult, check_transition, signal_name
@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
 _RELAY_POLL_S = 0.1  # how often the driver reads what other nodes' followers reported
+_NO_HOROVOD = "No module named 'horovod"
+
+
+def failure_hint(stderr_tail: Iterable[str]) -> str | None:
+    """What to do about a rank's failure, read from its last stderr lines (oldest first):
+    ``None`` unless the cause is unambiguous."""
+    for line in stderr_tail:
+        if line.startswith("ModuleNotFoundError:") and _NO_HOROVOD in line:
+            return ("the script imports horovod, which is not installed: run it with "
+                    "`ringtrain run --horovod-compat ...` (then `import horovod.torch` loads "
+                    "ringtrain), or import ringtrain.torch as hvd")
+    return None
 
 
 class Agent:
@@ -39,16 +51,13 @@ class Agent:
                  start_timeout_s: float, stop_grace_s: float | None = None,
                  relay: nodes.NodeRelay | None = None):
         """Args:
-            plan: the ranks to start.
-            options: how to start them.
-            sink: where their output goes (its owner closes it).
+            sink: where the ranks' output goes (its owner closes it).
             start_timeout_s: how long a rank may take to report in.
             stop_grace_s: after a stop request, how long before the ranks are killed; by
                 default a little longer than the wrapper's own grace, so the wrapper's orderly
                 SIGTERM-then-SIGKILL of the command runs first.
             relay: the other nodes, whose followers start the ranks planned on them
-                (``RankSpec.node``): the remote hosts of an ssh launch, the other nodes of a
-                per-node launch.
+                (``RankSpec.node``): an ssh launch's remote hosts, a per-node launch's nodes.
         """
         self._plan = plan
         self._relay = relay
@@ -72,11 +81,8 @@ class Agent:
         self._events.put((Event.INTERRUPT, signum))
 
     def run(self) -> RunResult:
-        """Start every rank, supervise them until all have exited, and report.
-
-        Returns:
-            The outcome of every rank and the root cause of a failure.
-        """
+        """Start every rank, supervise them until all have exited, and report every rank's
+        outcome and the root cause of a failure."""
         try:
             self._start()
             self._monitor()

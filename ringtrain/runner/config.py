@@ -29,11 +29,8 @@ _MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class ElasticSpec:
-    """How an elastic launch may grow, shrink and re-form (horovodrun's elastic options).
-
-    Raises:
-        ConfigError: on construction, when a field is out of range; the message names the flag.
-    """
+    """How an elastic launch may grow, shrink and re-form (horovodrun's elastic options);
+    a field out of range raises ``ConfigError``, naming the flag."""
 
     min_np: int
     max_np: int | None = None  # None: every slot discovery reports
@@ -60,11 +57,8 @@ class ElasticSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """A per-node launch: this process starts one node's ranks of a job of several nodes.
-
-    Raises:
-        ConfigError: on construction, when a field is out of range; the message names the flag.
-    """
+    """A per-node launch: this process starts one node's ranks of a job of several nodes;
+    a field out of range raises ``ConfigError``, naming the flag."""
 
     nnodes: int
     node_rank: int
@@ -99,11 +93,8 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """A validated launch request.
-
-    Raises:
-        ConfigError: on construction, when a field is out of range; the message names the flag.
-    """
+    """A validated launch request; a field out of range raises ``ConfigError``, naming the
+    flag."""
 
     command: tuple[str, ...]
     num_proc: int
@@ -158,14 +149,8 @@ class LaunchConfig:
 
 
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
-    """Build the launch configuration from ``ringtrain run`` arguments.
-
-    Args:
-        argv: the arguments after ``ringtrain run``.
-        environ: the launcher's environment (read for ``HOROVOD_*`` knobs only).
-
-    Returns:
-        The validated configuration.
+    """The validated configuration of ``ringtrain run ARGV`` in the launcher's ``environ``
+    (read for ``HOROVOD_*`` knobs only).
 
     Raises:
         ConfigError: any bad or contradictory input; the message names the flag.

@@ -36,13 +36,8 @@ _IGNORED = {"params": {"hierarchical_allgather"},
 
 
 def read_config_file(path: str) -> tuple[dict[str, Any], list[str]]:
-    """Read the options and the command from a YAML config file.
-
-    Args:
-        path: the file given to ``--config-file``.
-
-    Returns:
-        The options set (by option ``dest``) and the command (empty when the file has none).
+    """The options (by ``dest``) and the command (empty when there is none) of the YAML file
+    given to ``--config-file``.
 
     Raises:
         ConfigError: the file is missing, is not YAML, or has an unknown key or a bad value.

@@ -28,11 +28,9 @@ class DiscoveryError(RuntimeError):
 
 
 def parse_discovered(text: str, source: str, default_slots: int = 1) -> dict[str, int]:
-    """Parse the script's output: one ``HOST[:SLOTS]`` per line (``default_slots`` when no slot
-    count is given); blank lines are ignored.
-
-    Returns:
-        Slots by host, in the order printed (an empty output means no host is available).
+    """Slots by host, in the order printed, of the script's output: one ``HOST[:SLOTS]`` per
+    line (``default_slots`` when no slot count is given); blank lines are ignored, and an empty
+    output means no host is available.
 
     Raises:
         DiscoveryError: a line is not a host entry, or a host repeats.

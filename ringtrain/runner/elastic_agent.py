@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ringtrain.contract import elastic_rendezvous as rdzv
 from ringtrain.contract.env import ElasticWorker
 from ringtrain.contract.slots import SlotInfo
-from ringtrain.run_files import LostWorker
+from ringtrain.run_files import LostWorker, WorldReport, write_json
 from ringtrain.runner import node_rendezvous as nodes
 from ringtrain.runner.agent import Agent
 from ringtrain.runner.config import ElasticSpec
@@ -42,13 +42,27 @@ from ringtrain.runner.plan import RankPlanner
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
 from ringtrain.runner.spawn import SpawnOptions
 from ringtrain.runner.supervised_rank import SupervisedRank
-from ringtrain.runner.world_file import write_world
 
 log = logging.getLogger(__name__)
 
 #: Why the reset limit ends a job (Horovod: "number of resets during elastic job exceeded limit").
 RESET_LIMIT_MESSAGE = ("the world must be re-formed again, but --reset-limit allows {limit} "
                        "re-forms; stopping the job")
+
+
+def write_world(path: str, generation: int, slots: Mapping[int, SlotInfo],
+                lost: Sequence[LostWorker]) -> None:
+    """Replace the ``--world-file`` (:class:`~ringtrain.run_files.WorldReport`, which the job
+    service reads) with world ``generation`` (workers by id) and the ``lost`` workers so far,
+    atomically; a file that cannot be written is logged, not fatal."""
+    hosts: dict[str, list[int]] = {}
+    for worker, slot in sorted(slots.items(), key=lambda item: item[1].rank):
+        hosts.setdefault(slot.hostname, []).append(worker)
+    report = WorldReport(generation, {h: tuple(w) for h, w in hosts.items()}, tuple(lost))
+    try:
+        write_json(path, report.to_json())
+    except OSError as e:
+        log.warning("--world-file %s: cannot write world %d (%s)", path, generation, e.strerror)
 
 
 class HostSource(Protocol):
@@ -73,15 +87,9 @@ class ElasticAgent(Agent):
                  poller: HostSource, store: rdzv.Store, run_id: str, options: SpawnOptions,
                  sink: RankOutput, start_timeout_s: float,
                  relay: nodes.NodeRelay | None = None):
-        """Args:
-            planner: builds each worker's spec.
-            spec: the elastic options.
-            initial_np: the fewest ranks of the first world (``-np``).
-            poller: the host discovery, started.
-            store: the launcher's rendezvous store.
-            run_id: this launch's id.
-            options, sink, start_timeout_s, relay: as for :class:`Agent`.
-        """
+        """``initial_np``: the fewest ranks of the first world (``-np``); ``poller``: the host
+        discovery, started; ``store``: the launcher's rendezvous store; the rest as for
+        :class:`Agent`."""
         super().__init__(planner.launch_plan([]), options, sink, start_timeout_s, relay=relay)
         self._planner = planner
         self._spec = spec

@@ -40,17 +40,10 @@ class WorldPlan:
 
 def plan_world(live: Sequence[Worker], hosts: Sequence[HostInfo], max_np: int | None,
                next_id: int) -> WorldPlan:
-    """Plan the next world.
-
-    Args:
-        live: the workers alive now, in rank order of the current world (empty at the start).
-        hosts: the hosts and their usable slots, in discovery order.
-        max_np: the most ranks the world may have (``None``: no limit).
-        next_id: the id of the first worker to start.
-
-    Returns:
-        The plan; its ``size`` may be 0 when no host has a slot.
-    """
+    """Plan the next world from the ``live`` workers, in rank order of the current world
+    (empty at the start), and the hosts' usable slots, in discovery order, with at most
+    ``max_np`` ranks (``None``: no limit) and new workers numbered from ``next_id``. Its
+    ``size`` may be 0 when no host has a slot."""
     room = {h.hostname: h.slots for h in hosts}
     limit = sum(room.values()) if max_np is None else max_np
     members: dict[str, list[Worker]] = {}

@@ -25,14 +25,8 @@ class HostInfo:
 
 
 def parse_hosts(spec: str, source: str = "-H/--hosts") -> list[HostInfo]:
-    """Parse ``host1:slots,host2:slots``; a host without ``:slots`` has one slot, as in mpirun.
-
-    Args:
-        spec: the comma-separated host list.
-        source: how the user gave it, for error messages.
-
-    Returns:
-        The hosts in the order given.
+    """Parse ``host1:slots,host2:slots`` into the hosts in the order given; a host without
+    ``:slots`` has one slot, as in mpirun. Errors name ``source``, how the user gave it.
 
     Raises:
         ValueError: an entry is empty, has a bad host name or slot count, or a host repeats.
@@ -75,14 +69,8 @@ def total_slots(hosts: Iterable[HostInfo]) -> int:
 
 
 def assign(hosts: Sequence[HostInfo], np: int) -> list[SlotInfo]:
-    """Assign ``np`` ranks to the hosts' slots, exactly as Horovod's ``get_host_assignments``.
-
-    Args:
-        hosts: hosts in order; earlier hosts fill first. Hosts left without a rank get no slot.
-        np: the number of ranks.
-
-    Returns:
-        One :class:`SlotInfo` per rank, in rank order.
+    """One :class:`SlotInfo` per rank of ``np``, in rank order, exactly as Horovod's
+    ``get_host_assignments``: earlier hosts fill first; hosts left without a rank get none.
 
     Raises:
         ValueError: ``np`` is below 1 or above the total number of slots.

@@ -43,19 +43,12 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None,
            cwd: str | None = None) -> RunResult:
-    """Run the job described by ``config`` and wait for it.
+    """Run the job described by ``config`` and wait for its result.
 
     Called from the main thread, SIGINT, SIGTERM and SIGHUP stop the job while it runs (a
-    second one kills the ranks at once); the previous handlers are restored afterwards.
-
-    Args:
-        config: the validated launch configuration.
-        environ: the launcher's environment (default: ``os.environ``); workers inherit it.
-        cwd: where ranks start (default: the current directory; remote hosts need the same
-            path).
-
-    Returns:
-        The result of the run.
+    second one kills the ranks at once); the previous handlers are restored afterwards. The
+    workers inherit ``environ`` (default: ``os.environ``) and start in ``cwd`` (default: the
+    current directory; remote hosts need the same path).
 
     Raises:
         ConfigError: the command or its script does not exist, a network interface is

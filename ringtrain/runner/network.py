@@ -48,12 +48,9 @@ def is_this_machine(hostname: str, local_addresses: frozenset[str]) -> bool:
 
     As in Horovod, a host is this machine when its name is ``localhost`` or this machine's name,
     or it resolves to an address of one of this machine's interfaces (so does any name under
-    ``.localhost``, see :func:`resolve`). ``127.0.0.2`` is not: no
-    interface has it, so it stands for another host (the tests use this).
-
-    Args:
-        hostname: a host as given in ``-H``.
-        local_addresses: :func:`interface_addresses` values.
+    ``.localhost``, see :func:`resolve`; ``local_addresses`` are :func:`interface_addresses`'
+    values). ``127.0.0.2`` is not: no interface has it, so it stands for another host (the tests
+    use this).
     """
     if hostname in ("localhost", socket.gethostname()):
         return True

@@ -1,12 +1,10 @@
 """A follower node of a per-node launch: starts and stops the driver's ranks on this machine.
 
-The follower supervises its ranks as the driver's :class:`~ringtrain.runner.agent.Agent` does its
-own (the same task wrapper, output files, markers, stop grace), but decides nothing: it starts
-the ranks the driver asks for (:mod:`ringtrain.runner.node_rendezvous`), reports when each
-reported in and how it ended, stops those the driver stops, and ends when the driver says the
-job is over (with the job's exit status), or when it loses the driver: its store stops
-answering, or (a follower of the ssh launch) its connection to the launcher closes. Then it
-stops its ranks: a job without its driver cannot go on.
+It supervises its ranks as the driver's :class:`~ringtrain.runner.agent.Agent` does its own, but
+decides nothing: it starts and stops the ranks the driver asks it to
+(:mod:`ringtrain.runner.node_rendezvous`) and reports how they went, until the driver ends the
+job, or until it loses the driver (the store stops answering, or the ssh launcher's connection
+closes) and stops its ranks: a job without its driver cannot go on.
 """
 
 from __future__ import annotations
@@ -33,13 +31,8 @@ class FollowerAgent(Agent):
     def __init__(self, node: nodes.NodeInfo, store: Store, command: tuple[str, ...],
                  options: SpawnOptions, sink: RankOutput, start_timeout_s: float,
                  environ: Mapping[str, str]):
-        """Args:
-            node: this node, as registered.
-            store: a client of the driver's store.
-            command: the user's command (every rank of the launch runs the same).
-            options, sink, start_timeout_s: as for :class:`Agent`.
-            environ: this node's environment; the driver's variables go on top of it.
-        """
+        """``environ`` is this node's environment, the driver's variables going on top of it;
+        the rest as for :class:`Agent`."""
         super().__init__(LaunchPlan(command, (), "", 0, ""), options, sink, start_timeout_s)
         self._node = node
         self._store = store
@@ -134,13 +127,9 @@ class FollowerAgent(Agent):
 
 
 def wait_for_store(connect: Callable[[float], Store], timeout_s: float, what: str) -> Store:
-    """Connect to the driver's store, retrying until ``timeout_s`` (node 0 may start later).
-
-    Args:
-        connect: makes one client connection within the seconds it is given, raising when
-            nobody answered by then.
-        timeout_s: how long to keep trying.
-        what: the endpoint, for the error.
+    """Connect to the driver's store at ``what`` (node 0 may start later), retrying until
+    ``timeout_s``; ``connect`` makes one client connection within the seconds it is given,
+    raising when nobody answered by then.
 
     Raises:
         TimeoutError: nobody answered within the timeout.

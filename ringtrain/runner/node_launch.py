@@ -1,19 +1,12 @@
 """A per-node launch (``ringtrain run --nnodes N --node-rank K --rdzv-endpoint HOST:PORT``).
 
-Every node of the job runs the same command line but its ``--node-rank``, as with torchrun; no
-process reaches into another machine. Node 0 serves the rendezvous store at the endpoint and
-drives the job exactly as a launch from one host does (the same :class:`Agent` or
-:class:`ElasticAgent`, the same plan, environment contract, result file and root cause): its
-hosts are the nodes that registered (``--node-name``, ``--nproc-per-node`` slots each), and a
-rank planned on another node is started there by that node's follower
-(:mod:`ringtrain.runner.node_follower`), which writes the rank's output files on its machine
-(with ``--node-stdio``, as the ssh launch starts its followers, it sends the output to the
-launcher instead, and stops its ranks when its stdin closes: :mod:`ringtrain.runner.ssh_nodes`).
-
-A fixed launch starts once ``--nnodes`` nodes registered (within ``--rdzv-timeout``). An elastic
-one (``--min-np``) discovers its hosts from the nodes that registered and still beat: a node
-that joins later is a new host, a node whose beat stops is a lost one, and the world is
-re-formed through the same elastic rendezvous as on a launch from one host.
+Every node runs the same command line but its ``--node-rank``, as with torchrun. Node 0 serves
+the store at the endpoint and drives the job as a launch from one host does (the same agent,
+plan, result file and root cause), its hosts being the nodes that registered; the others'
+followers (:mod:`ringtrain.runner.node_follower`) start the ranks planned on them
+(docs/architecture.md, "A launch"). A fixed launch starts once ``--nnodes`` nodes registered
+(within ``--rdzv-timeout``); an elastic one's hosts are the registered nodes whose beat still
+moves.
 """
 
 from __future__ import annotations
@@ -58,13 +51,8 @@ StopSignals = Callable[[Agent], AbstractContextManager[None]]
 
 def launch_node(config: LaunchConfig, environ: dict[str, str], cwd: str,
                 stop_signals: StopSignals) -> RunResult:
-    """Run this node's part of a per-node launch and wait for the job to end.
-
-    Args:
-        config: the validated configuration (``config.node`` is set).
-        environ: this node's environment.
-        cwd: where ranks start.
-        stop_signals: a context manager factory routing SIGINT/SIGTERM to an agent.
+    """Run this node's part of a per-node launch (``config.node`` set) and wait for the job to
+    end; ``stop_signals`` routes SIGINT/SIGTERM to an agent while it runs.
 
     Returns:
         On node 0, the job's result; on the others, this node's ranks' outcomes (with the

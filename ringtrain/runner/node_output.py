@@ -1,12 +1,9 @@
 """A follower's ranks' output, carried to the ssh launcher over the follower's stdout.
 
-The ssh launch runs each remote host's follower under ``ssh``. That follower neither prints its
-ranks' lines nor writes their files: every chunk its agent reads from a rank (a line, a piece
-of a longer one, a last line without its newline) goes as one frame on its stdout, which ssh
-carries to the launcher. There :func:`relay_frames` hands each chunk to the launcher's
+Every chunk a remote follower reads from a rank goes as one frame on its stdout, which ssh
+carries to the launcher; there :func:`relay_frames` hands it to the launcher's
 :class:`~ringtrain.runner.output.OutputSink` as a local rank's would be, so prefixes, timestamps
-and the ``--output-filename`` files come out the same, written on the launcher's machine (as
-Horovod writes them).
+and the ``--output-filename`` files come out the same, on the launcher's machine (as Horovod's).
 
 The stream starts with the line :data:`START` (what a login shell prints before the follower
 runs is passed over as text, not taken for frames); each frame then is a 9-byte header (the
@@ -63,12 +60,8 @@ class FramedOutput:
 
 
 def relay_frames(stream: BinaryIO, sink: RankOutput, text: Callable[[bytes], None]) -> None:
-    """Hand every frame read from ``stream`` to ``sink``, until end-of-file.
-
-    Args:
-        stream: a follower's stdout, as ssh delivers it.
-        sink: where the launcher puts its ranks' output.
-        text: takes each line that came before the start line (a login shell's greeting).
+    """Hand every frame read from ``stream`` (a follower's stdout) to ``sink``, until
+    end-of-file; ``text`` takes each line before the start line (a login shell's greeting).
 
     Raises:
         ValueError: the stream broke off inside a frame, or a frame names no known stream; what

@@ -52,14 +52,9 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class StartRequest:
-    """The driver's request to start one rank on a follower.
-
-    Attributes:
-        number: the rank's number (its rank, or an elastic launch's worker id).
-        slot: its place in the world.
-        env: the variables set on top of the follower's own environment.
-        worker: the elastic worker id, if any.
-    """
+    """The driver's request to start one rank on a follower: its ``number`` (its rank, or an
+    elastic launch's worker id), ``slot``, the ``env`` set on top of the follower's own
+    environment, and its elastic ``worker`` id, if any."""
 
     number: int
     slot: SlotInfo

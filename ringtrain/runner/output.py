@@ -45,11 +45,9 @@ class OutputSink:
 
     def __init__(self, terminal: dict[str, BinaryIO], directory: str | None = None,
                  timestamps: bool = False):
-        """Args:
-            terminal: the launcher's binary ``stdout`` and ``stderr``, by stream name.
-            directory: ``--output-filename``, or ``None`` for terminal only.
-            timestamps: prefix terminal lines with the time (``--prefix-output-with-timestamp``).
-        """
+        """``terminal``: the launcher's binary ``stdout`` and ``stderr`` by stream name;
+        ``directory``: ``--output-filename`` (``None``: the terminal only); ``timestamps``:
+        ``--prefix-output-with-timestamp``."""
         self._terminal = terminal
         self._directory = directory
         self._timestamps = timestamps

@@ -33,15 +33,12 @@ def whole(tail: bytes) -> int:
 
 def read_pieces(fd: int, limit: int, hold: Callable[[bytes], int] = whole,
                 quiet_s: float = QUIET_S) -> Iterator[bytes]:
-    """Yield what is read from ``fd`` in pieces, until end-of-file (see the module docstring).
+    """Yield what is read from the pipe ``fd`` (the caller closes it) in pieces of at most
+    ``limit`` bytes, until end-of-file (see the module docstring).
 
-    Args:
-        fd: the read end of the pipe (the caller closes it).
-        limit: the longest piece; a longer line is passed on in pieces of this size.
-        hold: given an unfinished line, how many of its first bytes may be passed on before it
-            ends (the rest waits for its end, or for ``limit``): the stderr reader holds back a
-            marker that may still be arriving.
-        quiet_s: how long the pipe must be quiet before an unfinished line is passed on.
+    ``hold``, given an unfinished line, says how many of its first bytes may be passed on before
+    it ends (the rest waits for its end, or for ``limit``): the stderr reader holds back a
+    marker that may still be arriving. ``quiet_s``: how long the pipe must be quiet first.
     """
     tail = b""
     while True:

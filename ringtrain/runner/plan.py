@@ -93,15 +93,10 @@ class RankPlanner:
 
     def __init__(self, config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
                  environ: Mapping[str, str], node_of: NodeOf):
-        """Args:
-            config: the launch configuration.
-            net: the addresses chosen by ``rendezvous.plan_network``.
-            master_port: the port of the launcher's store.
-            run_id: this launch's id (the store prefix of its workers).
-            environ: the launcher's environment.
-            node_of: the node that starts each slot's rank (it may start that node's
-                follower, as the ssh launch does for a host it meets first).
-        """
+        """``net``: the addresses ``rendezvous.plan_network`` chose; ``master_port``: the
+        launcher's store's; ``run_id``: the store prefix of this launch's workers; ``node_of``:
+        the node that starts each slot's rank (it may start that node's follower, as the ssh
+        launch does for a host it meets first)."""
         self._node_of = node_of
         self._config = config
         self._net = net
@@ -140,13 +135,7 @@ class RankPlanner:
 
 def build_plan(config: LaunchConfig, net: NetworkPlan, master_port: int, run_id: str,
                environ: Mapping[str, str], node_of: NodeOf) -> LaunchPlan:
-    """Plan every rank of a fixed launch.
-
-    Args: as for :class:`RankPlanner`.
-
-    Returns:
-        The plan, ranks in rank order.
-    """
+    """Plan every rank of a fixed launch, in rank order (arguments as :class:`RankPlanner`'s)."""
     planner = RankPlanner(config, net, master_port, run_id, environ, node_of)
     return planner.launch_plan([planner.rank(slot)
                                 for slot in assign(config.hosts, config.num_proc)])

@@ -36,16 +36,10 @@ class NetworkPlan:
 
 
 def plan_network(hostnames: Sequence[str], network_interfaces: Sequence[str]) -> NetworkPlan:
-    """Decide the store address and the collectives' interfaces for a job on these hosts.
-
-    Args:
-        hostnames: the hosts that run at least one rank, in ``-H`` order.
-        network_interfaces: ``--network-interfaces``, possibly empty.
-
-    Returns:
-        The address is that of the first ``--network-interfaces`` entry if given; else
-        127.0.0.1 (with the loopback interface for Gloo) when every host is reached over
-        loopback; else the address this machine uses to reach the first remote host.
+    """The store address and the collectives' interfaces for a job on ``hostnames`` (those
+    that run a rank, in ``-H`` order): the address of the first ``--network-interfaces`` entry
+    if given; else 127.0.0.1 (with the loopback interface for Gloo) when every host is reached
+    over loopback; else the address this machine uses to reach the first remote host.
 
     Raises:
         ConfigError: a named interface does not exist or has no IPv4 address.

@@ -38,12 +38,7 @@ class RankProcess:
     """A started rank: its task wrapper, a child of this process."""
 
     def __init__(self, spec: RankSpec, command: Sequence[str], options: SpawnOptions):
-        """Start the rank.
-
-        Args:
-            spec: the rank to start (its ``env`` is the process's whole environment).
-            command: the user's command.
-            options: how to start it.
+        """Start the rank ``spec`` (its ``env`` is the process's whole environment).
 
         Raises:
             OSError: the process could not be created.

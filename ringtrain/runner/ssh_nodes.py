@@ -1,21 +1,11 @@
 """The ssh launch's remote hosts: one follower per host, over one ssh connection each.
 
-A launch from this machine (``ringtrain run -H a:2,b:2 ...``) is a per-node launch whose driver
-is the launcher: it serves the store and supervises every rank with the same agent as a
-``--nnodes`` launch's node 0. The ranks of this machine's hosts it starts itself; for every
-other host it runs, over one ssh connection, ``ringtrain run`` in its per-node mode as that
-host's follower (:mod:`ringtrain.runner.node_follower`)::
-
-    ssh ... HOST 'cd CWD && env K=V... PYTHON -m ringtrain.cli run --nnodes N --node-rank K
-        --rdzv-endpoint ADDR:PORT --nproc-per-node SLOTS --node-name HOST --node-stdio ...
-        -- COMMAND'
-
-where ``K=V`` is the portable part of the launcher's environment (``env.remote_environ``), which
-the follower's ranks inherit. The follower starts, stops and reports the ranks planned on its
-host through the store (:mod:`ringtrain.runner.node_rendezvous`) and sends their output back
-over the connection (:mod:`ringtrain.runner.node_output`): the launcher prints it and writes
-the ``--output-filename`` files here. The connection closing (the launcher stopped or died)
-stops the follower and its ranks.
+A launch with ``-H`` is a per-node launch whose driver (node 0) is the launcher, which starts
+this machine's ranks itself; every other host gets a follower
+(:mod:`ringtrain.runner.node_follower`): ``ringtrain run --node-stdio`` in per-node mode, run
+over ssh in the portable part of the launcher's environment (``env.remote_environ``). The
+follower sends its ranks' output back over the connection (:mod:`ringtrain.runner.node_output`)
+and stops them when the connection closes (docs/architecture.md, "A launch").
 
 :class:`SshNodes` is the driver's :class:`~ringtrain.runner.node_rendezvous.NodeRelay` for these
 followers: a host that cannot be reached, whose follower does not register within
@@ -77,15 +67,9 @@ class FollowerLaunch:
 
 def follower_argv(launch: FollowerLaunch, node: int, nnodes: int, hostname: str,
                   slots: int) -> list[str]:
-    """The ``ssh`` command line that runs node ``node``'s follower on ``hostname``.
-
-    Args:
-        launch: the launch.
-        node: the follower's node rank (1 and up: the launcher is node 0).
-        nnodes: the nodes of the launch so far, the launcher's included.
-        hostname: the host, as given in ``-H``; also the follower's ``--node-name``.
-        slots: the ranks planned on it when it starts (``--nproc-per-node``).
-    """
+    """The ``ssh`` command line that runs the follower of node ``node`` (1 and up: the launcher
+    is node 0) on ``hostname`` (as given in ``-H``; also its ``--node-name``), with ``slots``
+    ranks planned there at start and ``nnodes`` nodes so far, the launcher's included."""
     config = launch.config
     run = [launch.python, "-m", "ringtrain.cli", "run", "--nnodes", str(max(nnodes, node + 1)),
            "--node-rank", str(node), "--nproc-per-node", str(slots), "--node-name", hostname,
@@ -236,10 +220,8 @@ class SshNodes:
     def __init__(self, registry: nodes.NodeRegistry, launch: FollowerLaunch, sink: RankOutput,
                  local_hosts: frozenset[str], nnodes: int):
         """Args:
-            registry: the nodes' registrations in the launcher's store (the launcher is
-                node 0).
-            launch: how followers are started.
-            sink: where their ranks' output goes.
+            registry: the nodes' registrations in the launcher's store (launcher: node 0).
+            sink: where the followers' ranks' output goes.
             local_hosts: the hosts known to be this machine (``NetworkPlan.local_hosts``);
                 others are looked up when first met.
             nnodes: the nodes the launch starts with, the launcher included.

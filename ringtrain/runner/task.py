@@ -49,11 +49,8 @@ class MarkerEvent(Enum):
 
 @dataclass(frozen=True)
 class Marker:
-    """One marker line, checked on construction.
-
-    Raises:
-        ValueError: the detail does not fit the event (a pid that is no number, say).
-    """
+    """One marker line, checked on construction (``ValueError``: the detail does not fit the
+    event, a pid that is no number, say)."""
 
     event: MarkerEvent
     detail: str
@@ -106,10 +103,8 @@ def split_marker(token: str, line: bytes) -> tuple[bytes, Marker | None]:
     """Split a line read from a wrapper's stderr into the user's text and a marker, if any.
 
     A marker normally fills its own line, but it follows whatever the child printed without a
-    final newline, so it is searched for anywhere in the line.
-
-    Returns:
-        The text before the marker (the whole line when there is none) and the marker.
+    final newline, so it is searched for anywhere in the line; the text before it (the whole
+    line when there is none) is returned with it.
 
     Raises:
         ValueError: the line carries this launch's token but no marker this wrapper writes.

@@ -33,13 +33,9 @@ def threads_per_rank(cores: int, local_size: int) -> int:
 
 def default_threads_environ(environ: Mapping[str, str], cores: int | None = None
                             ) -> dict[str, str]:
-    """The ``OMP_NUM_THREADS`` to add to a rank's environment ``environ``: ``{}`` when the user
-    set it or the rank's local size is unknown.
-
-    Args:
-        environ: The rank's environment (the worker contract included).
-        cores: The host's usable cores (default: :func:`usable_cores`).
-    """
+    """The ``OMP_NUM_THREADS`` to add to a rank's environment ``environ`` (the worker contract
+    included) on a host of ``cores`` (default: :func:`usable_cores`): ``{}`` when the user set
+    it or the rank's local size is unknown."""
     local = environ.get(LOCAL_SIZE_VAR, "")
     if THREADS_VAR in environ or not local.isdigit():
         return {}
@@ -49,13 +45,9 @@ def default_threads_environ(environ: Mapping[str, str], cores: int | None = None
 
 def threads_note(environ: Mapping[str, str], local_size: int | None,
                  cores: int | None = None) -> str | None:
-    """The launch banner's line on threads (``None`` when the user set ``OMP_NUM_THREADS``).
-
-    Args:
-        environ: The launcher's environment.
-        local_size: The most ranks on one host of this launch (``None``: not known yet).
-        cores: This host's usable cores (default: :func:`usable_cores`).
-    """
+    """The launch banner's line on threads (``None`` when the user set ``OMP_NUM_THREADS`` in
+    the launcher's ``environ``); ``local_size`` is the most ranks on one host (``None``: not
+    known yet), ``cores`` this host's (default: :func:`usable_cores`)."""
     if THREADS_VAR in environ:
         return None
     cores = usable_cores() if cores is None else cores

@@ -18,13 +18,13 @@ What a request holds is given back when it is answered.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
+from ringtrain.runner.threads import usable_cores
 from ringtrain.serve.batching import QueueFullError
 from ringtrain.serve.problems import HTTPProblem
 
@@ -35,22 +35,10 @@ class MemoryBudgetError(QueueFullError):
     """Decoding this request now would take the server past its memory budget (503)."""
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 class Admission:
-    """The gates in front of decoding; one per server, used from its event loop.
-
-    Args:
-        places: requests admitted at most (the server's queue size).
-        max_memory_bytes: bytes that admitted requests may hold decoded.
-        decoders: threads that decode (default: the usable cores).
-    """
+    """The gates in front of decoding; one per server, used from its event loop: at most
+    ``places`` requests (the server's queue size) holding ``max_memory_bytes`` decoded, and
+    ``decoders`` threads that decode (default: the usable cores)."""
 
     def __init__(self, places: int, max_memory_bytes: int, decoders: int | None = None):
         self.places = places

@@ -58,15 +58,8 @@ def _error(problem: HTTPProblem) -> Response:
 
 
 def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
-    """Build the server's app; its lifespan starts the batcher and drains it on shutdown.
-
-    Args:
-        predictor: The loaded model.
-        config: The server's settings.
-
-    Returns:
-        The app (``app.state.batcher`` and ``app.state.metrics`` hold the parts).
-    """
+    """The server's app for the loaded model (``app.state.batcher`` and ``app.state.metrics``
+    hold the parts); its lifespan starts the batcher and drains it on shutdown."""
     # The gauge reads the batcher at scrape time, after both exist.
     metrics = ServeMetrics(lambda: batcher.depth)
     batcher = DynamicBatcher(predictor.predict, config.max_batch_size,

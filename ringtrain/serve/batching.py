@@ -1,15 +1,12 @@
 """Dynamic batching: inputs of concurrent requests run through the model together.
 
-Requests put their inputs on a bounded queue and get an ``asyncio.Future`` each, of the event loop
-they were submitted from. One worker thread (inference never runs on the event loop) takes the
-first waiting input, takes the others waiting, and waits up to ``max_wait_s`` for more to join
-it (up to ``max_batch_size``) only while more are on their way (requests the server is reading
-or parsing, see :meth:`DynamicBatcher.incoming`): an input alone runs at once, so that batching
-costs a lone request nothing. It then runs the batch and hands the whole batch's results to the
-loop in one ``call_soon_threadsafe`` (one wake-up of the loop per batch, not one per input, and
-no thread of the loop's executor in between). A full queue refuses at once
-(:class:`QueueFullError`, which the server answers 503) rather than grow; an input whose request
-has already timed out or gone is skipped, not run.
+Requests put their inputs on a bounded queue and get an ``asyncio.Future`` each. One worker
+thread (inference never runs on the event loop) takes every waiting input, and waits up to
+``max_wait_s`` for more only while more are on their way (:meth:`DynamicBatcher.incoming`): a
+lone input runs at once, so batching costs it nothing. A batch's results reach the loop in one
+``call_soon_threadsafe`` (one wake-up per batch, not per input). A full queue refuses at once
+(:class:`QueueFullError`, answered 503) rather than grow; an input whose request timed out or
+went away is skipped, not run.
 """
 
 from __future__ import annotations
@@ -119,11 +116,8 @@ class DynamicBatcher:
         self._thread.start()
 
     def submit(self, item: Any, timeout_s: float) -> asyncio.Future:
-        """Queue one input; call it on the event loop that will await the result.
-
-        Args:
-            item: The input.
-            timeout_s: After this many seconds the input is no longer worth running.
+        """Queue one input, worth running for ``timeout_s``; call it on the event loop that
+        will await the result.
 
         Returns:
             A future of its result (an exception if the batch failed or it timed out first);
@@ -146,14 +140,8 @@ class DynamicBatcher:
         return pending.future
 
     async def run(self, items: Sequence[Any], timeout_s: float) -> list[Any]:
-        """Queue ``items`` and wait for their results.
-
-        Args:
-            items: The inputs of one request.
-            timeout_s: Seconds to wait for all of them.
-
-        Returns:
-            Their results, in order.
+        """Queue ``items`` (one request's inputs) and wait up to ``timeout_s`` for their results,
+        in order.
 
         Raises:
             QueueFullError: The queue has no room for all of them (those already queued are

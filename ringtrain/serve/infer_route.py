@@ -72,16 +72,8 @@ _ROUTE = RouteName(INFER_PATH)
 
 async def run_inputs(batcher: DynamicBatcher, config: ServeConfig, items: list[torch.Tensor],
                      started: float) -> list[Any]:
-    """Run one request's inputs through the batcher within what is left of its timeout.
-
-    Args:
-        batcher: The server's batcher.
-        config: The server's settings (queue size, timeout).
-        items: The request's checked inputs.
-        started: ``time.perf_counter()`` when the request arrived.
-
-    Returns:
-        One result per input.
+    """One result per input of a request, run through the batcher within what is left of its
+    timeout (``started``: ``time.perf_counter()`` when the request arrived).
 
     Raises:
         HTTPProblem: 400 more inputs than the queue holds, 503 queue full or draining, 504 past
@@ -98,15 +90,9 @@ async def run_inputs(batcher: DynamicBatcher, config: ServeConfig, items: list[t
 
 
 class InferRoute:
-    """ASGI middleware: answers ``POST /v2/models/*/infer``, passes everything else to ``app``.
-
-    Args:
-        app: The rest of the server (FastAPI).
-        predictor: The loaded model.
-        batcher: Where inputs are queued.
-        config: The server's settings (token, model name, timeout, queue size).
-        admission: The gates a request passes before its body is decoded.
-    """
+    """ASGI middleware: answers ``POST /v2/models/*/infer``, passes everything else to ``app``
+    (the rest of the server); ``admission`` holds the gates a request passes before its body
+    is decoded."""
 
     def __init__(self, app: ASGIApp, predictor: Predictor, batcher: DynamicBatcher,
                  config: ServeConfig, admission: Admission) -> None:
@@ -252,12 +238,8 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 def add_infer_operation(schema: dict[str, Any], error_codes: tuple[int, ...]) -> None:
-    """Describe the route in an OpenAPI schema made from the FastAPI routes.
-
-    Args:
-        schema: What ``fastapi.openapi.utils.get_openapi`` made; changed in place.
-        error_codes: The error statuses to document, each with :class:`ErrorBody`.
-    """
+    """Describe the route, with ``error_codes`` answered by :class:`ErrorBody`, in the schema
+    ``fastapi.openapi.utils.get_openapi`` made from the FastAPI routes (changed in place)."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in (InferRequest, InferResponse, ErrorBody):
         model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")

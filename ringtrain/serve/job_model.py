@@ -18,15 +18,9 @@ from ringtrain.jobs.models.deployment import servable_model
 
 
 def fetch_job_model(job_id: str, dest: Path, url: str | None = None) -> Path:
-    """Download the saved model of a succeeded job into ``dest``.
-
-    Args:
-        job_id: the job that trained the model.
-        dest: an existing folder to copy the model's folder into.
-        url: the job service (default: as the job CLI finds it; its token too).
-
-    Returns:
-        The local folder of the model (``dest/<its folder's name>``).
+    """Download the saved model of a succeeded job into the existing folder ``dest``, from the
+    job service at ``url`` (default: as the job CLI finds it; its token too); returns
+    ``dest/<the model folder's name>``.
 
     Raises:
         ServiceUnavailableError: no job service runs or answers.

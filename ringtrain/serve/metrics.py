@@ -12,11 +12,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class ServeMetrics:
-    """Requests by route and status, request latency, batch sizes, inference time, queue depth.
-
-    Args:
-        queue_depth: Reads the number of inputs waiting, at scrape time.
-    """
+    """Requests by route and status, request latency, batch sizes, inference time, and the
+    queue depth, read from ``queue_depth`` at scrape time."""
 
     def __init__(self, queue_depth: Callable[[], float]) -> None:
         self.registry = CollectorRegistry()

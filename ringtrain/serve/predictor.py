@@ -28,13 +28,7 @@ class InputError(RingtrainError, ValueError):
 
 
 class Predictor:
-    """A model in eval mode on one device, with its metadata.
-
-    Args:
-        model: The model (eval mode).
-        info: Its :class:`~ringtrain.models.saved.ModelInfo`.
-        device: Where it runs.
-    """
+    """A model in eval mode on one device, with its :class:`~ringtrain.models.saved.ModelInfo`."""
 
     def __init__(self, model: nn.Module, info: ModelInfo, device: torch.device) -> None:
         self.model = model
@@ -154,12 +148,9 @@ class Predictor:
 
     @torch.inference_mode()
     def predict(self, items: list[torch.Tensor]) -> list[Any]:
-        """Run the model on a batch of checked inputs.
-
-        Returns:
-            One result per input: classification, a ``[classes]`` probability tensor; detection,
-            a ``{"boxes", "labels", "scores"}`` dict of CPU tensors.
-        """
+        """Run the model on a batch of checked inputs: one result per input, a ``[classes]``
+        probability tensor (classification) or a ``{"boxes", "labels", "scores"}`` dict of CPU
+        tensors (detection)."""
         if self.detection:
             outputs = self.model([x.to(self.device) for x in items])
             return [{k: v.cpu() for k, v in out.items()} for out in outputs]

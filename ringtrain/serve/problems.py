@@ -22,13 +22,8 @@ RETRY_AFTER_S = "1"
 
 
 class HTTPProblem(RingtrainError):
-    """A request the server answers with ``status`` and ``message``.
-
-    Args:
-        status: The HTTP status.
-        message: What was wrong and what to do.
-        headers: Extra response headers (``Retry-After``).
-    """
+    """A request the server answers with HTTP ``status``, a ``message`` (what was wrong and
+    what to do) and extra ``headers`` (``Retry-After``)."""
 
     def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
@@ -61,17 +56,9 @@ def check_model(config: ServeConfig, name: str) -> None:
 
 
 def problem_of(error: Exception, timeout_s: float) -> HTTPProblem:
-    """The answer to an exception raised while a request's inputs were queued or run.
-
-    Args:
-        error: What :meth:`~ringtrain.serve.batching.DynamicBatcher.run` (or the request's own
-            checks) raised.
-        timeout_s: The server's request timeout, for the 504's message.
-
-    Returns:
-        400 for bad input, 503 with ``Retry-After`` for a full or draining queue, 504 past the
-        timeout, 500 if the model failed (that request fails, not the server).
-    """
+    """The answer to what :meth:`~ringtrain.serve.batching.DynamicBatcher.run` or a request's
+    own checks raised: 400 for bad input, 503 with ``Retry-After`` for a full or draining queue,
+    504 past ``timeout_s``, 500 if the model failed (that request fails, not the server)."""
     if isinstance(error, HTTPProblem):
         return error
     if isinstance(error, InputError):

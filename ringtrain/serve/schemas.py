@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 class TensorInput(BaseModel):
     """One input tensor: ``data`` in row-major order, flat or nested, or raw bytes after the JSON
-    (``parameters.binary_data_size``, see :mod:`ringtrain.serve.binary`)."""
+    (``parameters.binary_data_size``, see :mod:`ringtrain.serve.tensors`)."""
 
     name: str = Field(max_length=256)
     shape: list[int] = Field(min_length=1, max_length=8)

@@ -31,12 +31,8 @@ def model_threads(asked: int | None) -> int:
 
 def serve(model: Path, config: ServeConfig,
           on_ready: Callable[[str], None] | None = None) -> None:
-    """Load ``model`` and serve it until a stop signal.
-
-    Args:
-        model: A saved model (folder or weights file; see :mod:`ringtrain.models.saved`).
-        config: The server's settings.
-        on_ready: Called with the server's URL once it listens.
+    """Load ``model`` (a saved model's folder or weights file, :mod:`ringtrain.models.saved`)
+    and serve it until a stop signal; ``on_ready`` gets the server's URL once it listens.
 
     Raises:
         ConfigError: A non-loopback host without a token, or a port in use.

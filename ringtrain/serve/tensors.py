@@ -3,11 +3,10 @@
 In JSON an input's ``data`` holds its numbers, flat or nested, in row-major order. With the
 binary tensor data extension a request whose ``Inference-Header-Content-Length`` header says
 ``N`` holds N bytes of the usual inference JSON, then the raw little-endian bytes of each input
-that declares
-``"parameters": {"binary_data_size": B}`` (in input order) instead of ``data``. An answer is
-sent the same way when the request asks for it (``"parameters": {"binary_data_output": true}``, or
-``"binary_data": true`` on a requested output), as Triton's and KServe's clients do. It spares the
-server from parsing and printing numbers as text (and the client from writing them).
+that declares ``"parameters": {"binary_data_size": B}`` (in input order) instead of ``data``. An
+answer is sent the same way when the request asks for it (``"parameters":
+{"binary_data_output": true}``, or ``"binary_data": true`` on a requested output), as Triton's
+and KServe's clients do. It spares the server from parsing and printing numbers as text.
 """
 
 from __future__ import annotations
@@ -122,12 +121,8 @@ def wants_binary_output(request: InferRequest) -> bool:
 
 def output_parts(tensors: list[tuple[str, str, torch.Tensor]], binary: bool
                  ) -> tuple[list[dict[str, Any]], bytes]:
-    """The outputs' JSON entries and, for a binary answer, the bytes that follow the JSON.
-
-    Args:
-        tensors: ``(name, datatype, tensor)`` of each output.
-        binary: raw bytes (``parameters.binary_data_size``) instead of ``data``.
-    """
+    """The JSON entries of the ``(name, datatype, tensor)`` outputs and, for a ``binary`` answer
+    (raw bytes, ``parameters.binary_data_size``, instead of ``data``), the bytes after the JSON."""
     entries, chunks = [], []
     for name, datatype, tensor in tensors:
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(tensor.shape)}

@@ -4,7 +4,8 @@
 plan into the node cache and writes ``{name: local path}`` to RESULT; ``upload PLAN --watch``
 uploads the outputs as they settle until SIGTERM, ``upload PLAN`` uploads all of them once.
 
-The plan is a JSON file the executor wrote with mode 600 (it holds the stores' options, named
+The entries staged are held for ``holder`` as long as ``holder_pid`` lives (default: this
+process's parent, the job runner). The plan is a JSON file the executor wrote with mode 600 (it holds the stores' options, named
 secrets included); every line this program writes passes through
 :func:`ringtrain.storage.locations.redacted` with those values. Exit codes: 0 done, 1 a store or
 cache error (the message names the input and the store's reason), 2 a malformed plan.
@@ -51,7 +52,7 @@ def stage(plan: dict[str, Any], result: Path) -> None:
         try:
             paths[name] = str(stage_input(
                 name, item["url"], item.get("options") or {}, cache, plan["holder"],
-                int(plan["holder_pid"]), write, int(plan.get("concurrency") or
+                int(plan.get("holder_pid") or os.getppid()), write, int(plan.get("concurrency") or
                                                      transfers.DEFAULT_CONCURRENCY),
                 float(plan.get("stall_s") or transfers.DEFAULT_STALL_S)))
         except Exception as e:  # every store library raises its own types

@@ -1,27 +1,11 @@
 """Step profiling of an unchanged training script, switched on from its environment.
 
-``ringtrain doctor -np 2 -- python train.py`` runs the script with these variables set:
-
-``RINGTRAIN_STEP_PROFILE=1``
-    The first ``DistributedOptimizer`` the script creates gets a :class:`StepProfiler` (its
-    records go to ``$RINGTRAIN_METRICS_DIR/steps.rank<N>.jsonl``). Each ``optimizer.step()``
-    ends a step; a step's samples are its batch's first dimension (from the data loader, else
-    from the input of the first module called in it). The wait inside every torch
-    ``DataLoader`` iterator's ``next()`` (which covers
-    :class:`ringtrain.data.loader.DeviceLoader`) is ``data``; from the end of that wait to the
-    optimizer is ``forward_backward`` (it includes the script's host-to-device copy and
-    whatever else it does there); ``synchronize()`` is ``communication``; the rest of the step
-    is ``optimizer``.
-``RINGTRAIN_SYNTHETIC_DATA=1``
-    The hook for the synthetic-data comparison: each data loader (and :func:`profiled_batches`)
-    yields its first batch again at every step, as many times as it has batches, without
-    loading more; so the step runs without the input pipeline's cost.
-``RINGTRAIN_STEP_PROFILE_STEPS=N``
-    End the script (exit status 0, on every rank at the same step) after ``N`` steps.
-
-Batches that do not come from a torch ``DataLoader`` are timed (and replaced by the synthetic
-hook) when the script wraps them: ``for batch in profiled_batches(my_batches): ...``; without
-the variables that is a plain iteration.
+``ringtrain doctor`` runs the script with ``RINGTRAIN_STEP_PROFILE=1`` (the first
+``DistributedOptimizer`` gets a :class:`StepProfiler`; each ``optimizer.step()`` ends a step),
+``RINGTRAIN_SYNTHETIC_DATA=1`` (each data loader yields its first batch again instead of loading
+more) and ``RINGTRAIN_STEP_PROFILE_STEPS=N`` (exit 0 after ``N`` steps, on every rank at the
+same step). The phases and the contract: docs/data.md. Batches that do not come from a torch
+``DataLoader`` are seen when the script iterates them through :func:`profiled_batches`.
 """
 
 from __future__ import annotations
@@ -71,13 +55,8 @@ class ProfileRequest:
 
 
 class AutoProfile:
-    """A step profiler driven by an optimizer's ``step()`` and the data loaders' waits.
-
-    Args:
-        optimizer: A ``DistributedOptimizer`` (or any optimizer with ``synchronize``).
-        request: What to do (synthetic data, a step limit).
-        profiler: Where the steps are recorded.
-    """
+    """A step profiler driven by an optimizer's ``step()`` (one with ``synchronize``, as a
+    ``DistributedOptimizer``) and the data loaders' waits."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, request: ProfileRequest,
                  profiler: StepProfiler) -> None:
@@ -195,12 +174,8 @@ _active: AutoProfile | None = None
 
 
 def attach_from_environ(optimizer: torch.optim.Optimizer) -> AutoProfile | None:
-    """Profile ``optimizer``'s steps if the environment asks for it (see the module's
-    description), unless another optimizer is profiled already.
-
-    Returns:
-        The profile, or ``None`` when none was attached.
-    """
+    """Profile ``optimizer``'s steps if the environment asks for it, unless another optimizer
+    is profiled already; the profile, or ``None`` when none was attached."""
     global _active
     request = ProfileRequest.from_environ()
     if request is None or _active is not None:
@@ -227,11 +202,8 @@ def _record_gradients(optimizer: torch.optim.Optimizer, profiler: StepProfiler) 
 
 def profiled_batches(batches: Iterable[_T]) -> Iterator[_T]:
     """Iterate ``batches``; under ``ringtrain doctor`` each wait is timed as ``data`` and, for
-    the synthetic-data comparison, the first batch comes again instead of new ones.
-
-    For training loops whose batches do not come from a torch ``DataLoader`` (those are
-    profiled without this). Without profiling, this is ``iter(batches)``.
-    """
+    the synthetic-data comparison, the first batch comes again instead of new ones. Without
+    profiling, this is ``iter(batches)``."""
     if _active is None:
         yield from batches
         return

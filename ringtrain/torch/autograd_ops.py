@@ -165,16 +165,14 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               compression=Compression.none, op: ReduceOp | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks (default: average) and return the result.
+    """Reduce ``tensor`` (left unmodified) over all ranks (default: average) and return the
+    result; differentiable.
 
     Args:
-        tensor: the tensor to reduce; it is not modified.
         average: deprecated Horovod flag; use ``op``.
         name: a name unique among operations in flight; generated when omitted.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the wire.
-        op: ``Average``, ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
         prescale_factor / postscale_factor: multiply before / after the reduction.
-        process_set: reduce over these ranks only.
 
     Raises:
         ValueError: bad arguments; RuntimeError: ranks disagree on the tensor, or a peer failed.

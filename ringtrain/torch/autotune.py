@@ -1,14 +1,8 @@
 """``ringtrain run --autotune``: tune the gradient bucket size, cycle time and threads online.
 
-Driven by ``DistributedOptimizer.step()``: every rank counts the same steps, so every rank
-reaches each decision at the same step. A sample is one settling step after a change (buckets
-are re-allocated; not measured) and then ``steps_per_sample`` timed steps; its score is steps
-per second of the slowest rank (an allreduce of the ranks' rates, ``Min``). The first
-``warmup_samples`` scores are thrown away. Rank 0 feeds each score to the search
-(:mod:`ringtrain.torch.autotune_search`) and broadcasts the next setting; every rank then
-re-plans its optimizer's buckets, sets its engine's cycle time and its intra-op threads before
-the next step's backward submits anything. After ``max_samples`` scores the best setting is
-applied for the rest of training, and rank 0 writes it as a ``--config-file`` YAML.
+Driven by ``DistributedOptimizer.step()``, so every rank reaches each decision at the same step;
+rank 0 searches (:mod:`ringtrain.torch.autotune_search`) and broadcasts each setting. Samples,
+scores and the files written: docs/autotune.md, "How it runs".
 """
 
 from __future__ import annotations
@@ -37,18 +31,13 @@ _MIB = 1024 * 1024
 
 
 class Autotuner:
-    """The online tuning of one ``DistributedOptimizer`` (see the module's description).
-
-    Args:
-        optimizer: The optimizer whose buckets are tuned.
-        knobs: The engine config it started with (``knobs.autotune`` set).
-        clock: Seconds, monotonic (tests pass their own).
-    """
+    """The online tuning of one ``DistributedOptimizer``, which started with ``knobs`` (whose
+    ``autotune`` is set); ``clock``: seconds, monotonic (tests pass their own)."""
 
     def __init__(self, optimizer, knobs: EngineConfig,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._optimizer = optimizer
-        assert knobs.autotune is not None  # made only when autotune is on (see the docstring)
+        assert knobs.autotune is not None  # made only when autotune is on
         self._config: AutotuneConfig = knobs.autotune
         self._clock = clock
         rt = runtime.current()

@@ -1,11 +1,7 @@
-"""Autotuning's search and its files: Bayesian optimisation over ringtrain's knobs, the log in
-Horovod's CSV layout, and the best settings as a ``ringtrain run --config-file`` YAML.
-
-The optimiser is ``bayesian-optimization`` (a Gaussian process with a Matern kernel, as
-Horovod's own autotuner has, and expected improvement); its Gaussian process standardises the
-scores, so ``noise`` (Horovod's ``--autotune-gaussian-process-noise``) is on that scale. The
-knobs are searched on log2 scales: a bucket of 1 to 64 MiB, a cycle of 0.5 to 16 ms, and
-1 to ``max_threads`` intra-op threads (left out with one core per rank).
+"""Autotuning's search and its files: Bayesian optimisation over ringtrain's knobs (on log2
+scales, docs/autotune.md), the log in Horovod's CSV layout, and the best settings as a
+``ringtrain run --config-file`` YAML. The Gaussian process standardises the scores, so ``noise``
+(Horovod's ``--autotune-gaussian-process-noise``) is on that scale.
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ class Search:
 
     Args:
         max_threads: Most intra-op threads worth trying (the rank's cores).
-        noise: The Gaussian process's noise on standardised scores.
         seed: Seed of the optimiser's random choices (the same search every run).
 
     Raises:

@@ -1,13 +1,10 @@
-"""Elastic training (``hvd.elastic``): the worker's half.
+"""Elastic training (``hvd.elastic``): the worker's half, with Horovod's semantics
+(docs/horovod-compat.md, "Elastic training").
 
-In Horovod's elastic mode every rank commits its training state at known-good points; when a
-peer fails, the survivors restore the last commit, re-form a smaller world and go on, and hosts
-found by a discovery script join at the next commit. Here: ``commit``, ``restore`` and ``sync``
-of models, optimizers, samplers and plain attributes; an :class:`ElasticSampler` that shards an
-epoch and resumes it without repeating samples; and :func:`run`, which retries the training
-function in the next world, formed by the launcher's elastic agent
-(:mod:`ringtrain.runner.elastic_agent`). Outside an elastic launch there is no next world:
-:func:`run` then restores the last commit (so that the caller can still save it) and re-raises.
+States commit, restore and sync models, optimizers, samplers and plain attributes;
+:class:`ElasticSampler` shards an epoch and resumes it without repeating samples; :func:`run`
+retries the training function in the next world, formed by the launcher's elastic agent
+(:mod:`ringtrain.runner.elastic_agent`).
 """
 
 from __future__ import annotations
@@ -51,20 +48,17 @@ def _broadcast_from_root(obj: Any) -> Any:
 class State:
     """A training state that is committed, restored and synchronised as a whole.
 
-    Subclasses define ``save`` (remember the current values), ``restore`` (go back to the last
-    saved values) and ``sync`` (make every rank's values rank 0's), and may define ``reset``
-    (adapt to a new world before it synchronises).
+    Subclasses define ``save``, ``restore`` and ``sync``, and may define ``reset``.
 
     Args:
         bcast_object: broadcasts a Python object from rank 0 and returns it on every rank.
-        get_rank: returns this process's rank. Horovod's state classes take it; ringtrain's
-            keep it only so that code passing it positionally still works.
+        get_rank: unused; Horovod's state classes take it, so code passing it positionally
+            still works.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any] = _broadcast_from_root,
                  get_rank: Callable[[], int] = runtime.rank):
         self._bcast_object = bcast_object
-        self._get_rank = get_rank
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -72,10 +66,7 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Adapt to a re-formed world: ``reset()``, then the registered callbacks.
-
-        :func:`run` calls this after a re-form; public, as in Horovod, for code that drives it.
-        """
+        """Adapt to a re-formed world: ``reset()``, then the registered callbacks."""
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -88,12 +79,8 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank if the launcher reported new or lost
-        hosts (a collective in an elastic launch: rank 0's answer is broadcast, so that all
-        ranks raise at the same commit; outside one, nothing can change and nothing is sent).
-
-        Raises:
-            HostsUpdatedInterrupt: the hosts changed.
-        """
+        hosts (in an elastic launch a collective: rank 0's answer is broadcast; outside one,
+        nothing is sent)."""
         if not runtime.is_initialized() or not runtime.is_elastic():
             return
         update = self._bcast_object(lifecycle.elastic_host_update() if runtime.rank() == 0
@@ -120,14 +107,8 @@ class State:
 class ObjectState(State):
     """A state made of named Python values, kept as attributes: ``state.epoch``.
 
-    As in Horovod, values are kept by reference, not copied: meant for numbers, strings and
-    other values that are replaced rather than changed in place. (A copy would cut objects such
-    as an LR scheduler off from the optimizer they drive.)
-
-    Args:
-        bcast_object: as for :class:`State`.
-        get_rank: as for :class:`State`.
-        **kwargs: the values, by attribute name.
+    As in Horovod, values are kept by reference, not copied: meant for values that are replaced
+    rather than changed in place (a copy would cut an LR scheduler off from its optimizer).
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any] = _broadcast_from_root,
@@ -217,15 +198,9 @@ def _handler_for(value: Any) -> _Handler | None:
 class TorchState(ObjectState):
     """The state of a PyTorch training loop: a model, an optimizer, samplers and plain values.
 
-    Models and optimizers are committed as copies of their ``state_dict()`` and synchronised with
-    ``broadcast_parameters``/``broadcast_optimizer_state``; an :class:`ElasticSampler` among the
-    keyword values is committed with its progress, and synchronised to the union of every rank's
-    processed samples. Any other value is handled as by :class:`ObjectState`.
-
-    Args:
-        model: a ``torch.nn.Module`` (or ``None``).
-        optimizer: a ``torch.optim.Optimizer`` (or ``None``).
-        **kwargs: further values: modules, optimizers, samplers or plain Python values.
+    Models and optimizers are committed as copies of their ``state_dict()``; an
+    :class:`ElasticSampler` is synchronised to the union of every rank's processed samples. Any
+    other keyword value is handled as by :class:`ObjectState`.
     """
 
     _handlers: dict[str, _Handler]  # set first in __init__ (__setattr__ consults it)
@@ -276,15 +251,10 @@ class TorchState(ObjectState):
 def run(func: _F) -> _F:
     """Decorate a training function ``func(state, *args, **kwargs)`` for elastic training.
 
-    As Horovod's: the wrapper synchronises ``state`` from rank 0 and calls ``func``. When a
-    collective fails because a peer failed (``HorovodInternalError``), it restores the last
-    commit; when ``commit()`` reports changed hosts (``HostsUpdatedInterrupt``), it keeps the
-    state. Either way it then joins the next world (``shutdown()``, ``init()``), calls
-    ``state.on_reset()`` and calls ``func`` again, after a ``sync()`` unless only hosts were
-    removed. The launcher's ``--reset-limit`` bounds how often.
-
-    Outside an elastic launch no next world can form: a peer failure restores the last commit
-    and re-raises.
+    As Horovod's: sync ``state``, call ``func``; on a peer failure restore the last commit, on
+    changed hosts keep the state; join the next world, ``state.on_reset()`` and call again,
+    after a sync unless hosts were only removed (the launcher's ``--reset-limit`` bounds how
+    often). Outside an elastic launch a peer failure restores the last commit and re-raises.
 
     Raises:
         HorovodInternalError: outside an elastic launch, a peer failed; ``state`` holds its last
@@ -323,15 +293,10 @@ def run(func: _F) -> _F:
 class ElasticSampler(torch.utils.data.Sampler):
     """Shards a dataset over the ranks and resumes an epoch without repeating samples.
 
-    Each epoch the indices are shuffled with ``seed + epoch`` (the same order on every rank),
+    Each epoch the indices are shuffled with ``seed`` + epoch (ranks must agree on ``seed``),
     the ones recorded as processed are dropped, the rest padded by repetition to a multiple of
-    the world size, and rank ``r`` takes every ``size()``-th index from position ``r``. The world
-    is read from ``hvd.size()``/``hvd.rank()``, so ``hvd.init()`` must come first.
-
-    Args:
-        dataset: anything with a length.
-        shuffle: shuffle the order each epoch.
-        seed: the shuffle's base seed; ranks must agree on it.
+    the world size, and rank ``r`` takes every ``size()``-th index from position ``r``
+    (``hvd.init()`` first).
     """
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0):

@@ -15,12 +15,8 @@ from ringtrain.torch.process_sets import ProcessSet, global_process_set
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_rank: int,
                          process_set: ProcessSet = global_process_set) -> None:
-    """Overwrite every rank's parameters with rank ``root_rank``'s, in place.
-
-    Args:
-        params: a ``state_dict()``, or ``named_parameters()`` (or a list of tensors).
-        root_rank: the rank whose values everyone takes.
-    """
+    """Overwrite every rank's ``params`` (a ``state_dict()``, ``named_parameters()`` or a list
+    of tensors) with rank ``root_rank``'s, in place."""
     if isinstance(params, Mapping):
         items = sorted(params.items())
     else:
@@ -40,20 +36,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               process_set: ProcessSet = global_process_set) -> None:
     """Give every rank's optimizer the state and hyperparameters of rank ``root_rank``'s.
 
-    As in Horovod, an optimizer without any state yet (freshly created, no step taken) first
-    creates it: each parameter that requires a gradient gets a zero gradient, and the optimizer
-    takes one step on this rank alone (a ``DistributedOptimizer`` steps without reducing; the
-    parameters keep their values). Parameters that do not require a gradient (frozen layers)
-    get neither. Then the root's whole
-    ``state_dict()`` is sent, so that parameters without state on the root (unused so far) end
-    up without state everywhere, whatever each rank had.
+    As in Horovod, an optimizer without any state yet first creates it: each trainable
+    parameter gets a zero gradient, and the optimizer takes one step on this rank alone (a
+    ``DistributedOptimizer`` without reducing; the parameters keep their values). Then the
+    root's whole ``state_dict()`` is sent, so that parameters without state on the root end up
+    without state everywhere.
 
     Args:
         optimizer: a ``torch.optim.Optimizer`` or a ``DistributedOptimizer``.
-        root_rank: the rank whose state everyone takes.
         model: the model, to find sparse embeddings: their zero gradients are made sparse for
             ``SGD`` (``SparseAdam`` always gets sparse ones), as the optimizer expects.
-        process_set: broadcast among these ranks only.
 
     Raises:
         ValueError: ``optimizer`` is an ``LBFGS``, whose state cannot be sent.

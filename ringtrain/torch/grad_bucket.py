@@ -2,15 +2,10 @@
 
 One model of a bucket serves training and the scaling forecast: :func:`plan_buckets` cuts
 parameters into buckets (the torch and Keras optimizers' plan), a :class:`GradBucket` holds one
-bucket's gradients while training, and :class:`Bucket` describes it (name, bytes, when backward
-makes it ready), as :mod:`ringtrain.torch.gradient_plan` records it and
-:mod:`ringtrain.doctor.forecast_model` reduces it.
-
-Each gradient is copied into its slot of the bucket's flat tensor by the training thread, in the
-hook that autograd fires when the gradient is ready, and copied back out by the thread that
-synchronizes, as DDP does. The engine then reduces one contiguous tensor in place: its thread
-moves no gradient bytes, and every copy runs with the training thread's intra-op team (see
-:mod:`ringtrain.engine.intraop` for why work on another thread is slow on a busy many-core host).
+bucket's gradients while training, and :class:`Bucket` describes it as
+:mod:`ringtrain.torch.gradient_plan` records it. Gradients are copied in and out of the flat
+tensor by the training thread, as DDP does, so the engine's thread moves no gradient bytes
+(docs/engine.md, "Which thread does the tensor work").
 """
 
 from __future__ import annotations
@@ -44,12 +39,8 @@ def plan_buckets(params: list[P], bucket_bytes: int) -> list[list[P]]:
     Autograd produces gradients roughly in reverse registration order, so buckets are cut from
     the end, one per dtype and device at a time, each of at most ``bucket_bytes`` unless one
     parameter alone is larger. Every rank computes the same buckets from the same parameter
-    order; a bucket whose gradients arrive in another order only starts later, it never
-    disagrees with peers.
-
-    Why not one small first bucket, as DDP has: on CPUs that also compute, communication
-    overlapped with backward competes with it, and each bucket is one more collective; measured
-    on the Fashion-MNIST CNN it gained nothing (benchmarks/ARCHIVE.md, "Tried and dropped").
+    order. No small first bucket, as DDP has: on CPUs it gained nothing (benchmarks/ARCHIVE.md,
+    "Tried and dropped").
     """
     return fusion.pack(reversed(params), lambda p: (p.dtype, p.device),
                        lambda p: p.numel() * p.element_size(), bucket_bytes)

@@ -1,12 +1,10 @@
 """What a ``DistributedOptimizer`` reduces each step, and when in backward each part is ready.
 
-``ringtrain doctor --forecast`` needs, from a one-process run, the gradient buckets a larger world
-would reduce (their bytes) and how long before the end of backward each becomes ready: that is
-the time in which its reduction could hide behind backward. The buckets are planned whatever the
-world size; this module times them with a hook on every parameter (one clock read per gradient)
-and a step pre-hook that marks the end of backward, and writes ``gradients.rank<N>.json`` (one
-:class:`GradientPlan`) when the process exits. On CUDA the clock reads are host times of
-autograd's bookkeeping, ahead of the device; the offsets are then approximate.
+For ``ringtrain doctor --forecast``: the gradient buckets a larger world would reduce and how long
+before the end of backward each becomes ready (the time its reduction could hide behind
+backward), timed by a hook on every parameter and a step pre-hook, and written as
+``gradients.rank<N>.json`` (one :class:`GradientPlan`) at exit. On CUDA the times are host times
+of autograd's bookkeeping, ahead of the device: approximate.
 """
 
 from __future__ import annotations
@@ -51,13 +49,8 @@ class GradientPlan:
 
 
 class GradientRecorder:
-    """Times ``optimizer``'s buckets (see the module's description).
-
-    Args:
-        optimizer: A ``DistributedOptimizer`` (its ``_units`` are the buckets).
-        path: Where :meth:`write` puts the plan.
-        clock: Seconds for the arrivals and ends (tests move one by hand).
-    """
+    """Times a ``DistributedOptimizer``'s buckets (its ``_units``) for :meth:`write` to ``path``;
+    ``clock``: seconds (tests move one by hand)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, path: Path,
                  clock: Callable[[], float] = time.perf_counter) -> None:

@@ -1,8 +1,8 @@
 """Joining and leaving the job (``init``/``shutdown``) and registering process sets.
 
-``init()`` learns the process's place from its launcher's environment (``runner.env``), joins the
-rendezvous store, creates the torch.distributed communicators, starts the engine and makes the
-result the active :class:`~ringtrain.torch.runtime.Runtime`. A world of one uses no sockets at all.
+``init()`` learns the process's place from the worker contract (``contract/env.py``), joins the
+rendezvous store, creates the communicators, starts the engine and makes the result the active
+:class:`~ringtrain.torch.runtime.Runtime`. A world of one uses no sockets at all.
 """
 
 from __future__ import annotations
@@ -222,11 +222,8 @@ def _init_default_group(env: WorkerEnv, rank: int, size: int,
 
 
 def _await_ranks(store: dist.Store, rank: int, size: int, timeout_s: float) -> None:
-    """Announce this rank and wait until every rank of the world has announced itself.
-
-    torch.distributed's own rendezvous would wait in C++ for the collective timeout (hours),
-    where no Python signal handler (Ctrl-C, a job's SIGTERM) can run; after this it finds every
-    rank there.
+    """Announce this rank and wait until every rank of the world has announced itself (in
+    Python: torch.distributed's rendezvous would wait in C++, where no signal handler runs).
 
     Raises:
         HorovodInternalError: ranks that did not call ``init()`` within the start timeout
@@ -250,9 +247,8 @@ def _cpu_backend(gloo: TorchDistributedBackend, env: WorkerEnv,
     """Shared memory between the ranks of each host (hierarchical across hosts), unless turned
     off (``RINGTRAIN_SHM=0``) or no two ranks share a host."""
     # Ranks share memory only on one running kernel in one pid namespace, under one host name
-    # (the nodes of a local job cluster are several hosts of one machine: kept apart, as they
-    # would be on real machines, unless RINGTRAIN_SHM_SCOPE=machine, which the job service sets
-    # for them). Without /proc nothing can be told, and nothing is shared.
+    # unless RINGTRAIN_SHM_SCOPE=machine (docs/shared_memory.md). Without /proc nothing can be
+    # told, and nothing is shared.
     by_machine = env.knobs.shared_memory_scope == "machine"
     places = [RankPlace(host=(p.machine if by_machine else f"{p.host}/{p.machine}")
                         if p.machine else f"rank{r}", pid=p.pid, start_ticks=p.start_ticks)

@@ -200,7 +200,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
 
 # -- broadcast ---------------------------------------------------------------------------------
 
-def _check_root(root_rank: int, process_set: ProcessSet) -> None:
+def _check_root(root_rank: int) -> None:
     size = runtime.current().topology.size
     if not isinstance(root_rank, int) or not 0 <= root_rank < size:
         raise ValueError(f"root_rank must be a rank in [0, {size}), got {root_rank!r}")
@@ -209,7 +209,7 @@ def _check_root(root_rank: int, process_set: ProcessSet) -> None:
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start broadcasting rank ``root_rank``'s ``tensor``; returns a new tensor on every rank."""
-    _check_root(root_rank, process_set)
+    _check_root(root_rank)
     return submit(OpType.BROADCAST, name, [tensor], [contiguous_work(tensor, False)], process_set,
                   root_rank=root_rank)
 
@@ -217,7 +217,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start broadcasting rank ``root_rank``'s ``tensor`` into ``tensor`` on every rank."""
-    _check_root(root_rank, process_set)
+    _check_root(root_rank)
     work = contiguous_work(tensor, True)
 
     def finish(result):
@@ -310,14 +310,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data; wait until every rank has joined.
 
-    Until then this rank takes part in the others' allreduces with zeros (Average still divides
-    by the size of the process set, as in Horovod); their allgathers, broadcasts, alltoalls,
-    reducescatters and barriers that need it fail on every rank that submitted them (as in
-    Horovod 0.28.1; sparse gradients travel by allgather: use ``sparse_as_dense=True`` with
-    join).
-
-    Returns:
-        The rank that joined last.
+    Until then this rank takes part in the others' allreduces with zeros; their other
+    collectives that need it fail (docs/engine.md, "Join"). Returns the rank that joined last.
     """
     del device  # results are plain integers here; Horovod uses it to place a tensor
     last = synchronize(submit(OpType.JOIN, "join", [], [], global_process_set))

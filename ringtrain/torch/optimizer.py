@@ -1,14 +1,11 @@
 """``DistributedOptimizer``: averages gradients across ranks while backward is still running.
 
-A hook on every parameter fires as soon as autograd has accumulated its gradient. Gradients are
-grouped into buckets, as DDP does: the hook copies each gradient into its bucket's flat tensor
-(:mod:`ringtrain.torch.grad_bucket`), and when a bucket's last gradient has arrived the bucket is
-submitted as one named, asynchronous, in-place allreduce that peers recognise as a unit (see
-:mod:`ringtrain.engine.readiness`): it costs no negotiation and one collective, overlapping the
-rest of backward. ``step()`` waits for the buckets, copies the averaged gradients back (an
-average is summed on the wire and divided in that copy), then runs the user's optimizer.
-The returned object is an instance of the user's optimizer class sharing its state, so
-``isinstance`` checks, schedulers and ``state_dict`` keep working.
+A hook on every parameter copies its gradient into its bucket (:mod:`ringtrain.torch.grad_bucket`)
+as soon as autograd has accumulated it; a bucket whose last gradient has arrived is submitted as
+one in-place allreduce counted as a unit (docs/engine.md). ``step()`` waits for the buckets,
+copies the averaged gradients back, then runs the user's optimizer. The returned object is an
+instance of the user's optimizer class sharing its state, so ``isinstance`` checks, schedulers
+and ``state_dict`` keep working.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
 from ringtrain.engine.handle import Handle
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import auto_profile, ops, runtime
@@ -29,10 +25,6 @@ from ringtrain.torch.compression import Compression
 from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.sparse_grads import SparseGradients
-
-#: Gradients are submitted in buckets of about this many bytes by default (DDP's bucket size);
-#: ``--bucket-mb`` (the engine config's ``bucket_bytes``) and autotuning change it.
-BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 
 _STEP_WITHOUT_SKIP = ("optimizer.step() called without optimizer.skip_synchronize() context "
                       "after optimizer.synchronize(). This can cause training slowdown. You may "
@@ -81,12 +73,9 @@ class _DistributedOptimizer:
     def _follow_world(self) -> None:
         """Adapt to the world this process is in now, if it changed since the last call.
 
-        An elastic reset (``shutdown()``, ``init()``) keeps the optimizer but replaces the
-        world: the handles, counts and bucket contents of a step begun in the old one belong
-        to an engine that is gone, and the new world may be of another size. Every rank of
-        the new world, survivor or newcomer, starts it from an empty step, so their counts
-        agree. Between ``shutdown()`` and ``init()`` there is no world: the old one's step is
-        dropped, and the first call after ``init()`` adapts to the new one.
+        An elastic reset keeps the optimizer but replaces the world, maybe with another size: a
+        step begun in the old one belongs to an engine that is gone. Every rank of the new
+        world, survivor or newcomer, starts it from an empty step, so their counts agree.
         """
         world = runtime.current() if runtime.is_initialized() else None
         if world is self._world:
@@ -370,19 +359,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         optimizer: any ``torch.optim.Optimizer``; the wrapper shares its parameters and state.
         named_parameters: ``model.named_parameters()``: gives each gradient's allreduce a stable
             name. Without it, names are generated from parameter positions.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for gradients on the wire.
         backward_passes_per_step: backward passes accumulated locally before each reduction.
         op: ``Average`` (default), ``Sum``, or ``Adasum`` (applied to optimizer updates).
         gradient_predivide_factor: with ``Average``, divide by this before the sum and by
             ``size / factor`` after (for fp16 range).
         num_groups / groups: reduce parameters in this many groups, or in these explicit lists of
             parameters, each group as one grouped allreduce.
-        sparse_as_dense: reduce sparse gradients as dense tensors (in the buckets), made sparse
-            again before the step, as Horovod does, so sparse optimizers (``SparseAdam``) work
-            either way; needed with ``join()``, which refuses allgathers. Otherwise each sparse
-            gradient is reduced on its own as Horovod does (an allgather of indices and values,
-            summed, divided by the size for ``Average``).
-        process_set: average over these ranks only.
+        sparse_as_dense: reduce sparse gradients as dense tensors in the buckets (made sparse
+            again before the step), as needed with ``join()``, which refuses allgathers;
+            otherwise each is reduced on its own (:mod:`ringtrain.torch.sparse_grads`).
 
     Raises:
         ValueError: duplicate names, parameters missing from ``named_parameters``, bad values.

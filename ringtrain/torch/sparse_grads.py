@@ -1,13 +1,10 @@
-"""Sparse gradients in ``DistributedOptimizer``: each averaged on its own, outside the buckets.
+"""Sparse gradients in ``DistributedOptimizer``: each reduced on its own, outside the buckets,
+as Horovod does (``sparse_allreduce_async``: only the rows a step touched travel).
 
-Horovod allreduces a sparse gradient (``nn.Embedding(sparse=True)``) as an allgather of every
-rank's indices and values, summed by coalescing and divided by the size for ``Average``
-(``sparse_allreduce_async``), so that only the rows a step touched travel. Whether a parameter's
-gradient is sparse shows only when backward produces it, and the buckets are planned before
-that: a parameter found sparse during a step still has a slot in its bucket for that step (it
-carries zeros, as it does on every rank), and the optimizer plans its buckets again without it
-for the next step. Every rank finds the same parameters sparse in the same step, so the buckets
-stay alike everywhere.
+Whether a gradient is sparse shows only when backward produces it, after the buckets were
+planned: a parameter found sparse during a step keeps its slot in its bucket for that step
+(carrying zeros, as on every rank), and the buckets are planned again without it for the next.
+Every rank finds the same parameters sparse in the same step, so the buckets stay alike.
 """
 
 from __future__ import annotations

@@ -2,16 +2,13 @@
 
 A step is cut into consecutive phases: waiting for the next batch (``data``), copying it to the
 device (``h2d``), ``forward_backward``, the wait for gradient allreduces not finished by the end
-of backward (``communication``: the exposed part; what overlapped backward costs nothing here),
-and the ``optimizer`` update. Time between marked phases is ``other``, so the phases always add
-up to the step. On the CPU each boundary is one ``time.perf_counter()``; on CUDA it is one event
-recorded on the current stream (no synchronisation): an interval then measures how long the
-device was busy with, or idle waiting for, that phase. Events are read once they have completed,
-a few steps later.
+of backward (``communication``: only the exposed part), and the ``optimizer`` update; time
+between marked phases is ``other``, so the phases add up to the step. On CUDA each boundary is an
+event recorded on the current stream (no synchronisation), so an interval is the device's time
+busy with, or idle waiting for, that phase; events are read a few steps later once complete.
 
-Each finished step becomes a JSON line in ``<metrics_dir>/steps.rank<N>.jsonl`` (the job
-service lists the job's folder: by default ``$RINGTRAIN_JOB_DIR/metrics``) and, when the
-timeline is recording, a row of spans in it::
+Each finished step becomes a JSON line in ``<metrics_dir>/steps.rank<N>.jsonl`` (by default
+``$RINGTRAIN_JOB_DIR/metrics``) and, when the timeline is recording, a row of spans in it::
 
     prof = StepProfiler(device)
     for images, labels in prof.iterate(loader):
@@ -73,10 +70,9 @@ class _Step:
 
 
 class StepProfiler:
-    """Times the phases of training steps; see the module's description.
+    """Times the phases of training steps on ``device``; see the module's description.
 
     Args:
-        device: The training device: CUDA devices are timed with events.
         metrics_dir: Where to write ``steps.rank<N>.jsonl``; ``None``: :func:`default_metrics_dir`;
             ``False``: write no file.
         rank: The rank in file names and records (default ``hvd.rank()``, or 0 before init).
@@ -156,7 +152,7 @@ class StepProfiler:
         """Time the block as phase ``name`` of the current step (started if none is).
 
         Raises:
-            ValueError: ``name`` is not one of :data:`PHASES` (``other`` is computed).
+            ValueError: ``name`` is not one of :data:`PHASES`, or is ``other`` (computed).
         """
         _check_phase(name)
         if self._step is None:
@@ -171,11 +167,7 @@ class StepProfiler:
 
     def add_span(self, name: str, start: Any, end: Any) -> None:
         """Count the time between two :meth:`mark` results as phase ``name`` of the current
-        step (started if none is), for boundaries no ``with`` block can enclose.
-
-        Raises:
-            ValueError: ``name`` is not one of :data:`PHASES` (``other`` is computed).
-        """
+        step, as :meth:`phase` does, for boundaries no ``with`` block can enclose."""
         _check_phase(name)
         if self._step is None:
             self.begin_step()

@@ -63,5 +63,3 @@ class SyncBatchNorm(_BatchNorm):
         for name, child in module.named_children():
             module.add_module(name, cls.convert_sync_batchnorm(child))
         return module
-
-

@@ -17,11 +17,7 @@ class BodyLimit:
 
     The body (at most ``max_bytes``) is read before the app runs and handed to it as it came;
     later ``receive`` calls (a streaming response waiting for a disconnect) go to the server.
-
-    Args:
-        app: the application.
-        max_bytes: the largest body accepted.
-        hint: what the refusal adds after the limit (what a body should hold instead).
+    ``hint`` is what the refusal adds after the limit (what a body should hold instead).
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, hint: str = "") -> None:

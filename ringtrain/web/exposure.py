@@ -24,13 +24,9 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None, service: str, reason: str) -> None:
-    """Refuse a non-loopback address without a token.
-
-    Args:
-        host: The address the server would bind.
-        token: Its bearer token, if any.
-        service: The server, for the message (``"the job service"``).
-        reason: Why exposing it is dangerous (``"it runs commands on this host"``).
+    """Refuse to bind ``service`` (``"the job service"``) to a non-loopback ``host`` without a
+    ``token``; the message says ``reason``, why exposing it is dangerous (``"it runs commands
+    on this host"``).
 
     Raises:
         ConfigError: ``host`` is reachable from other machines and ``token`` is empty.

@@ -25,13 +25,8 @@ def _assets_dir() -> Path:
 
 
 def add_offline_docs(app: FastAPI, title: str) -> None:
-    """Serve Swagger UI at ``/docs`` from local files (build ``app`` with ``docs_url=None``).
-
-    Args:
-        app: The application; its OpenAPI document is at ``app.openapi_url``.
-        title: The page's title.
-    """
-
+    """Serve Swagger UI, titled ``title``, at ``/docs`` from local files for the OpenAPI
+    document at ``app.openapi_url`` (build ``app`` with ``docs_url=None``)."""
     assets = _assets_dir()  # at start-up: a missing package fails here, not at the first page
 
     @app.get("/docs", include_in_schema=False)

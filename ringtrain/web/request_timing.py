@@ -25,10 +25,6 @@ class RequestTiming:
     gets), timed to the failure. Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``,
     which runs every request in a task group of its own with streams between the two (a large
     share of a small request).
-
-    Args:
-        app: the application.
-        observe: where each request goes.
     """
 
     def __init__(self, app: ASGIApp, observe: RequestObserver) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtrain.runner.hints import failure_hint
+from ringtrain.runner.agent import failure_hint
 
 ROOT = Path(__file__).resolve().parents[2]
 

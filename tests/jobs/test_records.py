@@ -37,9 +37,9 @@ from ringtrain.jobs.service.executors.phase import Phase
 from ringtrain.jobs.service.share import Share
 from ringtrain.run_files import LostWorker, RootCause, RunReport
 from ringtrain.runner.cli import _write_result
+from ringtrain.runner.elastic_agent import write_world
 from ringtrain.runner.hosts import HostInfo, assign
 from ringtrain.runner.result import RankOutcome, RankState, RunResult
-from ringtrain.runner.world_file import write_world
 
 
 def job_dir(tmp_path: Path) -> Path:

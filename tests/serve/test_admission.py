@@ -12,7 +12,8 @@ import httpx
 import pytest
 import torch
 
-from ringtrain.serve.admission import Admission, usable_cores
+from ringtrain.runner.threads import usable_cores
+from ringtrain.serve.admission import Admission
 from ringtrain.serve.batching import QueueFullError
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import Predictor

@@ -1,4 +1,4 @@
-"""The doctor's intervals: Student t for few repeats, ratios and differences of estimates, and
+"""The doctor's intervals: Student t for few repeats, ratios of estimates, and
 a verdict and advice that call nothing inside them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from ringtrain.doctor.advice import ScriptMeasurements, advise_script
-from ringtrain.doctor.intervals import Estimate, difference, estimate, ratio, t975
+from ringtrain.doctor.intervals import Estimate, estimate, ratio, t975
 from ringtrain.doctor.report import verdict
 from ringtrain.doctor.trials import TrialResult
 
@@ -33,11 +33,9 @@ def test_an_estimate_is_the_mean_with_its_t_interval():
         estimate([1.0])
 
 
-def test_ratios_and_differences_add_the_noise_in_quadrature():
+def test_ratios_add_the_noise_in_quadrature():
     r = ratio(Estimate(50.0, 3.0), Estimate(100.0, 4.0))  # 6 % and 4 % relative
     assert r.mean == 0.5 and math.isclose(r.relative, math.hypot(0.06, 0.04))
-    d = difference(Estimate(10.0, 3.0), Estimate(4.0, 4.0))
-    assert (d.mean, d.half) == (6.0, 5.0)
     with pytest.raises(ValueError, match="denominator"):
         ratio(Estimate(1.0, 0.1), Estimate(0.0, 0.0))
 

@@ -276,7 +276,7 @@ def test_a_shared_memory_lock_held_too_long_names_its_holder(tmp_path, monkeypat
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with first._locked():
+        with first._locked:
             held.set()
             release.wait(10.0)
 

@@ -145,7 +145,7 @@ def test_a_library_that_does_not_load_is_said_once_at_debug_never_at_info(
 @pytest.mark.skipif(vision.load_torchvision() is not None, reason="torchvision is installed")
 def test_without_torchvision_ringtrain_builds_its_own() -> None:
     assert vision.load_torchvision() is None
-    model = vision.resnet50(num_classes=10)
+    model = vision.vision_model("resnet50", num_classes=10)
     assert isinstance(model, resnet.ResNet) and model.fc.out_features == 10
     assert isinstance(vision.vision_model("resnet18"), resnet.ResNet)
     with pytest.raises(ValueError, match="install torchvision"):
