@@ -17,6 +17,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "server": ("ringtrain.jobs.cli", "run or stop the job service"),
     "deployment": ("ringtrain.jobs.cli", "list, show and stop served models (job deploy)"),
     "dashboard": ("ringtrain.jobs.cli", "print the job service's web dashboard URL (--open)"),
+    "secret": ("ringtrain.jobs.cli", "keep object storage credentials in the service's home"),
     "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
     "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),
@@ -30,6 +31,7 @@ _EXTRA_OF_PACKAGE: dict[str, str] = {
                      "fastapi_offline", "prometheus_client"), "jobs"),
     **dict.fromkeys(("torchvision", "PIL", "pycocotools", "matplotlib", "simplejpeg", "tqdm"),
                     "vision"),
+    **dict.fromkeys(("fsspec", "s3fs", "adlfs", "gcsfs", "aiohttp"), "storage"),
     "ray": "ray", "keras": "keras", "bayes_opt": "autotune", "tensorboard": "tensorboard",
 }
 #: Commands whose web stack is the model server's extra rather than the job service's.

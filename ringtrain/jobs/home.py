@@ -55,6 +55,21 @@ class Home:
         """Held (flock) by the one server of this home while it runs."""
         return self.root / "server.lock"
 
+    @property
+    def secrets_folder(self) -> Path:
+        """Named secrets for object storage (mode 700), see :mod:`ringtrain.storage.secrets`."""
+        return self.root / "secrets"
+
+    @property
+    def cache_folder(self) -> Path:
+        """The node cache of inputs staged from object storage on this host."""
+        return self.root / "cache"
+
+    @property
+    def plans_folder(self) -> Path:
+        """Attempts' storage plans (mode 700: they hold credentials)."""
+        return self.root / "plans"
+
     def ensure(self) -> Home:
         """Create the home and share folders; the home is private to the user (the token
         lives there), also when it existed before."""

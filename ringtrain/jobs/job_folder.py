@@ -66,11 +66,6 @@ class JobFolder:
         return self.root / LOGS
 
     @property
-    def prep(self) -> Path:
-        """The preparation logs of the nodes."""
-        return self.root / PREP
-
-    @property
     def outputs(self) -> Path:
         """The folder of the spec's outputs."""
         return self.root / OUTPUTS
@@ -78,10 +73,6 @@ class JobFolder:
     def output(self, name: str) -> Path:
         """The folder of the spec's output ``name``."""
         return self.outputs / name
-
-    def rank_log(self, rank: int, stream: str) -> Path:
-        """One stream of one rank (``stdout``, ``stderr`` or ``output``)."""
-        return self.root / rank_log_path(rank, stream)
 
     def prep_log(self, node: int, stream: str) -> Path:
         """One stream of node ``node``'s preparation command (``stdout`` or ``stderr``)."""

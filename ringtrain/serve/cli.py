@@ -28,10 +28,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line; the only place the server reads environment variables."""
     d = ServeConfig()
     p = argparse.ArgumentParser(prog="ringtrain serve", description=__doc__.splitlines()[0])
-    p.add_argument("model", type=Path,
+    p.add_argument("model",
                    help="a saved model: its folder (model.pt or model.keras, + model.json), "
-                        "its model.pt, a .keras file, or "
-                        "the id of a job that saved one in its outputs")
+                        "its model.pt, a .keras file, its URL in object storage (az://, s3://, "
+                        "gs://, https://), or the id of a job that saved one in its outputs")
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}; "
                    "anything else needs --token)")
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0: free)")
@@ -64,6 +64,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--jobs-url", default=os.environ.get("RINGTRAIN_URL"),
                    help="for a job id: the job service (default: RINGTRAIN_URL, else the "
                         "server of RINGTRAIN_HOME)")
+    p.add_argument("--secret",
+                   help="for a URL: the named secret (`ringtrain secret set`) holding the "
+                        "store's credentials (default: the store library's own sources)")
+    p.add_argument("--cache", type=Path,
+                   help="for a URL: the cache folder (default: RINGTRAIN_CACHE, else "
+                        "~/.cache/ringtrain)")
     return p.parse_args(argv)
 
 
@@ -77,11 +83,19 @@ def _announce(url: str, model: Path, name: str, ready_file: Path | None) -> None
 
 
 def _model_path(args: argparse.Namespace, stack: ExitStack) -> Path:
-    """The model's local path: MODEL itself, or a job's model fetched into a temporary folder."""
+    """The model's local path: MODEL itself, a stored model staged into the cache, or a job's
+    model fetched into a temporary folder."""
     from ringtrain.jobs.models.ids import JOB_ID_PATTERN
+    from ringtrain.storage.locations import is_url
 
-    if args.model.exists() or not re.fullmatch(JOB_ID_PATTERN, str(args.model)):
-        return args.model
+    if is_url(args.model):
+        from ringtrain.jobs.home import Home
+        from ringtrain.serve.store_model import default_cache, fetch_store_model
+
+        return fetch_store_model(args.model, args.secret, args.cache or default_cache(),
+                                 Home.from_environ().secrets_folder)
+    if Path(args.model).exists() or not re.fullmatch(JOB_ID_PATTERN, args.model):
+        return Path(args.model)
     from ringtrain.serve.job_model import fetch_job_model
 
     dest = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ringtrain-model-")))

@@ -5,10 +5,10 @@ plan into the node cache and writes ``{name: local path}`` to RESULT; ``upload P
 uploads the outputs as they settle until SIGTERM, ``upload PLAN`` uploads all of them once.
 
 The entries staged are held for ``holder`` as long as ``holder_pid`` lives (default: this
-process's parent, the job runner). The plan is a JSON file the executor wrote with mode 600 (it holds the stores' options, named
-secrets included); every line this program writes passes through
-:func:`ringtrain.storage.locations.redacted` with those values. Exit codes: 0 done, 1 a store or
-cache error (the message names the input and the store's reason), 2 a malformed plan.
+process's parent, the job runner). The plan is a JSON file the executor wrote with mode 600 (it
+holds the stores' options, named secrets included); every line this program writes passes
+through :func:`ringtrain.storage.locations.redacted` with those values. Exit codes: 0 done, 1 a
+store or cache error (the message names the input and the store's reason), 2 a malformed plan.
 """
 
 from __future__ import annotations

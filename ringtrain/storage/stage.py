@@ -41,8 +41,8 @@ def stage_input(name: str, url: str, options: Mapping[str, Any], cache: NodeCach
     entry = cache.complete(key)
     if entry is None:
         total = sum(o.size for o in objects)
-        with cache.staging(key, wait_s, lambda: write(
-                f"{name}: another job is staging {url} on this node; waiting for it")) as partial:
+        busy = f"{name}: another job or node stages {url} here; waiting for it"
+        with cache.staging(key, wait_s, lambda: write(busy)) as partial:
             if partial is not None:
                 cache.make_room(total * (2 if archive else 1), keep=key)
                 done = NodeCache.journaled(partial, objects)

@@ -163,10 +163,10 @@ def test_a_new_backend_is_a_folder_of_its_own_and_a_line_in_the_registry(
 
     (tmp_path / "fakeslurm").mkdir()
     (tmp_path / "fakeslurm" / "__init__.py").write_text("")
-    (tmp_path / "fakeslurm" / "plugin.py").write_text(_FAKE_PLUGIN)
+    (tmp_path / "fakeslurm" / "backend.py").write_text(_FAKE_PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.import_module("fakeslurm.plugin").EXECUTOR = fake_executor
-    modules = (*registry.PLUGIN_MODULES, "fakeslurm.plugin")
+    importlib.import_module("fakeslurm.backend").EXECUTOR = fake_executor
+    modules = (*registry.PLUGIN_MODULES, "fakeslurm.backend")
 
     parser = argparse.ArgumentParser()
     registry.add_server_options(parser, modules)

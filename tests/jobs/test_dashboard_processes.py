@@ -21,8 +21,8 @@ from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 from ringtrain.jobs.service.api.auth import home_token
 from ringtrain.jobs.service.api.guard import cookie_name, cookie_value
+from ringtrain.jobs.service.monitor.job_usage import find_ranks
 from ringtrain.jobs.service.monitor.progress import MAX_READS_PER_LOOK, JobProgress
-from ringtrain.jobs.service.monitor.rank_usage import find_ranks
 from ringtrain.jobs.service.monitor.stack_dump import dump_stack, find_py_spy
 from tests.clock import FakeClock
 

@@ -95,7 +95,7 @@ def test_paths_outside_the_job_folder_or_malformed_are_refused(share: Share, tmp
     with pytest.raises(InvalidRequestError, match=says):
         share.open_file("j1", path)
     with pytest.raises(InvalidRequestError, match=says):
-        share.list_files("j1", path)
+        list(share.iter_files("j1", path))
 
 
 def test_symlinks_are_never_followed_nor_listed(share: Share, tmp_path: Path) -> None:
@@ -111,8 +111,8 @@ def test_symlinks_are_never_followed_nor_listed(share: Share, tmp_path: Path) ->
         with pytest.raises(InvalidRequestError, match="symbolic link"):
             share.open_file("j1", path)
     with pytest.raises(InvalidRequestError, match="symbolic link"):
-        share.list_files("j1", "linked")
-    files = share.list_files("j1", "")
+        list(share.iter_files("j1", "linked"))
+    files = list(share.iter_files("j1", ""))
     assert [(f.path, f.size) for f in files] == [("outputs/model/weights.pt", 3)]
     with share.open_file("j1", "outputs/model/../model/weights.pt") as f:
         assert f.read() == b"123"
@@ -140,7 +140,7 @@ def test_pipes_are_neither_opened_nor_listed(share: Share, tmp_path: Path) -> No
     with pytest.raises(InvalidRequestError, match="not a regular file"):
         # opening a pipe would wait for a writer, forever
         returns_within(30, share.open_file, "j1", "outputs/o/pipe")
-    assert share.list_files("j1", "outputs") == []
+    assert list(share.iter_files("j1", "outputs")) == []
 
 
 def test_hard_links_are_served(share: Share, tmp_path: Path) -> None:
@@ -156,13 +156,13 @@ def test_hard_links_are_served(share: Share, tmp_path: Path) -> None:
 def test_list_files(share: Share, tmp_path: Path) -> None:
     job = make_job(share, tmp_path, outputs=["model"])
     (Path(job.job_dir) / "outputs" / "model" / "m.pt").write_bytes(b"x")
-    assert [f.path for f in share.list_files("j1", "outputs/model/m.pt")] == [
+    assert [f.path for f in share.iter_files("j1", "outputs/model/m.pt")] == [
         "outputs/model/m.pt"]
-    assert [f.path for f in share.list_files("j1", "./outputs//model/")] == ["outputs/model/m.pt"]
+    assert [f.path for f in share.iter_files("j1", "./outputs//model/")] == ["outputs/model/m.pt"]
     with pytest.raises(NotFoundError):
-        share.list_files("j1", "outputs/nothing")
+        list(share.iter_files("j1", "outputs/nothing"))
     with pytest.raises(NotFoundError):
-        share.list_files("j1", "outputs/model/m.pt/x")
+        list(share.iter_files("j1", "outputs/model/m.pt/x"))
     with pytest.raises(InvalidRequestError, match="is a folder"):
         share.open_file("j1", "outputs/model")
 

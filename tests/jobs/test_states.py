@@ -16,9 +16,11 @@ ALLOWED = {
     ("staging", "queued"), ("staging", "terminated"), ("staging", "failed"),
     ("queued", "preparing"), ("queued", "terminated"), ("queued", "failed"),
     ("preparing", "running"), ("preparing", "terminating"), ("preparing", "succeeded"),
-    ("preparing", "failed"), ("preparing", "queued"),
+    ("preparing", "failed"), ("preparing", "queued"), ("preparing", "uploading"),
     ("running", "terminating"), ("running", "succeeded"), ("running", "failed"),
-    ("running", "queued"),
+    ("running", "queued"), ("running", "uploading"),
+    ("uploading", "terminating"), ("uploading", "succeeded"), ("uploading", "failed"),
+    ("uploading", "queued"),
     ("terminating", "terminated"), ("terminating", "failed"),
 }
 

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.fast  # in-process: the tier of `scripts/test.sh --fast
 
 
 def test_wal_mode_and_schema(store: SQLiteStore) -> None:
-    assert store.journal_mode() == "wal"
     with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"clusters", "nodes", "jobs"} <= tables
 

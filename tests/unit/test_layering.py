@@ -66,7 +66,8 @@ UNITS: dict[str, tuple[str, ...]] = {
     "doctor": ("ringtrain.doctor",),
     "models": ("ringtrain.models",),
     "web": ("ringtrain.web",),
-    "serve.cli": ("ringtrain.serve.cli", "ringtrain.serve.job_model"),
+    "serve.cli": ("ringtrain.serve.cli", "ringtrain.serve.job_model",
+                  "ringtrain.serve.store_model"),
     "serve": ("ringtrain.serve",),
     "cli": ("ringtrain.cli", "ringtrain.env_report"),
 }

@@ -12,11 +12,11 @@ import os
 import sys
 
 from ringtrain.errors import ConfigError
-from ringtrain.jobs.cli import cluster, dashboard, deployment, job, output, server
+from ringtrain.jobs.cli import cluster, dashboard, deployment, job, output, secret, server
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, SpecError
 
 _GROUPS = {"job": job, "cluster": cluster, "server": server, "deployment": deployment,
-           "dashboard": dashboard}
+           "dashboard": dashboard, "secret": secret}
 
 
 def common_options() -> argparse.ArgumentParser:

@@ -117,7 +117,8 @@ def _resolve_paths(spec: JobSpec) -> JobSpec:
     update: dict[str, Any] = {}
     if spec.working_dir:
         update["working_dir"] = absolute("working_dir", spec.working_dir)
-    inputs = {k: (v if "://" in v else absolute(f"inputs.{k}", v)) for k, v in spec.inputs.items()}
+    inputs = {k: (v if not isinstance(v, str) or "://" in v else absolute(f"inputs.{k}", v))
+              for k, v in spec.inputs.items()}
     if errors:
         raise SpecError(errors)
     if inputs != spec.inputs:

@@ -13,6 +13,8 @@ from ringtrain.jobs.client.known_homes import remember
 from ringtrain.jobs.home import Home, service_token
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.jobs.service.executors.registry import add_server_options
+from ringtrain.jobs.service.storage_plans import DEFAULT_CACHE_GB
+from ringtrain.storage.transfers import DEFAULT_CONCURRENCY
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -24,6 +26,14 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                                         "RINGTRAIN_TOKEN, else the home's token file)")
     parser.add_argument("--public-host", help="the host name remote clients use in their URL; "
                                               "needed with --host 0.0.0.0")
+    storage = parser.add_argument_group("object storage (docs/storage.md)")
+    storage.add_argument("--cache-dir", type=Path,
+                         help="the node cache of staged inputs (default: HOME/cache)")
+    storage.add_argument("--cache-max-gb", type=float, default=DEFAULT_CACHE_GB,
+                         help=f"the cache's bound; unused entries are evicted, least recently "
+                              f"used first (default {DEFAULT_CACHE_GB:g})")
+    storage.add_argument("--stage-concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                         help=f"transfers at once per node (default {DEFAULT_CONCURRENCY})")
     add_server_options(parser)  # each backend's own flags
     parser.set_defaults(func=_serve, output="table")
     sub = parser.add_subparsers(metavar="COMMAND")

@@ -28,20 +28,14 @@ START_TIMEOUT_S = 30.0
 
 
 def read_server_file(home: Home) -> ServerInfo | None:
-    """The contents of ``server.json``, or ``None`` if there is none.
-
-    Raises:
-        RecordError: the file is there but malformed (the message says what to do).
-    """
+    """The contents of ``server.json``, or ``None`` if there is none. Raises RecordError if it
+    is there but malformed (the message says what to do)."""
     return ServerInfo.read(home.server_file)
 
 
 def running_server(home: Home) -> ServerInfo | None:
-    """The server of ``home`` if its process lives and answers, else ``None``.
-
-    Raises:
-        RecordError: ``server.json`` is malformed.
-    """
+    """The server of ``home`` if its process lives and answers, else ``None``. Raises
+    RecordError if ``server.json`` is malformed."""
     info = read_server_file(home)
     if info is None or not is_alive(info.pid, None):
         return None
@@ -58,11 +52,8 @@ def running_server(home: Home) -> ServerInfo | None:
 
 def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
     """Start ``ringtrain server`` for ``home`` in the background and wait until it answers.
-
-    Raises:
-        ServiceUnavailableError: it did not come up within ``timeout_s``; the message quotes
-            the end of ``server.log``.
-    """
+    Raises ServiceUnavailableError, quoting the end of ``server.log``, if it did not come up
+    within ``timeout_s``."""
     home.ensure()
     remember(home)
     with open(home.server_log, "ab") as log:
@@ -91,10 +82,8 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
         home: the service home (default: ``RINGTRAIN_HOME``).
         url: an explicit server; never auto-started.
         token: its bearer token (default: ``RINGTRAIN_TOKEN``, or the one in server.json).
-        autostart: start the home's server if none runs (also when the client reconnects).
-
-    Raises:
-        ServiceUnavailableError: no server, and none could be started.
+        autostart: start the home's server if none runs (also when the client reconnects);
+            without, ServiceUnavailableError.
     """
     url = url or service_url()
     token = token or service_token()
@@ -121,11 +110,8 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
 
 
 def stop_server(home: Home, timeout_s: float = 15.0) -> ServerInfo | None:
-    """Stop the home's server (SIGTERM, then SIGKILL past ``timeout_s``). Jobs keep running.
-
-    Returns:
-        The stopped server's info, or ``None`` if none ran.
-    """
+    """Stop the home's server (SIGTERM, then SIGKILL past ``timeout_s``); jobs keep running.
+    Returns the stopped server's info, or ``None`` if none ran."""
     info = read_server_file(home)
     if info is None or not is_alive(info.pid, None):
         home.server_file.unlink(missing_ok=True)

@@ -1,14 +1,12 @@
 """The Python client of the job service (httpx); the CLI is a thin shell over it.
 
 HTTP errors come back as the service's own exceptions (``NotFoundError`` for 404, ``SpecError``
-with the bad fields for 422, ...), so callers handle one error family whether they call the
-service in-process or over the network. Ids and names are checked against their patterns before
-a URL is built, and URL paths are built with escaping, so ``../clusters/victim`` never becomes
-another route.
+with the bad fields for 422, ...): one error family in-process or over the network. Ids and names
+are checked against their patterns and escaped before they go into a URL, so
+``../clusters/victim`` never becomes another route.
 
-Two calls outlive a lost connection (a restarted server, a slow one): a submit is retried with
-the same idempotency key, so it never creates two jobs, and a followed log resumes from the last
-byte received. Between tries the client backs off (0.1 s doubling to 2 s) and, given a
+A submit (retried with the same idempotency key, so never two jobs), a download and a followed log
+(resumed where they stopped) outlive a lost connection: the client backs off and, given a
 ``locate`` function, finds the server again, which may listen on another port after a restart.
 """
 
@@ -17,8 +15,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -114,10 +112,27 @@ class JobsClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as e:
-            raise ServiceUnavailableError(
-                f"cannot reach the job service at {self.url}: {e}") from None
+            raise self._unreachable(e) from None
         _raise_for(response)
         return None if response.status_code == 204 else response.json()
+
+    def _unreachable(self, cause: Exception) -> ServiceUnavailableError:
+        return ServiceUnavailableError(f"cannot reach the job service at {self.url}: {cause}")
+
+    @contextmanager
+    def _stream(self, method: str, path: str, params: dict[str, Any]
+                ) -> Iterator[httpx.Response]:
+        """A streamed response whose error status is raised as the service's exception."""
+        with ExitStack() as stack:
+            try:
+                response = stack.enter_context(self._http.stream(
+                    method, path, params=params, timeout=httpx.Timeout(30, read=None)))
+            except httpx.TransportError as e:
+                raise self._unreachable(e) from None
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            yield response
 
     # -- clusters ----------------------------------------------------------------------------
 
@@ -153,13 +168,9 @@ class JobsClient:
     # -- jobs --------------------------------------------------------------------------------
 
     def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None) -> JobInfo:
-        """Submit a job to a cluster, exactly once however often the connection fails.
-
-        Args:
-            cluster: the cluster.
-            spec: the job.
-            idempotency_key: names this submission (default: a new random key); every retry
-                sends it, so the server records one job whatever reached it.
+        """Submit a job to a cluster, exactly once however often the connection fails: every
+        retry sends ``idempotency_key`` (default: a new random key), so the server records one
+        job whatever reached it.
 
         Raises:
             ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
@@ -214,14 +225,8 @@ class JobsClient:
 
     def iter_files(self, job_id: str, path: str = "", page_size: int | None = None
                    ) -> Iterator[FileInfo]:
-        """The files under a path of the job's folder, sorted by path, a page fetched at a time
-        as the caller goes on.
-
-        Args:
-            job_id: the job.
-            path: a file or folder relative to the job's folder.
-            page_size: files per request (default: the server's).
-        """
+        """The files under ``path`` (relative to the job's folder), sorted by path, fetched a
+        page of ``page_size`` (default: the server's) at a time as the caller goes on."""
         params: dict[str, Any] = {"path": path}
         if page_size is not None:
             params["limit"] = page_size
@@ -337,34 +342,6 @@ class JobsClient:
         """Stop a deployment's servers (after the requests in flight)."""
         return DeploymentInfo.model_validate(
             self._call("POST", _deployment_path(deployment_id, "stop")))
-
-    def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
-        return _Stream(self._http, method, path, params, self.url)
-
-
-class _Stream:
-    """A streamed response whose errors are raised as the service's exceptions."""
-
-    def __init__(self, http: httpx.Client, method: str, path: str, params: dict[str, Any],
-                 url: str):
-        self._ctx = http.stream(method, path, params=params, timeout=httpx.Timeout(30, read=None))
-        self._url = url
-
-    def __enter__(self) -> httpx.Response:
-        try:
-            response = self._ctx.__enter__()
-        except httpx.TransportError as e:
-            raise ServiceUnavailableError(
-                f"cannot reach the job service at {self._url}: {e}") from None
-        if response.status_code >= 400:
-            response.read()
-            self._ctx.__exit__(None, None, None)
-            _raise_for(response)
-        return response
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._ctx.__exit__(exc_type, exc, tb)
 
 
 def _cluster_path(name: str) -> str:

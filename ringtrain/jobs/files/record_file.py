@@ -28,12 +28,9 @@ MAX_RECORD_BYTES = 1 << 20
 
 
 def read_record_file(folder: Path, relpath: str, source: str) -> bytes | None:
-    """The bytes of ``folder/relpath``, or ``None`` if there is no such file.
-
-    Args:
-        folder: the folder the service made or trusts (a job's folder, the home).
-        relpath: the file, relative to it.
-        source: what the file is, for the error message (e.g. "the launch file /x/launch.json").
+    """The bytes of ``folder/relpath``, or ``None`` if there is no such file. ``folder`` is one
+    the service made or trusts (a job's folder, the home); ``source`` says what the file is, for
+    the error message (e.g. "the launch file /x/launch.json").
 
     Raises:
         RecordError: the file exists but cannot be read, goes through a link, is a folder, a
@@ -57,17 +54,10 @@ def read_record_file(folder: Path, relpath: str, source: str) -> bytes | None:
 
 def read_record(folder: Path, relpath: str, source: str,
                 parse: Callable[[Any], R]) -> R | None:
-    """The record in the JSON file ``folder/relpath`` as ``parse`` makes it, or ``None`` if
-    there is no such file.
-
-    Args:
-        parse: the JSON value to the record; raises
-            :class:`~ringtrain.record_fields.FieldError` on a bad one.
-
-    Raises:
-        RecordError: as :func:`read_record_file`, or the file is not JSON or ``parse`` refused
-            it; the message names ``source``.
-    """
+    """The record in the JSON file ``folder/relpath`` as ``parse`` makes it (raising
+    :class:`~ringtrain.record_fields.FieldError` on a bad one), or ``None`` if there is no such
+    file. Raises RecordError, naming ``source``, as :func:`read_record_file`, or if the file is
+    not JSON or ``parse`` refused it."""
     raw = read_record_file(folder, relpath, source)
     if raw is None:
         return None

@@ -35,12 +35,9 @@ _KINDS = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
 
 
 def split_path(relpath: str) -> list[str]:
-    """The components of a path relative to a job's folder, ``.`` and ``..`` applied.
-
-    Raises:
-        InvalidRequestError: the path has a NUL byte, is not UTF-8, is too long, is absolute or
-            leads outside.
-    """
+    """The components of a path relative to a job's folder, ``.`` and ``..`` applied. Raises
+    InvalidRequestError if it has a NUL byte, is not UTF-8, is too long, is absolute or leads
+    outside."""
     if "\0" in relpath:
         raise InvalidRequestError(f"path {brief(relpath)} contains a NUL byte; paths are relative "
                                   "to the job's folder (e.g. outputs/model)")
@@ -73,12 +70,9 @@ def split_path(relpath: str) -> list[str]:
 def open_path(folder: Path, relpath: str) -> Iterator[int]:
     """A descriptor of the folder or regular file at ``relpath`` below ``folder``; closed on exit.
 
-    ``folder`` itself is trusted (the service made it); every component below it is opened
-    without following links and must be a folder or, for the last one, a regular file.
-
-    Args:
-        folder: a job's folder.
-        relpath: a path relative to it, as a client names it (``outputs/model/m.pt``).
+    ``folder`` (a job's) itself is trusted (the service made it); every component of ``relpath``
+    (as a client names it: ``outputs/model/m.pt``) is opened without following links and must be
+    a folder or, for the last one, a regular file.
 
     Raises:
         InvalidRequestError: the path is malformed or leads outside (see :func:`split_path`),
@@ -101,12 +95,8 @@ def open_path(folder: Path, relpath: str) -> Iterator[int]:
 
 
 def open_regular(folder: Path, relpath: str) -> int:
-    """A new descriptor of the regular file at ``relpath`` below ``folder`` (see :func:`open_path`).
-
-    Raises:
-        InvalidRequestError: as :func:`open_path`, or the path names a folder.
-        NotFoundError: nothing exists at the path.
-    """
+    """A new descriptor of the regular file at ``relpath`` below ``folder``; raises as
+    :func:`open_path`, and InvalidRequestError for a folder."""
     with open_path(folder, relpath) as fd:
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise InvalidRequestError(f"{brief(relpath)} is a folder, not a file")
@@ -114,12 +104,8 @@ def open_regular(folder: Path, relpath: str) -> int:
 
 
 def open_below(dir_fd: int, name: str, relpath: str) -> int:
-    """Open the entry ``name`` of the folder ``dir_fd``: a folder or regular file, never a link.
-
-    Args:
-        dir_fd: the parent folder.
-        name: one path component (no ``/``).
-        relpath: the whole path, for messages.
+    """Open the entry ``name`` (one path component) of the folder ``dir_fd``: a folder or
+    regular file, never a link. ``relpath`` is the whole path, for messages.
 
     Raises:
         InvalidRequestError: the entry is a link, named pipe, socket or device.

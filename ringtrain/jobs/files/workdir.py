@@ -38,9 +38,6 @@ class CopyFilter:
 
     Use as ``shutil.copytree(src, dst, ignore=CopyFilter(src))``: copytree calls it top-down,
     so each folder's ignore files are read before its entries are decided.
-
-    Args:
-        root: The working dir.
     """
 
     def __init__(self, root: Path) -> None:
@@ -95,11 +92,7 @@ class CopyPlan:
 
 def plan_copy(root: Path) -> CopyPlan:
     """Walk ``root`` as the copy would, counting files and bytes (symbolic links count as
-    links, not followed).
-
-    Raises:
-        OSError: ``root`` cannot be read.
-    """
+    links, not followed). Raises OSError if ``root`` cannot be read."""
     root = Path(root)
     keep = CopyFilter(root)
     plan = CopyPlan()

@@ -98,12 +98,9 @@ def find_model_folder(files: Iterable[FileInfo]) -> str | None:
 
 
 def servable_model(job: JobInfo, outputs: Iterable[FileInfo]) -> str:
-    """The folder of the saved model that ``job`` left, relative to the job's folder.
-
-    Args:
-        job: the job that trained the model.
-        outputs: the files under its ``outputs`` folder, read only once the job is known to
-            have succeeded.
+    """The folder of the saved model that ``job`` left, relative to the job's folder, among
+    ``outputs`` (the files under its ``outputs`` folder, read only once the job is known to have
+    succeeded).
 
     Raises:
         InvalidRequestError: the job is a deployment.

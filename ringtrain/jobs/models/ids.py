@@ -26,23 +26,16 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
 def check_name(value: str, what: str = "cluster name") -> str:
-    """Return ``value`` if it is a valid cluster (or experiment) name.
-
-    Raises:
-        InvalidRequestError: it is not; the message says what a name looks like.
-    """
+    """Return ``value`` if it is a valid cluster (or experiment) name; else raise
+    InvalidRequestError, saying what a name looks like."""
     if not _matches(NAME_PATTERN, value, 63):
         raise InvalidRequestError(f"invalid {what} {brief(value)}: {NAME_RULE}")
     return value
 
 
 def check_job_id(value: str) -> str:
-    """Return ``value`` if it is a well-formed job id.
-
-    Raises:
-        InvalidRequestError: it is not; the message says what an id looks like and where ids
-            are listed.
-    """
+    """Return ``value`` if it is a well-formed job id; else raise InvalidRequestError, saying
+    what an id looks like and where ids are listed."""
     if not _matches(JOB_ID_PATTERN, value, 70):
         raise InvalidRequestError(f"invalid job id {brief(value)}: {JOB_ID_RULE} "
                                   "(see `ringtrain job list`)")

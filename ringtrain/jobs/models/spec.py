@@ -12,14 +12,16 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -93,6 +95,47 @@ LocalPath = Annotated[str, StringConstraints(max_length=MAX_PATH_BYTES),
                       AfterValidator(_local_path)]
 
 
+def _store_url(value: str) -> str:
+    _no_nul(value)
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value):
+        raise ValueError("must be a store URL such as s3://bucket/prefix, az://container/path, "
+                         "gs://bucket/path or https://host/file")
+    return value
+
+
+StoreUrl = Annotated[str, StringConstraints(max_length=MAX_PATH_BYTES), AfterValidator(_store_url)]
+
+
+class InputSource(BaseModel):
+    """An input in object storage, with how it reaches the ranks (docs/storage.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: StoreUrl = Field(description="az://, s3://, gs:// or https:// URL.")
+    mode: Literal["copy", "direct"] = Field(
+        "copy", description="copy: staged into each node's cache before the ranks start; "
+                            "direct: the URL handed to the script as-is.")
+    secret: Name | None = Field(None, description="A named secret holding the credentials.")
+    endpoint_url: StoreUrl | None = Field(None, description="S3 only: the endpoint to use.")
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_copies(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("mode") == "direct":
+            raise ValueError("a named secret reaches only the stager; for mode: direct give the "
+                             "ranks the store's standard credentials (docs/storage.md)")
+        return v
+
+
+def _input_kind(value: Any) -> str:
+    return "source" if isinstance(value, (dict, InputSource)) else "path"
+
+
+# A path or bare URL, or a mapping: told apart first, so an error speaks of the one meant.
+InputValue = Annotated[Annotated[LocalPath, Tag("path")] | Annotated[InputSource, Tag("source")],
+                       Discriminator(_input_kind)]
+
+
 class JobSpec(BaseModel):
     """A training job as requested: what to run, on how many nodes, with which files.
 
@@ -119,12 +162,17 @@ class JobSpec(BaseModel):
         description="Extra environment variables of every rank.")
     job_preparation: Command | None = Field(
         None, description="Shell command run once per node before the workers start.")
-    inputs: dict[IoName, LocalPath] = Field(
+    inputs: dict[IoName, InputValue] = Field(
         default_factory=dict, max_length=MAX_ENTRIES,
-        description="Input paths, exposed as RINGTRAIN_INPUT_<NAME>.")
+        description="Input paths or store URLs (or {url, mode, secret, endpoint_url}), exposed "
+                    "as RINGTRAIN_INPUT_<NAME>.")
     outputs: list[IoName] = Field(
         default_factory=list, max_length=MAX_ENTRIES,
         description="Output folders, exposed as RINGTRAIN_OUTPUT_<NAME>.")
+    outputs_url: StoreUrl | None = Field(
+        None, description="Store URL the outputs are uploaded below ({job_id} is replaced).")
+    outputs_secret: Name | None = Field(
+        None, description="A named secret holding the credentials of outputs_url.")
     max_wall_clock_time: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description="Seconds from start; past it the job is stopped and failed.")
@@ -198,6 +246,25 @@ class JobSpec(BaseModel):
             raise ValueError(f"must be at least node_count ({count}): the job starts on "
                              "node_count nodes and may grow up to max_nodes")
         return v
+
+    @field_validator("outputs_secret")
+    @classmethod
+    def _secret_has_url(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not info.data.get("outputs_url"):
+            raise ValueError("names the credentials of outputs_url, which is not set")
+        return v
+
+    def input_sources(self) -> dict[str, InputSource]:
+        """Every input that is a store URL, as a source (a bare URL copies)."""
+        return {name: value if isinstance(value, InputSource) else InputSource(url=value)
+                for name, value in self.inputs.items()
+                if isinstance(value, InputSource) or "://" in value}
+
+    def outputs_location(self, job_id: str) -> str | None:
+        """``outputs_url`` for job ``job_id``: ``{job_id}`` replaced, one trailing slash."""
+        if not self.outputs_url:
+            return None
+        return self.outputs_url.replace("{job_id}", job_id).rstrip("/") + "/"
 
     @property
     def elastic(self) -> bool:
@@ -289,7 +356,10 @@ def field_errors(errors: Sequence[ErrorDetails], allowed: Sequence[str] = ()
     out = []
     named = False
     for e in errors[:MAX_ERRORS]:
-        field = ".".join(str(p) for p in e["loc"]) or "(spec)"
+        loc = e["loc"]
+        if len(loc) > 2 and loc[0] == "inputs" and loc[2] in ("path", "source"):
+            loc = (*loc[:2], *loc[3:])  # the union's tags say nothing to a user
+        field = ".".join(str(p) for p in loc) or "(spec)"
         kind = e["type"]
         if kind == "extra_forbidden":
             message = "unknown field"

@@ -19,6 +19,7 @@ class JobState(str, Enum):
     QUEUED = "queued"
     PREPARING = "preparing"
     RUNNING = "running"
+    UPLOADING = "uploading"  # its ranks ended; its outputs go to outputs_url
     TERMINATING = "terminating"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -37,8 +38,10 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     _J.QUEUED: frozenset({_J.PREPARING, _J.TERMINATED, _J.FAILED}),
     # preparing/running -> succeeded|failed directly: the job may end between two observations;
     # -> queued: a failed attempt re-queued under max_retries.
-    _J.PREPARING: frozenset({_J.RUNNING, _J.TERMINATING, _J.SUCCEEDED, _J.FAILED, _J.QUEUED}),
-    _J.RUNNING: frozenset({_J.TERMINATING, _J.SUCCEEDED, _J.FAILED, _J.QUEUED}),
+    _J.PREPARING: frozenset({_J.RUNNING, _J.UPLOADING, _J.TERMINATING, _J.SUCCEEDED, _J.FAILED,
+                             _J.QUEUED}),
+    _J.RUNNING: frozenset({_J.UPLOADING, _J.TERMINATING, _J.SUCCEEDED, _J.FAILED, _J.QUEUED}),
+    _J.UPLOADING: frozenset({_J.TERMINATING, _J.SUCCEEDED, _J.FAILED, _J.QUEUED}),
     # terminating -> failed: stopped by the service for exceeding max_wall_clock_time.
     _J.TERMINATING: frozenset({_J.TERMINATED, _J.FAILED}),
     _J.SUCCEEDED: frozenset(),

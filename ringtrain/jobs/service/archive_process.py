@@ -54,10 +54,8 @@ class ArchiveProducers:
         """Start a producer for the files under ``path`` after ``after``; its archive's chunks.
 
         Call after the path was checked: a producer that fails ends its archive early (the
-        client resumes after the last file it received), its error in the service's log.
-
-        Raises:
-            BusyError: ``limit`` producers are running.
+        client resumes after the last file it received), its error in the service's log. Raises
+        BusyError if ``limit`` producers are running.
         """
         if len(self._running) + self._starting >= self.limit:
             raise BusyError(f"{self.limit} folder downloads are running on this service; "

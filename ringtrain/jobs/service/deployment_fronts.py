@@ -35,7 +35,8 @@ HOST = "127.0.0.1"
 #: Seconds a stopped front lets requests in flight finish.
 DRAIN_S = 5.0
 #: The states of a deployment that has a front.
-_LIVE = (JobState.STAGING, JobState.QUEUED, JobState.PREPARING, JobState.RUNNING)
+_LIVE = (JobState.STAGING, JobState.QUEUED, JobState.PREPARING, JobState.RUNNING,
+         JobState.UPLOADING)
 
 
 @dataclass
@@ -58,7 +59,6 @@ class Fronts:
     """The service's fronts, by deployment id (thread-safe).
 
     Args:
-        store: the records (deployments, and where their fronts' URLs are kept).
         replica_urls: the URLs a deployment's replicas announced so far.
         health_every_s: seconds between two health checks of a replica.
         refresh_s: seconds between two readings of the replicas' URLs.
@@ -153,11 +153,7 @@ class Fronts:
 
 def _bind(job: JobInfo) -> socket.socket:
     """A listening socket for ``job``'s front: on the port of its recorded URL if there is
-    one and it is free, else on a free one.
-
-    Raises:
-        OSError: no port could be bound.
-    """
+    one and it is free, else on a free one (OSError if none could be bound)."""
     port = urlsplit(job.front).port if job.front else None
     if port:
         try:

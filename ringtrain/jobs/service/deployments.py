@@ -28,6 +28,7 @@ from ringtrain.jobs.models.deployment import (
     deployment_state,
     servable_model,
 )
+from ringtrain.jobs.models.spec import InputSource
 from ringtrain.jobs.service.deployment_fronts import Fronts, wants_front
 from ringtrain.jobs.service.job_service import JobService
 from ringtrain.record_fields import field, json_object
@@ -48,7 +49,6 @@ class Deployments:
     """Create, inspect and stop deployments through a :class:`JobService`.
 
     Args:
-        service: the job service whose jobs the deployments are.
         fronts: run a front (one URL, round robin over the healthy replicas) for each
             deployment of several replicas; the server passes ``True``, an app called
             in-process has none (:meth:`sync_fronts` then does nothing).
@@ -70,16 +70,8 @@ class Deployments:
             self.fronts.run(stop)
 
     def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
-        """Serve the saved model of a succeeded job with ``replicas`` servers.
-
-        Args:
-            job_id: the job that trained the model; its outputs hold ``model.json`` and
-                ``model.pt`` (as :func:`ringtrain.models.saved.save_model` writes them).
-            replicas: servers to run, one per node of the cluster.
-            cluster: where they run (default: the job's own cluster).
-
-        Returns:
-            The new deployment, ``starting``.
+        """Serve the saved model of a succeeded job with ``replicas`` servers, one per node of
+        ``cluster`` (default: the job's own); the new deployment is ``starting``.
 
         Raises:
             NotFoundError: no such job or cluster, or no saved model in the job's outputs.
@@ -92,9 +84,13 @@ class Deployments:
         source = self.service.get_job(job_id)
         folder = servable_model(source, self._outputs(job_id))
         base = (source.spec.name or "job")[:56]
+        stored = source.spec.outputs_location(source.id)
+        model: str | InputSource = str(Path(source.job_dir) / folder)
+        if stored:  # the outputs went to a store: the replicas load the model from there
+            model = InputSource(url=stored + str(folder).removeprefix(f"{OUTPUTS}/"),
+                                secret=source.spec.outputs_secret)
         spec = JobSpec(name=f"{base}-serve", experiment=source.spec.experiment,
-                       node_count=replicas, command=SERVE_COMMAND,
-                       inputs={"model": str(Path(source.job_dir) / folder)},
+                       node_count=replicas, command=SERVE_COMMAND, inputs={"model": model},
                        outputs=[ENDPOINTS_OUTPUT])
         job = self.service.submit(cluster or source.cluster, spec, serves=job_id)
         self.sync_fronts()  # its URL is in the answer: the front waits for the replicas
@@ -105,11 +101,7 @@ class Deployments:
         return [self._info(j) for j in self.service.list_jobs() if j.serves is not None]
 
     def get(self, deployment_id: str) -> DeploymentInfo:
-        """One deployment.
-
-        Raises:
-            NotFoundError: no job has that id, or that job is not a deployment.
-        """
+        """One deployment. Raises NotFoundError if no job has that id, or it is no deployment."""
         job = self.service.get_job(deployment_id)
         if job.serves is None:
             raise NotFoundError(f"{deployment_id} is a job, not a deployment "
@@ -117,12 +109,8 @@ class Deployments:
         return self._info(job)
 
     def stop(self, deployment_id: str) -> DeploymentInfo:
-        """Stop a deployment's servers; they finish the requests in flight first.
-
-        Raises:
-            NotFoundError: no such deployment.
-            ConflictError: it has stopped already.
-        """
+        """Stop a deployment's servers; they finish the requests in flight first. Raises
+        ConflictError if it has stopped already."""
         self.get(deployment_id)
         stopped = self.service.terminate(deployment_id)
         self.sync_fronts()  # the front stops with it: its requests in flight finish first
@@ -146,7 +134,7 @@ class Deployments:
         healthy = self.fronts.healthy(job.id) if self.fronts is not None else []
         return DeploymentInfo(id=job.id, serves=job.serves or "", state=state,
                               replicas=job.spec.node_count, urls=urls, url=url,
-                              healthy=healthy, model=job.spec.inputs.get("model", ""),
+                              healthy=healthy, model=_model_of(job),
                               message=job.message, job=job)
 
     # builtins: inside the class ``list`` is the method above
@@ -165,3 +153,7 @@ class Deployments:
                 urls.append(url)
         return urls
 
+
+def _model_of(job: JobInfo) -> str:
+    model = job.spec.inputs.get("model", "")
+    return model if isinstance(model, str) else model.url

@@ -86,7 +86,6 @@ def create_front(backends: Backends, *, refresh: Callable[[], Sequence[str]] | N
     """The front's ASGI app.
 
     Args:
-        backends: The replicas.
         refresh: Returns the replicas' URLs now (called in a thread every ``refresh_s``);
             ``None``: they do not change.
         health_every_s: Seconds between two health checks of every replica.

@@ -29,12 +29,10 @@ MAX_RANK = 2**31 - 1
 
 
 class JobFiles:
-    """The job folders of a service's jobs.
-
-    Args:
-        store: the records (whether a job exists, its spec and state).
-        share: the job folders.
-    """
+    """The job folders of a service's jobs; ``store`` says whether a job exists, its spec and
+    state. Every read raises NotFoundError for an unknown job, and InvalidRequestError for a
+    path (or cursor) that is malformed, leads outside the job's folder or goes through a
+    symbolic link."""
 
     def __init__(self, store: Store, share: Share):
         self.store = store
@@ -48,13 +46,7 @@ class JobFiles:
     def list_files(self, job_id: str, path: str = "", limit: int = DEFAULT_PAGE,
                    cursor: str | None = None) -> FilePage:
         """One page of the files under ``path`` of a job's folder (see
-        :mod:`ringtrain.jobs.models.paging`).
-
-        Raises:
-            NotFoundError: no such job, or nothing at the path.
-            InvalidRequestError: the path or cursor is malformed or leads outside the job's
-                folder, or ``limit`` is outside 1..MAX_PAGE.
-        """
+        :mod:`ringtrain.jobs.models.paging`); ``limit`` must be 1..MAX_PAGE."""
         check_range("limit", limit, 1, MAX_PAGE, "ask for the next page with cursor=")
         self.store.get_job(job_id)
         return take_page(self.share.iter_files(job_id, path, cursor, limit + 1), limit)
@@ -66,43 +58,27 @@ class JobFiles:
         return self.share.iter_files(job_id, path)
 
     def check_archive(self, job_id: str, path: str, after: str | None = None) -> None:
-        """Check what an archive of the files under ``path`` after ``after`` would read (see
-        :mod:`ringtrain.jobs.service.archive_process`), so that its errors come before its stream.
-
-        Raises:
-            NotFoundError: no such job, or nothing at the path.
-            InvalidRequestError: the path or ``after`` is malformed or leads outside the job's
-                folder, or goes through a symbolic link.
-        """
+        """Check what an archive of the files under ``path`` after ``after`` would read, so that
+        its errors come before its stream."""
         self.store.get_job(job_id)
         next(self.share.iter_opened(job_id, path, after), None)  # closed as soon as dropped
 
     def open_file(self, job_id: str, path: str) -> BinaryIO:
-        """Open one file of a job for download (see :meth:`Share.open_file`).
-
-        Raises:
-            NotFoundError: no such job or file.
-            InvalidRequestError: the path is malformed, leads outside the job's folder, goes
-                through a symbolic link or names a folder.
-        """
+        """Open one file of a job for download (see :meth:`Share.open_file`)."""
         self.store.get_job(job_id)
         return self.share.open_file(job_id, path)
 
     def job_scalars(self, job_id: str, cursor: int = 0) -> dict[str, Any]:
         """The training scalars a job logged (see :class:`~ringtrain.jobs.service.monitor.scalars.
-        JobScalars`), the points after ``cursor``. Raises NotFoundError."""
+        JobScalars`), the points after ``cursor``."""
         self.store.get_job(job_id)
         return self.scalars.get(job_id, self.share.job_dir(job_id)).since(cursor)
 
     def log_path(self, job_id: str, rank: int, stream: str) -> str:
         """Where one rank's stdout, stderr or both (``output``) are, or (``prep.stdout``,
         ``prep.stderr``) node ``rank``'s preparation output, relative to the job's folder; the
-        file may not exist yet.
-
-        Raises:
-            NotFoundError: no such job.
-            InvalidRequestError: the rank, node or stream does not exist in this job.
-        """
+        file may not exist yet. Raises InvalidRequestError if the rank, node or stream does not
+        exist in this job."""
         job = self.store.get_job(job_id)
         if stream not in LOG_STREAMS:
             raise InvalidRequestError(f"stream must be one of {', '.join(LOG_STREAMS)} "
@@ -133,11 +109,7 @@ class JobFiles:
 
     def log_ended(self, job_id: str, stream: str) -> bool:
         """Whether nothing will be written to the job's log ``stream`` any more: the job is
-        over, or (a preparation log) its ranks have started.
-
-        Raises:
-            NotFoundError: no such job.
-        """
+        over, or (a preparation log) its ranks have started."""
         if self.store.get_job(job_id).state.is_terminal():
             return True
         return stream.startswith("prep.") and self._exists(job_id, rank_log_path(0, "stdout"))

@@ -37,6 +37,7 @@ from ringtrain.jobs.service.output_quota import DEFAULT_LIMITS, OutputLimits, Ou
 from ringtrain.jobs.service.scheduler import Scheduler
 from ringtrain.jobs.service.share import Share
 from ringtrain.jobs.service.stager import Stager
+from ringtrain.jobs.service.storage_plans import StorageSettings
 from ringtrain.jobs.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -46,21 +47,20 @@ class JobService:
     """Clusters and jobs: create, inspect, change, delete.
 
     Args:
-        store: the records.
-        share: the job folders.
         backends: the backends it runs (one per kind), each with its executor; clusters of
             another backend are refused.
         clock: seconds since the epoch (injectable for tests).
-        output_limits: the default caps on a job's outputs (see
-                :mod:`ringtrain.jobs.service.output_quota`).
+        output_limits: the default caps on a job's outputs.
         output_check_s: how often the outputs of running jobs are measured, at least.
     """
 
     def __init__(self, store: Store, share: Share, backends: Iterable[ClusterBackend],
                  clock: Callable[[], float] = time.time,
-                 output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0):
+                 output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0,
+                 storage: StorageSettings | None = None):
         self.store = store
         self.share = share
+        self.storage = storage
         self.backends = Backends(backends, lambda name: store.get_cluster(name).backend)
         self.scheduler = Scheduler(store, self.backends, clock)
         self.clock = clock
@@ -72,16 +72,14 @@ class JobService:
         #: What each job left in its folder, as the API reads it.
         self.files = JobFiles(store, share)
         self.output_watcher = OutputWatcher(
-            lambda: self.store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING]),
+            lambda: self.store.list_jobs(states=[JobState.PREPARING, JobState.RUNNING,
+                                                 JobState.UPLOADING]),
             self._fail_over_cap, output_limits, output_check_s)
 
     # -- clusters ----------------------------------------------------------------------------
 
     def create_cluster(self, spec: ClusterSpec) -> ClusterInfo:
-        """Create a cluster.
-
-        Its backend attaches it first (a ``ray`` cluster: its private head started, for address
-        ``local``; with ``nodes`` 0 it gets as many nodes as Ray has alive machines).
+        """Create a cluster, once its backend attached it (a private Ray head started, say).
 
         Raises:
             ConflictError: the name is taken.
@@ -101,8 +99,7 @@ class JobService:
         return self.store.list_clusters()
 
     def get_cluster(self, name: str) -> ClusterInfo:
-        """One cluster, with what its backend knows of its machines (a ray cluster: Ray's node
-        table). Raises NotFoundError."""
+        """One cluster, with what its backend knows of its machines. Raises NotFoundError."""
         info = self.store.get_cluster(name)
         backend = self.backends.find(info.backend)
         return info if backend is None else backend.describe(info)
@@ -173,18 +170,11 @@ class JobService:
 
     def submit(self, cluster: str, spec: JobSpec, idempotency_key: str | None = None, *,
                serves: str | None = None) -> JobInfo:
-        """Record a job on a cluster; it queues once its working dir is copied.
+        """Record a job on a cluster; it queues once its working dir is copied (in the
+        background: the job is returned ``staging``, and a failed copy fails it).
 
-        Without a working dir the job is queued before this returns; with one it is returned
-        ``staging``, and the copy runs in the background (a failed copy fails the job).
-
-        Args:
-            cluster: the cluster to run on.
-            spec: the job.
-            idempotency_key: the client's name for this submission: a repeated key returns the
-                job recorded under it, and never creates another.
-            serves: for a deployment, the job whose model it serves (see
-                :mod:`ringtrain.jobs.service.deployments`).
+        A repeated ``idempotency_key`` returns the job recorded under it, and never creates
+        another. ``serves``: for a deployment, the job whose model it serves.
 
         Raises:
             NotFoundError: no such cluster.
@@ -229,15 +219,21 @@ class JobService:
         if info.allocation_state == AllocationState.DELETING:
             raise ConflictError(f"cluster {cluster} is being deleted; it takes no new jobs")
         errors = _fit_errors(info, spec) + self.backends.get(info.backend).job_problems(info, spec)
-        errors += _local_errors(spec) + _exec_errors(spec)
+        errors += _local_errors(spec) + _exec_errors(spec) + self._storage_errors(spec)
         if errors:
             raise SpecError(errors)
 
-    def _stage(self, job: JobInfo) -> None:
-        """Make the job's folder (copying its working dir), then queue it.
+    def _storage_errors(self, spec: JobSpec) -> list[dict[str, str]]:
+        if self.storage is not None:
+            return self.storage.spec_problems(spec)
+        if spec.outputs_url or any(s.mode == "copy" for s in spec.input_sources().values()):
+            return [{"field": "inputs", "message": "this service was started without object "
+                                                   "storage settings (ringtrain server has them)"}]
+        return []
 
-        A job terminated, failed or deleted meanwhile stays as it is.
-        """
+    def _stage(self, job: JobInfo) -> None:
+        """Make the job's folder (copying its working dir), then queue it (unless it was
+        terminated, failed or deleted meanwhile)."""
         self.share.remove_job_dir(job.id)  # what a server stopped mid-copy left
         try:
             self.share.create_job_dir(job.id, job.spec)
@@ -276,11 +272,7 @@ class JobService:
         return job
 
     def delete_job(self, job_id: str) -> None:
-        """Forget a finished job and delete its folder.
-
-        Raises:
-            ConflictError: the job is not finished.
-        """
+        """Forget a finished job and delete its folder. Raises ConflictError if not finished."""
         with self.lock:
             self.store.remove_job(job_id)
         self.files.forget(job_id)
@@ -351,7 +343,9 @@ def _local_errors(spec: JobSpec) -> list[dict[str, str]]:
         if problem:
             errors.append({"field": "working_dir", "message": problem})
     for name, path in spec.inputs.items():
-        problem = None if "://" in path else _local_problem(path, folder=False)
+        if not isinstance(path, str) or "://" in path:
+            continue  # a store URL: checked against the store's library
+        problem = _local_problem(path, folder=False)
         if problem:
             errors.append({"field": f"inputs.{name}", "message": problem})
     return errors

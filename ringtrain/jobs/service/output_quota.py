@@ -82,7 +82,6 @@ class OutputWatcher:
     Args:
         running: the jobs to check (those preparing or running).
         fail: stops a job and fails it with the given message.
-        limits: the service's default caps.
         interval_s: the pause between checks, at least; a check that took ``t`` seconds is
             followed by a pause of at least ``10 t``, so checking costs at most a tenth of a core.
     """

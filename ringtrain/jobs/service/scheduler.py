@@ -38,15 +38,15 @@ from ringtrain.jobs.service.store import Store
 
 log = logging.getLogger(__name__)
 
-ACTIVE = (JobState.PREPARING, JobState.RUNNING, JobState.TERMINATING)
+ACTIVE = (JobState.PREPARING, JobState.RUNNING, JobState.UPLOADING, JobState.TERMINATING)
+#: The states of a job whose processes run and may be stopped.
+STARTED = (JobState.PREPARING, JobState.RUNNING, JobState.UPLOADING)
 
 
 class Scheduler:
     """Moves jobs through their states by observing the executor.
 
     Args:
-        store: where jobs, clusters and nodes live.
-        executor: runs attempts.
         clock: seconds since the epoch (``time.time`` unless a test injects one).
         stop_grace_s: how long a stopped job gets between SIGTERM and SIGKILL.
     """
@@ -76,48 +76,38 @@ class Scheduler:
 
     def terminate(self, job_id: str) -> JobInfo:
         """Stop a job: a staging or queued one ends at once, a started one once its processes
-        are gone.
-
-        Raises:
-            NotFoundError: no such job.
-            ConflictError: the job is already terminating or finished.
-        """
+        are gone. Raises ConflictError if it is already terminating or finished."""
         job = self.store.get_job(job_id)
         now = self.clock()
         if job.state in (JobState.STAGING, JobState.QUEUED):
             return self.store.update_job(job_id, JobState.TERMINATED, now,
                                          message="terminated before it started")
-        if job.state not in (JobState.PREPARING, JobState.RUNNING):
+        if job.state not in STARTED:
             raise ConflictError(f"job {job_id} is already {job.state.value}; nothing to terminate")
         job = self.store.update_job(job_id, JobState.TERMINATING, now,
                                     message="terminating on request")
-        try:
-            launch = self._launch(job_id)
-        except RecordError:
-            launch = None  # stopped by its job id alone; the next tick ends it (_supervise)
-        self.executor.stop(job, launch, force=False)
+        self._stop(job)
         return job
 
     def stop_failing(self, job_id: str, message: str) -> None:
         """Stop a preparing or running job that broke a rule of the service: it ends failed,
         with ``message``. A job in any other state is left as it is."""
         job = self.store.get_job(job_id)
-        if job.state not in (JobState.PREPARING, JobState.RUNNING):
+        if job.state not in STARTED:
             return
-        job = self.store.update_job(job_id, JobState.TERMINATING, self.clock(),
-                                    ends_as=JobState.FAILED, message=message)
+        self._stop(self.store.update_job(job_id, JobState.TERMINATING, self.clock(),
+                                         ends_as=JobState.FAILED, message=message))
+
+    def _stop(self, job: JobInfo) -> None:
         try:
-            launch = self._launch(job_id)
+            launch = self._launch(job.id)
         except RecordError:
-            launch = None  # stopped by its job id alone
+            launch = None  # stopped by its job id alone; the next tick ends it (_supervise)
         self.executor.stop(job, launch, force=False)
 
     def _launch(self, job_id: str) -> LaunchHandle | None:
         """The handle of the job's attempt; ``None`` if the service stopped before storing it.
-
-        Raises:
-            RecordError: the stored handle is not one of this executor.
-        """
+        Raises RecordError if the stored handle is not one of this executor."""
         data = self.store.get_launch(job_id)
         return None if data is None else self.executor.load_handle(data)
 
@@ -138,6 +128,10 @@ class Scheduler:
         else:
             if job.state == JobState.PREPARING and seen.phase is Phase.RUNNING:
                 job = self.store.update_job(job.id, JobState.RUNNING, now)
+            if job.state in (JobState.PREPARING, JobState.RUNNING) \
+                    and seen.phase is Phase.UPLOADING:
+                job = self.store.update_job(job.id, JobState.UPLOADING, now,
+                                            message="uploading the outputs")
             if job.state == JobState.RUNNING and seen.world is not None:
                 job = self._follow_world(job, seen, launch, now)
                 if job.state == JobState.TERMINATING:

@@ -36,11 +36,7 @@ from ringtrain.jobs.models.spec import expand_path
 
 
 class Share:
-    """The job folders under one share root (a local directory).
-
-    Args:
-        root: the share root; created if missing.
-    """
+    """The job folders under one share root (a local directory)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -125,14 +121,14 @@ class Share:
         env[envvars.SHARE_ROOT] = str(self.root)
         env[envvars.JOB_DIR] = str(folder.root)
         for name, path in job.spec.inputs.items():
-            env[envvars.input_var(name)] = path
+            # a copied store input's variable is set to its staged copy by the executor
+            env[envvars.input_var(name)] = path if isinstance(path, str) else path.url
         for name in job.spec.outputs:
             env[envvars.output_var(name)] = str(folder.output(name))
         return env
 
     def open_file(self, job_id: str, relpath: str) -> BinaryIO:
-        """Open a regular file of a job's folder for reading (see
-        :mod:`ringtrain.jobs.files.safe_open`).
+        """Open a regular file of a job's folder for reading.
 
         Raises:
             InvalidRequestError: the path is malformed, leads outside the folder, goes through a
@@ -146,27 +142,15 @@ class Share:
             f = os.fdopen(os.dup(fd), "rb")
         return f
 
-    def list_files(self, job_id: str, relpath: str = "") -> list[FileInfo]:
-        """Every regular file under a path of a job's folder (recursively), sorted by path.
-
-        Meant for small folders; :meth:`iter_files` walks a large one in bounded memory.
-        """
-        return list(self.iter_files(job_id, relpath))
-
     def iter_files(self, job_id: str, relpath: str = "", after: str | None = None,
                    first_batch: int = 1024) -> Iterator[FileInfo]:
-        """The regular files under a path of a job's folder, sorted by path, after ``after``.
+        """The regular files under ``relpath`` of a job's folder (recursively), sorted by path,
+        after ``after`` (the last path of a previous page).
 
         Symbolic links are neither followed nor listed, and neither are named pipes, sockets or
         devices: only what :meth:`open_file` would serve. The walk holds a few MiB whatever the
-        folder holds (see :mod:`ringtrain.jobs.files.folder_walk`).
-
-        Args:
-            job_id: the job.
-            relpath: the file or folder to list, relative to the job's folder.
-            after: a path relative to the job's folder (the last one of a previous page); only
-                files after it are listed.
-            first_batch: names kept per pass over a long folder at first (about the page size).
+        folder holds (``first_batch``: names kept per pass over a long folder at first, about
+        the page size; see :mod:`ringtrain.jobs.files.folder_walk`).
 
         Raises:
             InvalidRequestError: the path or ``after`` is malformed, leads outside the folder or
@@ -178,12 +162,9 @@ class Share:
 
     def iter_opened(self, job_id: str, relpath: str = "", after: str | None = None
                     ) -> Iterator[tuple[FileInfo, int]]:
-        """Like :meth:`iter_files`, with each file opened (see
-        :mod:`ringtrain.jobs.files.safe_open`).
-
-        The descriptor is the caller's to read until it asks for the next file; it is closed
-        then. The size is the file's when opened.
-        """
+        """Like :meth:`iter_files`, with each file opened: the descriptor is the caller's to
+        read until it asks for the next file, which closes it. The size is the file's when
+        opened."""
         yield from self._walk(job_id, relpath, after, MAX_BATCH, opened=True)
 
     def _walk(self, job_id: str, relpath: str, after: str | None, first_batch: int,
@@ -258,10 +239,7 @@ _SPECIAL = {stat.S_IFIFO: "named pipe", stat.S_IFSOCK: "socket", stat.S_IFCHR: "
 
 def _resume_parts(parts: list[str], after: str | None) -> list[str] | None:
     """The components of ``after`` below the folder ``parts`` names (``None`` without ``after``).
-
-    Raises:
-        InvalidRequestError: ``after`` is malformed or not below that folder.
-    """
+    Raises InvalidRequestError if ``after`` is malformed or not below that folder."""
     if after is None:
         return None
     resume = split_path(after)

@@ -50,7 +50,6 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     """Build the app.
 
     Args:
-        service: the operations behind the routes.
         token: the bearer token every request must carry. The server always passes one;
             ``None`` is for an app called in-process only, which nothing else can reach.
         home: the service home, reported by ``/v1/health``.

@@ -37,21 +37,16 @@ _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def cookie_name(token: str) -> str:
-    """The dashboard cookie's name for one server's token.
-
-    Derived from the token so that the servers of several homes on one host, whose cookies the
-    browser keeps side by side, never overwrite each other's.
-    """
+    """The dashboard cookie's name for one server's token: derived from it so that the servers
+    of several homes on one host, whose cookies a browser keeps side by side, never overwrite
+    each other's."""
     return "ringtrain_" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def cookie_value(token: str) -> str:
-    """The dashboard cookie's value: a key derived from the token, not the token itself.
-
-    Hex, so that any token (``--token`` takes what the user gives) makes a valid cookie, and the
-    cookie, which the browser also sends to other ports of the host, never carries the key the
-    CLI uses.
-    """
+    """The dashboard cookie's value: a key derived from the token, not the token itself (the
+    cookie also goes to other ports of the host), in hex, so that any token makes a valid
+    cookie."""
     return hmac.new(token.encode(), b"ringtrain dashboard cookie", hashlib.sha256).hexdigest()
 
 
@@ -59,7 +54,6 @@ class RequestGuard:
     """Refuse requests for another Host (403) or without the token (401).
 
     Args:
-        app: the application behind the gate.
         token: the token every request must carry (header, or the dashboard's cookie).
         allowed_hosts: the lowercase ``name:port`` values of the Host header to answer;
             ``None`` answers any (an in-process app, which no browser can reach).

@@ -2,7 +2,7 @@
 memory, a rank's stack dump, and the progress of every running job (the jobs list's column).
 
 Ranks are found in ``/proc`` below the job's runner
-(:mod:`ringtrain.jobs.service.monitor.rank_usage`), so only jobs whose backend names a runner on the
+(:mod:`ringtrain.jobs.service.monitor.job_usage`), so only jobs whose backend names a runner on the
 service host (local clusters) have them; the others answer an empty list with the reason. A stack
 dump changes nothing but pauses the rank for a moment, so it is a POST: with the dashboard's cookie
 it needs the page's header, and a page of another site cannot make the browser ask for one
@@ -19,12 +19,12 @@ from ringtrain.jobs.errors import ConflictError, NotFoundError, RecordError
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.service.api.params import JobIdPath, RankPath
 from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.monitor.job_usage import RankUsageSampler, find_ranks
 from ringtrain.jobs.service.monitor.progress import ProgressCache
-from ringtrain.jobs.service.monitor.rank_usage import RankUsageSampler, find_ranks
 from ringtrain.jobs.service.monitor.stack_dump import dump_stack
 
 #: The states in which a job may have processes.
-ACTIVE = (JobState.PREPARING, JobState.RUNNING, JobState.TERMINATING)
+ACTIVE = (JobState.PREPARING, JobState.RUNNING, JobState.UPLOADING, JobState.TERMINATING)
 
 
 def leader_pid(service: JobService, job: JobInfo) -> int | None:

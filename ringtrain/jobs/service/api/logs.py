@@ -26,10 +26,8 @@ def check_log(folder: Path, relpath: str, offset: int, follow: bool = False) -> 
 
     A log that does not exist yet (a queued job) takes any offset within the platform's range.
     A followed log shorter than the offset was replaced since the client read it (a retry
-    started): it is read from its start, as a log replaced while followed is.
-
-    Returns:
-        The offset to start at.
+    started): it is read from its start, as a log replaced while followed is. Returns the offset
+    to start at.
 
     Raises:
         InvalidRequestError: the offset is negative or past ``MAX_OFFSET`` or the log's size, or
@@ -65,12 +63,9 @@ async def follow_file(folder: Path, relpath: str, is_done: Callable[[], bool], o
     client's next request is answered 400 saying why).
 
     Args:
-        folder: the job's folder.
-        relpath: the log file, relative to it.
         is_done: True once no process will write the file again (the job is in a final state).
         offset: where to start in the file (a client resuming after a lost connection); a file
             that replaced it is read from its start.
-        poll_s: sleep between reads that found nothing new.
     """
     reader = _Reader(folder, relpath, offset)
     try:
@@ -101,11 +96,8 @@ class _Reader:
         self._fd = -1
 
     def read(self) -> bytes:
-        """The next chunk written, or ``b""`` when nothing new is there.
-
-        Raises:
-            InvalidRequestError: the log is (now) a link, named pipe, socket or device.
-        """
+        """The next chunk written, or ``b""`` when nothing new is there. Raises
+        InvalidRequestError if the log is (now) a link, named pipe, socket or device."""
         if self._fd < 0:
             try:
                 self._fd = open_regular(self.folder, self.relpath)

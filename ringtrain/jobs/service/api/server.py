@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -39,12 +40,8 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 def check_job_service_bind(host: str, token: str | None, public_host: str | None = None) -> None:
-    """Refuse a non-loopback address without a token, and a wildcard one without a public name.
-
-    Raises:
-        ConfigError: ``host`` is reachable from other machines and ``token`` is empty, or it
-            binds every interface and ``public_host`` does not say which name clients use.
-    """
+    """Refuse (ConfigError) a non-loopback address without a token, and a wildcard one without
+    a public name (``public_host``: the name clients use)."""
     check_bind(host, token, "the job service", "it runs commands on this host")
     if is_wildcard(host) and not public_host:
         raise ConfigError(f"binding the job service to {host} answers on every address of this "
@@ -73,17 +70,14 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
 
     Args:
-        home: the service home (database, share, server.json).
-        host: the address to bind.
         port: the port; 0 picks a free one.
         token: the bearer token clients must send (required off loopback); by default the
             home's own (:func:`ringtrain.jobs.service.api.auth.home_token`).
         public_host: the name remote clients use in their URL (required for a wildcard host).
-        options: the backends' own flags of ``ringtrain server``, by ``dest``
-            (:func:`~ringtrain.jobs.service.executors.registry.add_server_options`).
+        options: the backends' own flags of ``ringtrain server``, by ``dest``.
 
     Raises:
-        ConfigError: a non-loopback host without a token, or a wildcard one without a name.
+        ConfigError: as :func:`check_job_service_bind`.
         ConflictError: another server already serves this home.
         RecordError: the home's token file is unsafe or damaged.
     """
@@ -132,16 +126,24 @@ def _job_service(home: Home, options: Mapping[str, Any]) -> JobService:
     from ringtrain.jobs.service.executors.registry import BackendContext, create_backends
     from ringtrain.jobs.service.job_service import JobService
     from ringtrain.jobs.service.share import Share
+    from ringtrain.jobs.service.storage_plans import DEFAULT_CACHE_GB, StorageSettings
     from ringtrain.jobs.service.store import SQLiteStore
+    from ringtrain.storage.secrets import SecretStore
+    from ringtrain.storage.transfers import DEFAULT_CONCURRENCY
 
     store = SQLiteStore(home.db_path)
     share = Share(home.share_root)
+    storage = StorageSettings(
+        SecretStore(home.secrets_folder), Path(options.get("cache_dir") or home.cache_folder),
+        home.plans_folder,
+        cache_max_bytes=int(float(options.get("cache_max_gb") or DEFAULT_CACHE_GB) * 1e9),
+        concurrency=int(options.get("stage_concurrency") or DEFAULT_CONCURRENCY))
 
     def context(name: str) -> BackendContext:
         return BackendContext(share, home.root / name,
-                              lambda cluster: store.get_cluster(cluster).address or "")
+                              lambda cluster: store.get_cluster(cluster).address or "", storage)
 
-    return JobService(store, share, create_backends(context, options))
+    return JobService(store, share, create_backends(context, options), storage=storage)
 
 
 def _lifespan(service: JobService, deployments: Deployments

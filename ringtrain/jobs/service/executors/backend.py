@@ -30,10 +30,8 @@ class ClusterBackend(Protocol):
         ...
 
     def attach(self, spec: ClusterSpec) -> ClusterSpec:
-        """Check a new cluster's spec and make or reach its machines, before it is recorded.
-
-        Returns:
-            The spec to record (an address resolved, ``nodes`` 0 turned into a count).
+        """Check a new cluster's spec and make or reach its machines, before it is recorded;
+        the spec to record (an address resolved, ``nodes`` 0 turned into a count).
 
         Raises:
             SpecError: the spec does not suit the backend (an address it needs or refuses).

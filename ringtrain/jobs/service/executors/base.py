@@ -57,22 +57,13 @@ class Executor(Protocol[H]):
     """Runs attempts of jobs on cluster nodes; ``H`` is its launch handle."""
 
     def start(self, job: JobInfo, nodes: list[NodeInfo]) -> H:
-        """Start the job's current attempt on ``nodes`` (preparation, then the workers).
-
-        Returns:
-            The launch handle to store with the job.
-
-        Raises:
-            OSError: the attempt could not be started.
-        """
+        """Start the job's current attempt on ``nodes`` (preparation, then the workers) and
+        return the launch handle to store with the job. Raises OSError if it could not start."""
         ...
 
     def load_handle(self, data: dict[str, Any]) -> H:
-        """The handle whose :meth:`LaunchHandle.to_json` gave ``data``.
-
-        Raises:
-            RecordError: ``data`` is not a handle of this executor.
-        """
+        """The handle whose :meth:`LaunchHandle.to_json` gave ``data``. Raises RecordError if
+        ``data`` is not a handle of this executor."""
         ...
 
     def poll(self, job: JobInfo, launch: H | None) -> Observation:
@@ -85,11 +76,7 @@ class Executor(Protocol[H]):
 
     def set_nodes(self, job: JobInfo, launch: H | None, nodes: list[int]) -> None:
         """Offer an elastic attempt these nodes from now on: its workers grow into new ones and
-        leave dropped ones at their next commit.
-
-        Raises:
-            OSError: the offer could not be recorded.
-        """
+        leave dropped ones at their next commit. Raises OSError if the offer was not recorded."""
         ...
 
     def release(self, job: JobInfo, launch: H | None) -> None:

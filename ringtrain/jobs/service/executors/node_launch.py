@@ -80,21 +80,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def read_result(job_dir: Path) -> RunReport | None:
-    """The result file ``ringtrain run`` wrote, or ``None`` if it wrote none (it could not start).
-
-    Raises:
-        RecordError: the file is not JSON or lacks a field.
-    """
+    """The result file ``ringtrain run`` wrote, or ``None`` if it wrote none (it could not
+    start). Raises RecordError if the file is not JSON or lacks a field."""
     return read_record(job_dir, RESULT_FILE, f"the result file {job_dir / RESULT_FILE}",
                        RunReport.from_json)
 
 
 def read_world(job_dir: Path) -> WorldReport | None:
-    """An elastic attempt's latest world, or ``None`` before the first one formed.
-
-    Raises:
-        RecordError: the file is not JSON or lacks a field.
-    """
+    """An elastic attempt's latest world, or ``None`` before the first one formed. Raises
+    RecordError if the file is not JSON or lacks a field."""
     return read_record(job_dir, WORLD_FILE, f"the world file {job_dir / WORLD_FILE}",
                        WorldReport.from_json)
 
@@ -142,11 +136,8 @@ def with_world(job: JobInfo, seen: Observation) -> Observation:
 
 
 def _node_of(host: str) -> int:
-    """The node index of an elastic launch's host (``node3.localhost`` -> 3).
-
-    Raises:
-        RecordError: the host is not one the executor named.
-    """
+    """The node index of an elastic launch's host (``node3.localhost`` -> 3). Raises
+    RecordError if the host is not one the executor named."""
     match = _NODE_HOST_PATTERN.fullmatch(host)
     if match is None:
         raise RecordError(f"the world file names the host {host!r}, which is no node of the "

@@ -14,5 +14,6 @@ class Phase(Enum):
 
     PREPARING = "preparing"  # the preparation command runs on the nodes
     RUNNING = "running"  # the workers run
+    UPLOADING = "uploading"  # the workers ended; the outputs go to their URL
     EXITED = "exited"  # it ended and reported an exit code
     LOST = "lost"  # its processes are gone without having reported one

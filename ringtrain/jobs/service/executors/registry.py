@@ -1,6 +1,6 @@
 """The backends a job service can run, found by name: each a plug-in in a folder of its own.
 
-A backend is a folder of this package (``local/``, ``ray/``) whose module ``plugin`` holds a
+A backend is a folder of this package (``local/``, ``ray/``) whose module ``backend`` holds a
 :class:`BackendPlugin` named ``PLUGIN``: the backend's name, the flags it adds to ``ringtrain
 server``, and how it builds its :class:`~ringtrain.jobs.service.executors.backend.ClusterBackend`
 (which owns its executor and describes its machines). The service, the API, the page and the
@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ringtrain.jobs.service.executors.backend import ClusterBackend
     from ringtrain.jobs.service.share import Share
+    from ringtrain.jobs.service.storage_plans import StorageSettings
 
 #: Every backend's plug-in, by module; the service runs them all, in this order.
 PLUGIN_MODULES = (
-    "ringtrain.jobs.service.executors.local.plugin",
-    "ringtrain.jobs.service.executors.ray.plugin",
+    "ringtrain.jobs.service.executors.local.backend",
+    "ringtrain.jobs.service.executors.ray.backend",
 )
 
 
@@ -38,11 +39,13 @@ class BackendContext:
         share: the job folders.
         state_dir: a folder of the service's home for the backend's own files (its name).
         address_of: a cluster's address by the cluster's name ("" if it has none).
+        storage: the secrets, node cache and plans of object storage (docs/storage.md).
     """
 
     share: Share
     state_dir: Path
     address_of: Callable[[str], str]
+    storage: StorageSettings | None = None
 
 
 class BackendPlugin(Protocol):

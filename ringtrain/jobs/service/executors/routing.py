@@ -34,15 +34,8 @@ class TaggedHandle:
 
 
 class Backends:
-    """The backends a service runs, and the executor that routes each call to one of them.
-
-    Args:
-        backends: one per backend name.
-        backend_of: the backend of a cluster, by cluster name.
-
-    Raises:
-        ValueError: two backends of one name.
-    """
+    """The backends a service runs (ValueError for two of one name), and the executor that
+    routes each call to one of them; ``backend_of`` gives a cluster's backend by its name."""
 
     def __init__(self, backends: Iterable[ClusterBackend], backend_of: Callable[[str], str]):
         self._by_name: dict[str, ClusterBackend] = {}
@@ -52,21 +45,12 @@ class Backends:
             self._by_name[backend.name] = backend
         self.backend_of = backend_of
 
-    @property
-    def names(self) -> list[str]:
-        """The backends this service runs."""
-        return list(self._by_name)
-
     def find(self, name: str) -> ClusterBackend | None:
         """The backend of that name, if this service runs it."""
         return self._by_name.get(name)
 
     def get(self, name: str) -> ClusterBackend:
-        """The backend of that name.
-
-        Raises:
-            InvalidRequestError: this service does not run it.
-        """
+        """The backend of that name. Raises InvalidRequestError if this service does not run it."""
         backend = self._by_name.get(name)
         if backend is None:
             raise InvalidRequestError(f"this service runs no {name} backend (it runs "

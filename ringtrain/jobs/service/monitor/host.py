@@ -70,11 +70,7 @@ class _Nvml:
 
 
 class HostSampler:
-    """Samples this machine, at most once per ``max_age_s``.
-
-    Args:
-        max_age_s: how long a sample is served before the next is taken.
-    """
+    """Samples this machine, at most once per ``max_age_s`` (a sample is served until then)."""
 
     def __init__(self, max_age_s: float = 2.0):
         self.max_age_s = max_age_s

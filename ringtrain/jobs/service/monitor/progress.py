@@ -88,12 +88,8 @@ class _Source:
 
 
 class JobProgress:
-    """The progress of one job's folder, read as it grows.
-
-    Args:
-        job_dir: the job's folder on the share.
-        clock: seconds, for spacing the scans for new files (injectable for tests).
-    """
+    """The progress of one job's folder, read as it grows (``clock``: seconds, for spacing the
+    scans for new files)."""
 
     def __init__(self, job_dir: Path, clock: Callable[[], float] = time.monotonic):
         self.job_dir = job_dir
@@ -106,15 +102,11 @@ class JobProgress:
         self._lock = threading.Lock()
 
     def read(self) -> dict[str, Any] | None:
-        """Read what changed, then the job's progress.
-
-        Returns:
-            ``None`` before any step was logged, else ``{"step", "steps_per_s",
-            "total_steps", "eta_s", "source"}``: the largest step, its file's rate (``None``
-            until two steps have different times), the total the job declared and the seconds
-            left at that rate (both ``None`` without a total), and the file (relative to the
-            job's folder).
-        """
+        """Read what changed, then the job's progress: ``None`` before any step was logged,
+        else ``{"step", "steps_per_s", "total_steps", "eta_s", "source"}``: the largest step,
+        its file's rate (``None`` until two steps have different times), the total the job
+        declared and the seconds left at that rate (both ``None`` without a total), and the file
+        (relative to the job's folder)."""
         with self._lock:
             now = self.clock()
             # A job that has written nothing yet is looked at on every call: its first point
@@ -182,12 +174,7 @@ class JobProgress:
 
 class ProgressCache:
     """The progress of the running jobs, each followed from its first look until it stops
-    running; one answer is served for ``max_age_s`` however many pages ask.
-
-    Args:
-        max_age_s: how long an answer is served before the files are looked at again.
-        clock: seconds (injectable for tests).
-    """
+    running; one answer is served for ``max_age_s`` however many pages ask."""
 
     def __init__(self, max_age_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.max_age_s = max_age_s

@@ -67,14 +67,8 @@ def scalar_files(job_dir: Path, max_entries: int = MAX_SCAN_ENTRIES
 
 
 class StepsFileReader:
-    """Reads one ``steps.rank<N>.jsonl`` incrementally, whole lines only.
-
-    Args:
-        job_dir: the job's folder.
-        relpath: the file, relative to it.
-        rank: the rank that writes it (the run's name: ``rank N``).
-        keys: the record's fields to return as series (default: the step time and phases).
-    """
+    """Reads one ``steps.rank<N>.jsonl`` (``relpath`` in ``job_dir``, written by ``rank``)
+    incrementally, whole lines only; ``keys`` are the record's fields returned as series."""
 
     def __init__(self, job_dir: Path, relpath: str, rank: int,
                  keys: tuple[str, ...] = PHASE_KEYS):
@@ -112,11 +106,7 @@ class StepsFileReader:
 
 
 class JobScalars:
-    """The scalars of one job's folder.
-
-    Args:
-        job_dir: the job's folder on the share.
-    """
+    """The scalars of one job's folder."""
 
     def __init__(self, job_dir: Path):
         self.job_dir = job_dir
@@ -130,12 +120,9 @@ class JobScalars:
         self._lock = threading.Lock()
 
     def since(self, cursor: int) -> dict[str, Any]:
-        """Read what was written, then return the points after ``cursor``.
-
-        Returns:
-            ``{"cursor", "series", "points", "truncated"}``: the new cursor, every series
-            (``run``, ``tag``), and the new points as ``[series, step, wall_time, value]``.
-        """
+        """Read what was written, then return the points after ``cursor``: ``{"cursor",
+        "series", "points", "truncated"}``, the new cursor, every series (``run``, ``tag``),
+        and the new points as ``[series, step, wall_time, value]``."""
         with self._lock:
             self._refresh()
             cursor = max(0, min(cursor, len(self.points)))
@@ -177,11 +164,7 @@ class JobScalars:
 
 
 class ScalarCache:
-    """The :class:`JobScalars` of the jobs looked at lately (least recently used dropped).
-
-    Args:
-        size: how many jobs to keep.
-    """
+    """The :class:`JobScalars` of the ``size`` jobs looked at last."""
 
     def __init__(self, size: int = 16):
         self.size = size

@@ -37,12 +37,8 @@ def find_py_spy() -> str | None:
 
 def dump_stack(pid: int, py_spy: str | None = None,
                timeout_s: float = DUMP_TIMEOUT_S) -> str:
-    """The stack of every thread of the Python process ``pid``, as ``py-spy dump`` prints it.
-
-    Args:
-        pid: the process.
-        py_spy: the py-spy executable (default: :func:`find_py_spy`).
-        timeout_s: how long py-spy may take.
+    """The stack of every thread of the Python process ``pid``, as ``py-spy dump`` (``py_spy``,
+    default :func:`find_py_spy`) prints it.
 
     Raises:
         ServiceUnavailableError: py-spy is not installed, or took longer than ``timeout_s``

@@ -54,15 +54,12 @@ class CorruptEventFile(ValueError):
 class EventFileReader:
     """Reads one event file incrementally: each :meth:`read` returns the scalars appended since.
 
-    Args:
-        path: the event file.
+    ``opener`` opens it: the one safe open (no link, no pipe), from the file's own folder by
+    default; a job's folder passes one from the job's folder, which checks every component below.
     """
 
     def __init__(self, path: Path, opener: Callable[[], int] | None = None):
         self.path = path
-        # how to open it: the one safe open (no link, no pipe), from the file's own folder by
-        # default; a job's folder passes an opener from the job's folder, which checks every
-        # component below it
         self._open = opener or partial(open_regular, path.parent, path.name)
         self.offset = 0
         self.broken: str | None = None  # why reading stopped for good
@@ -101,11 +98,8 @@ class EventFileReader:
 
 
 def split_records(data: bytes) -> tuple[list[bytes], int]:
-    """The complete TFRecord payloads at the start of ``data`` and the bytes they span.
-
-    Raises:
-        CorruptEventFile: a length whose CRC does not match, or an absurd length.
-    """
+    """The complete TFRecord payloads at the start of ``data`` and the bytes they span. Raises
+    CorruptEventFile for a length whose CRC does not match, or an absurd length."""
     records, pos = [], 0
     while pos + 12 <= len(data):
         header = data[pos:pos + 8]

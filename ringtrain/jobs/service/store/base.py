@@ -24,11 +24,7 @@ class Store(Protocol):
     """
 
     def add_cluster(self, spec: ClusterSpec, now: float) -> ClusterInfo:
-        """Create a cluster with ``spec.nodes`` idle nodes.
-
-        Raises:
-            ConflictError: the name is taken.
-        """
+        """Create a cluster with ``spec.nodes`` idle nodes. Raises ConflictError (name taken)."""
         ...
 
     def get_cluster(self, name: str) -> ClusterInfo:
@@ -52,7 +48,7 @@ class Store(Protocol):
     def set_cluster_slots(self, name: str, slots: int) -> ClusterInfo:
         """Set the process slots per node (for jobs that start from now on).
 
-        Raises NotFoundError (no such cluster) or ConflictError (it is being deleted)."""
+        Raises ConflictError if the cluster is being deleted."""
         ...
 
     def mark_cluster_deleting(self, name: str) -> ClusterInfo:
@@ -64,14 +60,8 @@ class Store(Protocol):
         ...
 
     def add_job(self, job: JobInfo, idempotency_key: str | None = None) -> JobInfo:
-        """Record a new job, unless one was recorded under ``idempotency_key`` already.
-
-        Returns:
-            The recorded job: ``job``, or the earlier one of the same key (a retried submit).
-
-        Raises:
-            ConflictError: the id is taken.
-        """
+        """Record ``job`` and return it; or, for a key recorded before (a retried submit), return
+        the earlier job. Raises ConflictError if the id is taken."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo:
@@ -90,33 +80,22 @@ class Store(Protocol):
     def update_job(self, job_id: str, target: JobState, now: float, *,
                    nodes: list[int] | None = None, message: str | None = None,
                    exit_code: int | None = None, ends_as: JobState | None = None) -> JobInfo:
-        """Move a job to ``target``, updating its nodes as the module docstring says.
+        """Move a job to ``target`` at time ``now`` (the scheduler's clock), updating its nodes
+        as the module docstring says.
 
-        Args:
-            job_id: the job.
-            target: the new state.
-            now: the time of the change (the scheduler's clock).
-            nodes: for ``preparing``: the cluster nodes to claim slots on (each with
-                ``process_count_per_node`` free slots).
-            message: replaces the job's message when given.
-            exit_code: recorded with a final state.
-            ends_as: for ``terminating``: the final state once its processes are gone.
+        ``nodes`` (for ``preparing``) are the nodes to claim ``process_count_per_node`` free slots
+        on; ``message`` replaces the job's; ``exit_code`` goes with a final state; ``ends_as``
+        (for ``terminating``) is the final state once its processes are gone.
         """
         ...
 
     def set_job_nodes(self, job_id: str, nodes: list[int], message: str | None = None
                       ) -> JobInfo:
-        """Change the nodes of a started elastic job: slots on nodes it gains are claimed (they
-        must be free), slots on nodes it loses are released (a leaving node without jobs is
-        removed).
+        """Change the nodes of a started (preparing or running) elastic job: slots on nodes it
+        gains are claimed, slots on nodes it loses released (a leaving node without jobs is
+        removed); ``message`` replaces the job's.
 
-        Args:
-            job_id: the job, preparing or running.
-            nodes: its nodes from now on.
-            message: replaces the job's message when given.
-
-        Raises:
-            ConflictError: the job is not started, or a node to claim lacks the free slots.
+        Raises ConflictError if the job is not started, or a node to claim lacks free slots.
         """
         ...
 
@@ -129,8 +108,7 @@ class Store(Protocol):
         ...
 
     def set_front(self, job_id: str, url: str) -> None:
-        """Record the URL of a deployment's front (which the service runs; see
-        :mod:`ringtrain.jobs.service.deployment_fronts`)."""
+        """Record the URL of a deployment's front (which the service runs)."""
         ...
 
     def get_launch(self, job_id: str) -> dict[str, Any] | None:
@@ -146,8 +124,8 @@ class Store(Protocol):
         ...
 
     def changes_since(self, revision: int) -> tuple[int, list[str]]:
-        """The store's current revision (its count of writes since it was opened) and the ids
-        of the jobs written after ``revision``, oldest change first (removed ones included)."""
+        """The current :meth:`revision` and the ids of the jobs written after ``revision``,
+        oldest change first (removed ones included)."""
         ...
 
     def close(self) -> None:

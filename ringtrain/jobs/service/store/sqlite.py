@@ -29,7 +29,6 @@ from ringtrain.jobs.models import (
     check_job_transition,
 )
 from ringtrain.jobs.service.store import node_table
-from ringtrain.jobs.service.store.changes import ChangeLog
 
 SCHEMA_VERSION = 6  # 6: node_jobs (jobs share a node's slots)
 _SCHEMA = """
@@ -72,6 +71,31 @@ SELECT nodes.cluster, nodes.idx, nodes.job_id,
        json_extract(jobs.spec, '$.process_count_per_node'), nodes.state = 'running'
 FROM nodes JOIN jobs ON jobs.id = nodes.job_id
 """
+
+
+class ChangeLog:
+    """Which jobs changed since a revision, for the dashboard's event stream: a counter bumped
+    after each committed write, with the revision at which each job last changed. In memory, so
+    it starts at 0 with every server: a client that reconnects after a restart gets a full
+    snapshot (its revision is then ahead of the server's, or far behind)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.revision = 0
+        self._jobs: dict[str, int] = {}
+
+    def touch(self, job_id: str | None) -> None:
+        """Record one committed write, of ``job_id`` (``None``: clusters or nodes only)."""
+        with self._lock:
+            self.revision += 1
+            if job_id is not None:
+                self._jobs[job_id] = self.revision
+
+    def since(self, revision: int) -> tuple[int, list[str]]:
+        """The current revision and the jobs changed after ``revision``, oldest change first."""
+        with self._lock:
+            changed = sorted((rev, job) for job, rev in self._jobs.items() if rev > revision)
+            return self.revision, [job for _, job in changed]
 
 
 class SQLiteStore:
@@ -138,10 +162,6 @@ class SQLiteStore:
 
     def changes_since(self, revision: int) -> tuple[int, list[str]]:
         return self.changes.since(revision)
-
-    def journal_mode(self) -> str:
-        """The database's journal mode (``wal``)."""
-        return self._conn().execute("PRAGMA journal_mode").fetchone()[0]
 
     def close(self) -> None:
         with self._all_lock:
@@ -296,6 +316,8 @@ class SQLiteStore:
             elif target == JobState.RUNNING:
                 node_table.mark_running(db, job, job.nodes)
                 sets["running_at"] = now
+            elif target == JobState.UPLOADING:
+                pass  # its nodes stay held until the upload ended
             elif target == JobState.TERMINATING:
                 sets.update(terminate_requested_at=now,
                             ends_as=(ends_as or JobState.TERMINATED).value)

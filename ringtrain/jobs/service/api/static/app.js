@@ -194,7 +194,8 @@ function progressCell(td, p) {
 function jobsView(root) {
   const search = el("input", { type: "search", placeholder: "Filter by id, name, experiment, message…", value: jobsUi.filter });
   const stateSel = el("select", {}, el("option", { value: "", text: "all states" }),
-    ["staging", "queued", "preparing", "running", "terminating", "succeeded", "failed", "terminated"]
+    ["staging", "queued", "preparing", "running", "uploading", "terminating", "succeeded", "failed",
+     "terminated"]
       .map(s => el("option", { value: s, text: s })));
   stateSel.value = jobsUi.state;
   const clusterSel = el("select", {}, el("option", { value: "", text: "all clusters" }));

@@ -1,14 +1,18 @@
-"""The local backend: a cluster's nodes are process slots on the service's host, so it has
-nothing to attach or describe, and the service may resize its clusters as it likes."""
+"""The local backend and its entry in the registry (no options of its own): a cluster's nodes
+are process slots on the service's host, so it has nothing to attach or describe, and the
+service may resize its clusters as it likes."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobSpec
 from ringtrain.jobs.service.executors.base import Executor, LaunchHandle
 from ringtrain.jobs.service.executors.local.records import RunnerHandle
+from ringtrain.jobs.service.executors.registry import BackendContext
 
 
 class LocalBackend:
@@ -44,3 +48,21 @@ class LocalBackend:
 
     def leader_pid(self, launch: LaunchHandle) -> int | None:
         return launch.pid if isinstance(launch, RunnerHandle) else None
+
+
+class LocalPlugin:
+    """Builds the local backend."""
+
+    name = "local"
+    summary = "a cluster's nodes are process slots on the service's host (the default)"
+
+    def add_options(self, group: argparse._ArgumentGroup) -> None:
+        pass
+
+    def create(self, context: BackendContext, options: Mapping[str, Any]) -> LocalBackend:
+        from ringtrain.jobs.service.executors.local.executor import LocalExecutor
+
+        return LocalBackend(LocalExecutor(context.share, storage=context.storage))
+
+
+PLUGIN = LocalPlugin()

@@ -26,12 +26,8 @@ _PREFIX = "ringtrain-"
 
 
 class JobCgroups:
-    """Creates the attempt cgroups of one share below one parent cgroup (the service's own).
-
-    Args:
-        parent: the folder of the cgroup they are created in.
-        tag: keeps the names of different shares apart (their services may share a parent).
-    """
+    """Creates the attempt cgroups of one share below one parent cgroup (the service's own);
+    ``tag`` keeps the names of different shares apart (their services may share a parent)."""
 
     def __init__(self, parent: Path, tag: str):
         self.parent = parent
@@ -59,10 +55,7 @@ class JobCgroups:
 
     def create(self, name: str) -> Path:
         """A new, empty cgroup for one attempt (a leftover of the same name is emptied first).
-
-        Raises:
-            OSError: it cannot be created.
-        """
+        Raises OSError if it cannot be created."""
         path = self.parent / f"{_PREFIX}{self.tag}-{name}"
         if path.exists():
             kill(path)
@@ -72,11 +65,7 @@ class JobCgroups:
 
     def sweep(self) -> int:
         """Kill and remove every attempt cgroup of this share (what attempts whose job runner
-        was killed left behind, once no server will release them).
-
-        Returns:
-            How many there were.
-        """
+        was killed left behind, once no server will release them); how many there were."""
         found = list(self.parent.glob(f"{_PREFIX}{self.tag}-*"))
         for path in found:
             kill(path)
@@ -101,21 +90,15 @@ def own_cgroup() -> Path | None:
 
 
 def join(cgroup: Path) -> None:
-    """Move the calling process into ``cgroup``; its children are born there.
-
-    Raises:
-        OSError: the move was refused.
-    """
+    """Move the calling process into ``cgroup``; its children are born there. Raises OSError
+    if the move was refused."""
     (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def leave_and_remove(cgroup: Path) -> None:
     """Kill every other process in ``cgroup``, move the calling process to the parent cgroup
-    and remove ``cgroup`` (the job runner's last act).
-
-    Raises:
-        OSError: the move was refused.
-    """
+    and remove ``cgroup`` (the job runner's last act). Raises OSError if the move was
+    refused."""
     me = os.getpid()
     for pid in pids(cgroup):
         if pid != me:
@@ -136,11 +119,7 @@ def pids(cgroup: Path) -> list[int]:
 
 
 def kill(cgroup: Path) -> int:
-    """SIGKILL every process in ``cgroup``, those forked meanwhile included.
-
-    Returns:
-        How many processes it held.
-    """
+    """SIGKILL every process in ``cgroup``, those forked meanwhile included; how many it held."""
     held = pids(cgroup)
     if not held:
         return 0
@@ -162,21 +141,18 @@ def kill(cgroup: Path) -> int:
     return len(held)
 
 
-def remove(cgroup: Path, timeout_s: float = 5.0) -> bool:
-    """Remove ``cgroup`` once its killed processes are gone (waiting up to ``timeout_s``).
-
-    Returns:
-        Whether it is gone; a process stuck in the kernel can keep it a while.
-    """
+def remove(cgroup: Path, timeout_s: float = 5.0) -> None:
+    """Remove ``cgroup`` once its killed processes are gone, waiting up to ``timeout_s`` (a
+    process stuck in the kernel can keep it a while: then a warning is logged)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             cgroup.rmdir()
-            return True
+            return
         except FileNotFoundError:
-            return True
+            return
         except OSError as e:
             if e.errno != errno.EBUSY or time.monotonic() > deadline:
                 log.warning("cannot remove the cgroup %s: %s", cgroup, e.strerror)
-                return False
+                return
         time.sleep(0.01)

@@ -37,6 +37,7 @@ from ringtrain.jobs.service.executors.local.records import (
 from ringtrain.jobs.service.executors.node_launch import NODE_HOST, with_world
 from ringtrain.jobs.service.executors.phase import Phase
 from ringtrain.jobs.service.share import Share, python_path_env
+from ringtrain.jobs.service.storage_plans import StorageSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ class LocalExecutor:
     """
 
     def __init__(self, share: Share, runner: Sequence[str] = DEFAULT_RUNNER,
-                 use_cgroups: bool = True):
+                 use_cgroups: bool = True, storage: StorageSettings | None = None):
         self.share = share
+        self.storage = storage
         self.runner = tuple(runner)
         self._cgroups = cgroups.JobCgroups.detect(share.root) if use_cgroups else None
         # Runners this process started: polling them reaps them (a dead child is a zombie that
@@ -77,7 +79,9 @@ class LocalExecutor:
                    process_count_per_node=spec.process_count_per_node,
                    job_preparation=spec.job_preparation, runner=self.runner,
                    nodes=tuple(n.index for n in nodes), cgroup=cgroup, min_nodes=min_nodes,
-                   max_nodes=max_nodes).write(launch_file)
+                   max_nodes=max_nodes,
+                   storage_plan=self.storage.write_plan(job) if self.storage else None,
+                   ).write(launch_file)
         env = python_path_env({**os.environ, **self.share.job_environ(job)})
         with open(job_dir / RUNNER_LOG, "ab") as out:
             proc = subprocess.Popen(

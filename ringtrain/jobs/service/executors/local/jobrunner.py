@@ -37,6 +37,7 @@ from ringtrain.jobs.service.executors.local.records import (
     LaunchSpec,
     RunnerStatus,
 )
+from ringtrain.jobs.service.executors.local.storage_steps import StorageSteps
 from ringtrain.jobs.service.executors.node_launch import (
     EXIT_NOT_STARTED,
     NODE_HOST,
@@ -59,11 +60,7 @@ _FOLLOWER_WAIT_S = 20.0
 
 
 class JobRunner:
-    """Runs one attempt as described by its launch file.
-
-    Args:
-        launch: the launch file's contents.
-    """
+    """Runs one attempt as described by its launch file."""
 
     def __init__(self, launch: LaunchSpec):
         self.launch = launch
@@ -84,11 +81,8 @@ class JobRunner:
                      self.stopping).write(self.job_dir)
 
     def prepare(self) -> tuple[int, str]:
-        """Run the preparation command once per node, all nodes at once.
-
-        Returns:
-            ``(0, "")``, or the first failing node's exit code and a message naming its log.
-        """
+        """Run the preparation command once per node, all nodes at once: ``(0, "")``, or the
+        first failing node's exit code and a message naming its log."""
         command = self.launch.job_preparation
         if not command:
             return 0, ""
@@ -205,11 +199,7 @@ class JobRunner:
 
     def kill_leftovers(self) -> int:
         """SIGKILL every process still below this runner (daemons the command started), then
-        leave the attempt's cgroup and remove it.
-
-        Returns:
-            How many processes were below the runner.
-        """
+        leave the attempt's cgroup and remove it; how many processes were below the runner."""
         left = procs.tree_pids(os.getpid())
         for pid in left:
             try:
@@ -225,12 +215,29 @@ class JobRunner:
         return len(left)
 
     def run(self) -> int:
-        """Preparation, then the workers; the outcome goes to the status file."""
+        """Staging and preparation, then the workers, then the uploads; the outcome goes to the
+        status file."""
         self.status(Phase.PREPARING)
-        code, message = self.prepare()
+        steps = (StorageSteps(self.launch.storage_plan, self.job_dir, self.launch.node_count)
+                 if self.launch.storage_plan else None)
+        code, message = 0, ""
+        if steps is not None:
+            code, message, staged = steps.stage()
+            os.environ.update(staged)  # the ranks read their inputs' local copies
+        if code == 0 and not self.stopping:
+            code, message = self.prepare()
         if code == 0 and not self.stopping:
             self.status(Phase.RUNNING)
+            if steps is not None:
+                steps.start_watch()
             code, message = self.run_workers()
+        if steps is not None:
+            if not self.stopping and steps.plan.get("outputs"):
+                self.status(Phase.UPLOADING)
+            uploaded, why = steps.upload_all(final=not self.stopping)
+            if code == 0 and uploaded != 0:
+                code, message = uploaded, why
+            steps.end()
         if self.stopping:
             message = "stopped by the service"
             code = code or 1  # a stop is never a success

@@ -1,14 +1,6 @@
-"""What the local executor and its job runners leave each other, as typed records.
-
-Three records cross a process boundary, each as JSON:
-
-- :class:`RunnerHandle`, the launch handle: the job runner's pid and start time, stored with the
-  job so that a restarted server finds the attempt again;
-- :class:`LaunchSpec`, ``launcher/launch.json``: what the job runner is to run;
-- :class:`RunnerStatus`, ``launcher/status.json``: the job runner's phase, and how it ended.
-
-``ringtrain run``'s own result and world files are every executor's:
-:mod:`ringtrain.jobs.service.executors.node_launch` reads them.
+"""What the local executor and its job runners leave each other, as typed JSON records: the
+launch handle stored with the job (:class:`RunnerHandle`, so that a restarted server finds the
+attempt again), the launch file (:class:`LaunchSpec`) and the status file (:class:`RunnerStatus`).
 
 A server may meet a handle or status file of a job started before an upgrade, so the field names
 never change, and fields added later need a default. Reading refuses anything else with a
@@ -48,9 +40,7 @@ class RunnerHandle:
         pid: the job runner's pid, which also leads its process group.
         start_ticks: its start time from /proc, telling it from a later process with the same
             pid; ``None`` if it was gone before the time could be read.
-        attempt: the attempt it runs.
-        cgroup: the attempt's cgroup folder, if it has one
-            (:mod:`ringtrain.jobs.service.executors.local.cgroups`).
+        cgroup: the attempt's cgroup folder, if it has one.
     """
 
     pid: int
@@ -64,11 +54,7 @@ class RunnerHandle:
 
     @classmethod
     def from_json(cls, data: Any) -> RunnerHandle:
-        """The handle :meth:`to_json` gave.
-
-        Raises:
-            RecordError: ``data`` lacks a field or has one of the wrong type.
-        """
+        """The handle :meth:`to_json` gave. Raises RecordError for a missing or wrong field."""
         with naming("the launch handle stored with the job"):
             data = json_object(data)
             return cls(pid=field(data, "pid", int),
@@ -82,18 +68,13 @@ class LaunchSpec:
     """The launch file: one attempt as the job runner is to run it.
 
     Attributes:
-        job_dir: the job's folder on the share.
         attempt: the attempt (0 for the first).
-        command: the shell command every rank runs.
-        node_count: nodes of the attempt.
-        process_count_per_node: ranks per node.
-        job_preparation: the shell command run once per node first, if any.
         runner: the command prefix that launches the ranks (``ringtrain run``'s).
         nodes: the cluster nodes the attempt holds.
         cgroup: the cgroup folder the runner moves itself into first, if any.
         min_nodes: elastic attempts: the fewest nodes to keep running on (``None``: a fixed
-            world of node_count nodes).
-        max_nodes: elastic attempts: the most nodes to grow to.
+            world of node_count nodes); ``max_nodes``: the most to grow to.
+        storage_plan: the attempt's storage plan (inputs to stage, outputs to upload), if any.
     """
 
     job_dir: str
@@ -107,6 +88,7 @@ class LaunchSpec:
     cgroup: str | None = None
     min_nodes: int | None = None
     max_nodes: int | None = None
+    storage_plan: str | None = None
 
     def write(self, path: Path) -> None:
         """Write the launch file (before the runner starts, so never read half-written)."""
@@ -114,11 +96,7 @@ class LaunchSpec:
 
     @classmethod
     def read(cls, path: Path) -> LaunchSpec:
-        """Read a launch file.
-
-        Raises:
-            RecordError: the file is missing, not JSON, or lacks a field.
-        """
+        """Read a launch file. Raises RecordError if it is missing, not JSON, or lacks a field."""
         source = f"the launch file {path}"
         spec = read_record(path.parent, path.name, source, cls._from_json)
         if spec is None:
@@ -135,7 +113,8 @@ class LaunchSpec:
                    runner=items(data, "runner", str), nodes=items(data, "nodes", int),
                    cgroup=field(data, "cgroup", (str, type(None)), None),
                    min_nodes=field(data, "min_nodes", (int, type(None)), None),
-                   max_nodes=field(data, "max_nodes", (int, type(None)), None))
+                   max_nodes=field(data, "max_nodes", (int, type(None)), None),
+                   storage_plan=field(data, "storage_plan", (str, type(None)), None))
 
 
 @dataclass(frozen=True)
@@ -145,10 +124,8 @@ class RunnerStatus:
     Attributes:
         phase: preparing, running or exited (never lost: a runner that writes is not lost).
         attempt: the attempt it runs; a retry's runner writes a new file.
-        pid: the job runner's pid.
-        exit_code: once exited: 0 for success.
-        message: once exited: why it failed, naming the log to read.
-        stopped: once exited: whether the service stopped it.
+        exit_code, message, stopped: once exited: 0 for success, why it failed (naming the log
+            to read), and whether the service stopped it.
     """
 
     phase: Phase
@@ -173,11 +150,8 @@ class RunnerStatus:
 
     @classmethod
     def read(cls, job_dir: Path) -> RunnerStatus | None:
-        """The last status the job's runner wrote, or ``None`` if it wrote none yet.
-
-        Raises:
-            RecordError: the file is not JSON, lacks a field or has a wrong one.
-        """
+        """The last status the job's runner wrote, or ``None`` if it wrote none yet. Raises
+        RecordError if the file is not JSON, lacks a field or has a wrong one."""
         return read_record(job_dir, STATUS_FILE,
                            f"the job runner's status file {job_dir / STATUS_FILE}", cls._from_json)
 

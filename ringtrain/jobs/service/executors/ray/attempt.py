@@ -1,17 +1,7 @@
 """The Ray executor's records of an attempt: the launch handle stored with the job
-(:class:`RayHandle`), and the one it keeps while it watches the attempt, with an explicit stage.
-
-An attempt the executor has seen placed moves through
-
-- ``PLACED``: Ray placed its bundles; whether its nodes were started is not known yet (a new
-  attempt, or one a restarted service found again: the agents' answers tell);
-- ``STARTING``: the start calls to the nodes' agents are in flight;
-- ``RUNNING``: every node was started; the executor polls their status;
-- ``DRAINING``: a node failed or was lost; the others are being stopped and send what they
-  hold of their logs and outputs, within a bound;
-
-and is dropped when the attempt is released. :func:`AttemptStage.check` enforces the moves, as
-``LocalExecutor``'s runners and the job store enforce theirs.
+(:class:`RayHandle`), and the one it keeps while it watches the attempt, with an explicit stage
+(:class:`AttemptStage`, whose moves :meth:`RayAttempt.move` enforces), dropped when the attempt
+is released.
 """
 
 from __future__ import annotations
@@ -29,20 +19,14 @@ from ringtrain.jobs.service.executors.ray import transfer
 class AttemptStage(enum.Enum):
     """Where a placed attempt is, as the Ray executor drives it."""
 
+    # Ray placed its bundles; whether its nodes were started is not known yet (a new attempt,
+    # or one a restarted service found again: the agents' answers tell).
     PLACED = "placed"
-    STARTING = "starting"
-    RUNNING = "running"
+    STARTING = "starting"  # the start calls to the nodes' agents are in flight
+    RUNNING = "running"  # every node was started; the executor polls their status
+    # A node failed or was lost; the others are being stopped and send what they hold of their
+    # logs and outputs, within a bound.
     DRAINING = "draining"
-
-    def check(self, new: AttemptStage) -> AttemptStage:
-        """Return ``new`` if an attempt may move from this stage to it.
-
-        Raises:
-            ValueError: the move is not in the table (a bug in the executor).
-        """
-        if new not in _MOVES[self]:
-            raise ValueError(f"a Ray attempt cannot go from {self.value} to {new.value}")
-        return new
 
 
 _MOVES: dict[AttemptStage, frozenset[AttemptStage]] = {
@@ -60,9 +44,7 @@ class Failure:
     send their outputs.
 
     Attributes:
-        phase: what the attempt ends as: exited (with ``exit_code``), or lost.
-        exit_code: the failed node's exit code.
-        message: what happened, naming the node.
+        phase: what the attempt ends as: exited (with the failed node's ``exit_code``), or lost.
         since: when it was seen, against the drain's bound.
         gone: nodes whose agents are gone, asked nothing any more.
     """
@@ -84,7 +66,6 @@ class RayAttempt:
 
     Attributes:
         placed: the Ray node of each bundle.
-        stage: where the attempt is.
         agents: the agent of each bundle's machine, once looked up.
         starting: the start calls in flight (``STARTING``).
         asked: the status calls in flight, by node; asked again once every node answered.
@@ -112,18 +93,15 @@ class RayAttempt:
         """Go to ``stage`` (staying is allowed).
 
         Raises:
-            ValueError: the move is not in the stage table.
+            ValueError: the move is not in the stage table (a bug in the executor).
         """
-        if stage is not self.stage:
-            self.stage = self.stage.check(stage)
+        if stage is not self.stage and stage not in _MOVES[self.stage]:
+            raise ValueError(f"a Ray attempt cannot go from {self.stage.value} to {stage.value}")
+        self.stage = stage
 
     def fail(self, failure: Failure) -> bool:
-        """Note how the attempt ends; a second failure only adds the nodes it lost to the
-        first.
-
-        Returns:
-            Whether this was the first failure (the other nodes are then to be stopped).
-        """
+        """Note how the attempt ends (a second failure only adds the nodes it lost to the
+        first); whether this was the first failure (the other nodes are then to be stopped)."""
         if self.failure is not None:
             first = self.failure
             self.failure = Failure(first.phase, first.exit_code, first.message, first.since,
@@ -154,8 +132,6 @@ class RayHandle:
     Attributes:
         address: the Ray cluster's address.
         placement_group: the placement group's name (``<job id>.<attempt>``).
-        node_count: nodes (bundles) of the attempt.
-        attempt: the attempt.
         started_at: when it was asked for, against the placement timeout.
     """
 
@@ -175,11 +151,7 @@ class RayHandle:
 
     @classmethod
     def from_json(cls, data: Any) -> RayHandle:
-        """The handle :meth:`to_json` gave.
-
-        Raises:
-            RecordError: ``data`` is not a Ray handle.
-        """
+        """The handle :meth:`to_json` gave. Raises RecordError if ``data`` is not one."""
         try:
             handle = cls(**data)
         except TypeError as e:

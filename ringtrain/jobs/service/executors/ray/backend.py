@@ -1,15 +1,19 @@
-"""The ``ray`` backend: a cluster is attached to a Ray cluster, whose machines are its nodes.
+"""The ``ray`` backend and its entry in the registry: a cluster is attached to a Ray cluster,
+whose machines are its nodes.
 
 Attaching starts the service's private Ray head first where the address is ``local``, then
 each machine's agent (:mod:`ringtrain.jobs.service.executors.ray.agent`), so that the first job does
-not wait for it. Ray owns the machines: the service neither adds nor removes them.
+not wait for it. Ray owns the machines: the service neither adds nor removes them. ``ray`` itself
+is imported only when a Ray cluster is used.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from ringtrain.jobs.service.executors.ray.connection import (
     RayConnection,
     start_private_cluster,
 )
+from ringtrain.jobs.service.executors.registry import BackendContext
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +94,18 @@ class RayBackend:
             return info
 
     def job_problems(self, info: ClusterInfo, spec: JobSpec) -> list[dict[str, str]]:
-        # Every node runs `ringtrain run` in its per-node mode, elastic jobs included: nothing
-        # is refused that a local cluster runs.
-        return []
+        # Every node runs `ringtrain run` in its per-node mode, elastic jobs included; only the
+        # storage steps are not carried to Ray's machines yet.
+        copies = [n for n, s in spec.input_sources().items() if s.mode == "copy"]
+        errors = [{"field": f"inputs.{name}",
+                   "message": f"cluster {info.name} is a Ray cluster, whose nodes do not stage "
+                              "store URLs yet: use mode: direct, or a local cluster"}
+                  for name in copies]
+        if spec.outputs_url:
+            errors.append({"field": "outputs_url",
+                           "message": f"cluster {info.name} is a Ray cluster, whose nodes do not "
+                                      "upload outputs to a store yet: use a local cluster"})
+        return errors
 
     def resize_problem(self, info: ClusterInfo) -> str | None:
         return (f"cluster {info.name} is a Ray cluster: its machines are Ray's to add or remove "
@@ -109,3 +123,25 @@ class RayBackend:
 
     def leader_pid(self, launch: LaunchHandle) -> int | None:
         return None  # the ranks run on Ray's machines
+
+
+class RayPlugin:
+    """Builds the ray backend: one Ray driver connection, shared by its executor and backend."""
+
+    name = "ray"
+    summary = ("a cluster is attached to a Ray cluster at --address HOST:PORT (or a private "
+               "head the service starts: --local), whose machines are its nodes")
+
+    def add_options(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--ray-node-ip", help="the address this service announces to Ray "
+                                                 "clusters (default: Ray's choice)")
+
+    def create(self, context: BackendContext, options: Mapping[str, Any]) -> RayBackend:
+        from ringtrain.jobs.service.executors.ray.executor import RayExecutor
+
+        connection = RayConnection(options.get("ray_node_ip"))
+        executor = RayExecutor(context.share, connection, context.address_of)
+        return RayBackend(executor, connection, context.state_dir)
+
+
+PLUGIN = RayPlugin()

@@ -32,11 +32,7 @@ LOCAL = "local"
 
 
 def import_ray() -> Any:
-    """The ``ray`` module.
-
-    Raises:
-        InvalidRequestError: ray is not installed; the message says how to install it.
-    """
+    """The ``ray`` module. Raises InvalidRequestError, saying how to install it, if missing."""
     try:
         import ray
     except ImportError:
@@ -94,10 +90,7 @@ class RayConnection:
 
     def nodes(self, address: str) -> list[MachineInfo]:
         """Ray's node table: every node Ray knows, alive or dead, with its CPUs and GPUs.
-
-        Raises:
-            InvalidRequestError: see :meth:`connect`.
-        """
+        Raises InvalidRequestError as :meth:`connect` does."""
         ray = self.connect(address)
         # Free resources per node have no public API; the state module is what `ray status`
         # itself reads.
@@ -117,11 +110,8 @@ class RayConnection:
     def node_usage(self, address: str, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
         """Each alive machine's CPU, memory and GPUs, sampled there by its agent, by Ray node
         id. Machines whose agent does not answer within ``timeout_s`` (not started yet, or from
-        a ringtrain without this call) are left out.
-
-        Raises:
-            InvalidRequestError: see :meth:`connect`.
-        """
+        a ringtrain without this call) are left out. Raises InvalidRequestError as
+        :meth:`connect` does."""
         from ringtrain.jobs.service.executors.ray.agent import agent_name
 
         ray = self.connect(address)
@@ -145,42 +135,27 @@ class RayConnection:
         return out
 
 
-def start_private_head(log_dir: Path, node_ip: str = "127.0.0.1",
-                       cpus: int | None = None) -> str:
-    """Start a Ray head on this host with ``ray start`` and return its address.
+def start_private_cluster(log_dir: Path, nodes: int, slots: int,
+                          node_ip: str = "127.0.0.1") -> str:
+    """Start a Ray cluster of ``nodes`` nodes on this host with ``ray start`` (a head and
+    ``nodes - 1`` more raylets, each a separate Ray node, as on separate machines) and return
+    its address. It runs detached from the service (it outlives a service restart) and binds
+    ``node_ip``, loopback unless the caller chooses otherwise.
 
-    The head runs detached from the service (it outlives a service restart); it binds
-    ``node_ip``, which is loopback unless the caller chooses otherwise.
-
-    Args:
-        log_dir: Where ``ray-start.log`` is written.
-        node_ip: The address the head binds and announces.
-        cpus: The CPUs it offers (``None``: Ray's count of this machine's).
+    Each node offers ``max(slots, cores // nodes)`` CPUs, so that a job's bundle of ``slots``
+    CPUs fits on every node and the nodes together do not claim each core many times (one
+    node offers what Ray counts).
 
     Raises:
         InvalidRequestError: ray is missing, or ``ray start`` failed (its output is in
             ``log_dir/ray-start.log``).
     """
     import_ray()
-    port = free_port(node_ip)
-    _ray_start(["--head", f"--port={port}", "--include-dashboard=false"], log_dir, node_ip, cpus)
-    return f"{node_ip}:{port}"
-
-
-def start_private_cluster(log_dir: Path, nodes: int, slots: int,
-                          node_ip: str = "127.0.0.1") -> str:
-    """Start a Ray cluster of ``nodes`` nodes on this host (a head and ``nodes - 1`` more
-    raylets, each a separate Ray node, as on separate machines) and return its address.
-
-    Each node offers ``max(slots, cores // nodes)`` CPUs, so that a job's bundle of ``slots``
-    CPUs fits on every node and the nodes together do not claim each core many times.
-
-    Raises:
-        InvalidRequestError: see :func:`start_private_head`.
-    """
     cores = os.cpu_count() or 1
     cpus = max(slots, cores // max(1, nodes)) if nodes > 1 else None
-    address = start_private_head(log_dir, node_ip, cpus)
+    port = free_port(node_ip)
+    address = f"{node_ip}:{port}"
+    _ray_start(["--head", f"--port={port}", "--include-dashboard=false"], log_dir, node_ip, cpus)
     for _ in range(nodes - 1):
         _ray_start([f"--address={address}"], log_dir, node_ip, cpus)
     return address
@@ -205,11 +180,8 @@ def _ray_start(args: list[str], log_dir: Path, node_ip: str, cpus: int | None) -
 
 
 def _probe(address: str, timeout_s: float = 0.5) -> None:
-    """Refuse an address where nothing accepts a TCP connection.
-
-    Raises:
-        InvalidRequestError: the address is malformed, or nothing answers there.
-    """
+    """Refuse (InvalidRequestError) a malformed address, or one where nothing accepts a TCP
+    connection."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):

@@ -11,14 +11,10 @@ saying what could not be placed (the scheduler fails it, or re-queues it under `
 The first node to fail stops the others, and the attempt ends once every node has answered that
 it exited, so the outputs of every node are in the share.
 
-A node that does not see the job's folder works in a private copy (see
-:mod:`ringtrain.jobs.service.executors.ray.node`): while it asks, each ``poll`` sends it the next
-piece of a tar of the working dir and the inputs it lacks, and writes the chunks of logs and
-(once it exited) outputs its answers carry into the share, at most
-:data:`~ringtrain.jobs.service.executors.ray.transfer.ANSWER_BYTES` a message each way, so the
-service's machine does every write to the share and ``job logs --follow`` lags by about one
-scheduler tick. A node is done once it exited and the share holds
-all its files; a restarted service asks again from the sizes the share holds.
+A node that does not see the job's folder works in a private copy: each ``poll`` sends it the
+next piece of its working dir and writes the logs and outputs its answers carry into the share
+(:mod:`ringtrain.jobs.service.executors.ray.transfer`), so ``job logs --follow`` lags by about
+one scheduler tick. A node is done once it exited and the share holds all its files.
 
 The placement group is detached and named after the job id and attempt (``<id>.<attempt>``; a
 node is ``<id>.<attempt>.node<k>`` at its agent), so a restarted service finds a running attempt
@@ -61,10 +57,8 @@ class RayExecutor:
 
     Args:
         share: the share holding the job folders, at the same path on the Ray nodes that see it.
-        connection: the service's Ray connection.
         address_of: the Ray address of a cluster, by cluster name.
         placement_timeout_s: how long an attempt may wait for its placement group.
-        clock: seconds since the epoch.
     """
 
     def __init__(self, share: Share, connection: RayConnection,

@@ -1,28 +1,19 @@
 """One node of a job on Ray: what runs a node's preparation and its ranks.
 
 The Ray node's agent (:mod:`.agent`) holds one :class:`NodeRunner` per node of an attempt placed
-on its machine. Each runs the spec's ``job_preparation`` for its node, then its ranks through
-``ringtrain run`` in its per-node mode
-(:func:`~ringtrain.jobs.service.executors.node_launch.node_argv`), the same launch as every
-executor's: node 0 serves the rendezvous at the first bundle's node address, on a port node 0's
-runner picks, drives the job and writes its result file; the other nodes' ``ringtrain run`` follow
-it. A job asking for GPUs gets, in ``CUDA_VISIBLE_DEVICES`` of every rank of a node, the GPUs Ray
-assigned to the node's bundle (read by a task placed in the bundle). Logs go straight into the job's
-folder on the share (``stdouterr/rank.N/``, ``prep/node.K.*``), written as they come, so ``job logs
---follow`` reads them as they come.
+on its machine. Each runs the spec's ``job_preparation``, then its ranks through ``ringtrain run``
+in its per-node mode, as every executor does (node 0 serves the rendezvous on a port it picks).
+A job asking for GPUs gets, in every rank's ``CUDA_VISIBLE_DEVICES``, the GPUs Ray assigned to
+the node's bundle. Logs go straight into the job's folder on the share as they are written.
 
-A node that does not see the job's folder (no shared filesystem there), or whose machine sets
-``RINGTRAIN_RAY_SCRATCH``, works in a private copy under that folder (else the system's temporary
-folder): it asks the executor for the working dir and the inputs it does not see, which come
-as a tar in pieces, and its answers to :meth:`NodeRunner.status` carry its new log bytes and,
-once it exited, its outputs, in chunks bounded per answer
-(:mod:`ringtrain.jobs.service.executors.ray.transfer`), which the executor writes into the share.
+A node that does not see the job's folder, or whose machine sets ``RINGTRAIN_RAY_SCRATCH``, works
+in a private copy under that folder (else the system's temporary folder), carried through Ray by
+:mod:`ringtrain.jobs.service.executors.ray.transfer`: its answers to :meth:`NodeRunner.status`
+carry its new log bytes and, once it exited, its outputs.
 
-The agent's worker process imports this module before the agent starts, so it imports nothing
-heavy (no pydantic, no ringtrain models).
-
-Ranks run in sessions of their own and get SIGKILL when the agent's process dies
-(``PR_SET_PDEATHSIG``): a lost node, or a killed agent, leaves no rank behind.
+The agent's worker imports this module before the agent starts: nothing heavy (no pydantic).
+Ranks run in sessions of their own and get SIGKILL when the agent's process dies: a lost node,
+or a killed agent, leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -73,17 +64,11 @@ class NodePlan:
     Attributes:
         job_dir: the job's folder on the share (as this node sees it).
         node: the node's place in the job, 0..node_count-1 (its bundle index).
-        node_count: nodes of the job.
-        process_count_per_node: ranks on each node.
-        command: the shell command every rank runs.
-        job_preparation: the shell command this node runs first, if any.
         environ: the job's variables (spec environment, job id, folders, inputs and outputs).
         inputs: the spec's inputs that are paths (not URLs), by name.
-        placement_group: the name of the attempt's placement group (the node is its bundle
-            ``node``).
-        gpus: GPUs of the node's bundle (0: none).
-        first_agent: the actor name of node 0's agent, which serves the rendezvous address.
-        first_key: node 0's key at that agent.
+        placement_group: the name of the attempt's placement group.
+        first_agent: the actor name of node 0's agent, which serves the rendezvous address;
+            ``first_key`` is node 0's key there.
         node_range: an elastic attempt's fewest and most nodes (``None``: a fixed one).
         name: the host name of the node's ranks (an elastic attempt's world file names it).
     """
@@ -108,10 +93,9 @@ class NodePlan:
 class NodeStatus:
     """Where a node of an attempt is; ``exit_code`` once exited (0 = every rank succeeded).
 
-    A node working in a private copy also says whether it waits for the working dir (which
-    inputs it needs with it, and how many bytes of its tar it holds), and carries chunks of its
-    logs and, once exited, of its outputs; ``pending`` names the files with bytes past them, so
-    the node's files are all in the share once it answered exited with none pending.
+    A node working in a private copy also says whether it waits for the working dir, and
+    carries chunks of its logs and, once exited, outputs; ``pending`` names the files with bytes
+    past them: the node's files are all in the share once it answered exited with none pending.
     """
 
     phase: Phase
@@ -128,7 +112,6 @@ class NodeRunner:
     """One node of one attempt, run by the agent of the Ray node it was placed on.
 
     Args:
-        plan: what the node runs.
         rendezvous_of: node 0's rendezvous address, ``None`` while node 0 has not started.
     """
 
@@ -168,11 +151,8 @@ class NodeRunner:
                 self._thread.start()
 
     def status(self, offsets: dict[str, int] | None = None) -> NodeStatus:
-        """Where the node is; from a private copy, with what the share does not hold yet.
-
-        Args:
-            offsets: the size of each log and output file in the job's folder on the share.
-        """
+        """Where the node is; from a private copy, with what the share does not hold yet
+        (``offsets``: the size of each log and output file the share holds)."""
         status = self._status  # before reading the files: exited means they are complete
         if not self._private:
             return status
@@ -343,11 +323,8 @@ class NodeRunner:
         return run_outcome(code, self.work_dir)
 
     def _rendezvous(self) -> tuple[str, int]:
-        """Node 0's rendezvous address; node 0 may start after this node.
-
-        Raises:
-            TimeoutError: node 0 did not start within the wait.
-        """
+        """Node 0's rendezvous address (node 0 may start after this node). Raises TimeoutError
+        if node 0 did not start within the wait."""
         deadline = time.monotonic() + _RENDEZVOUS_WAIT_S
         while (address := self.rendezvous_of()) is None:
             if time.monotonic() > deadline or self._stopping:
@@ -357,11 +334,9 @@ class NodeRunner:
         return address
 
     def _gpu_ids(self) -> str:
-        """The GPUs Ray assigned to the node's bundle, as ``CUDA_VISIBLE_DEVICES`` lists them.
-
-        The agent holds no GPUs itself; a task that takes all of the bundle's GPUs reads which
-        ones they are (a bundle's GPUs stay the same GPUs while its group exists).
-        """
+        """The GPUs Ray assigned to the node's bundle, as ``CUDA_VISIBLE_DEVICES`` lists them:
+        read by a task that takes them all, since the agent holds none (a bundle's GPUs stay
+        the same while its group exists)."""
         import ray
         from ray.util import get_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -53,14 +53,12 @@ class PrivateCopy:
     """What a node without the share needs, as a tar in a temporary file, sent in pieces.
 
     The tar is written by a thread of its own, so that a big working dir or input does not hold
-    up the caller (the scheduler's tick): pieces of what is written are sent while it grows, and
-    the tar's size is known once it is complete.
+    up the caller (the scheduler's tick): pieces of what is written are sent while it grows.
 
     Args:
         parts: what to pack (a file, or a folder with everything below it), by its path in
             the tar.
         what: what it is, for the message when a file cannot be read.
-        piece_bytes: the most bytes of one piece.
     """
 
     def __init__(self, parts: dict[str, Path], what: str, piece_bytes: int = ANSWER_BYTES):
@@ -115,14 +113,9 @@ class PrivateCopy:
 
 def private_copy(job_dir: Path, inputs: dict[str, str],
                  piece_bytes: int = ANSWER_BYTES) -> PrivateCopy | str:
-    """The job's working dir and ``inputs`` (the inputs a node does not see, by name) as a
-    :class:`PrivateCopy`, or why there is none.
-
-    Args:
-        job_dir: the job's folder on the share.
-        inputs: the paths of the inputs to send, as the service sees them, by name.
-        piece_bytes: the most bytes of one piece.
-    """
+    """The working dir of the job's folder ``job_dir`` and ``inputs`` (the paths, as the
+    service sees them, of the inputs a node does not see, by name) as a :class:`PrivateCopy`,
+    or why there is none."""
     wd = job_dir / WORKING_DIR
     if not wd.is_dir():
         return f"the service has no working dir at {wd}"
@@ -139,14 +132,8 @@ def private_copy(job_dir: Path, inputs: dict[str, str],
 
 
 class TarReceiver:
-    """The node's end of a :class:`PrivateCopy`: pieces written in order into ``path``.
-
-    Args:
-        path: the file the tar is written to (created empty here).
-
-    Raises:
-        OSError: the file cannot be created.
-    """
+    """The node's end of a :class:`PrivateCopy`: pieces written in order into ``path``
+    (created empty here; OSError if it cannot be)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -155,16 +142,11 @@ class TarReceiver:
         path.write_bytes(b"")
 
     def take(self, piece: Piece) -> bool:
-        """Write a piece if it is the next one (a repeated or early one is dropped).
+        """Write a piece if it is the next one (a repeated or early one is dropped); whether the
+        whole tar has arrived. Raises OSError if the file cannot be written.
 
         A piece of a complete tar of another size than one before (the service restarted and
         packed files that changed meanwhile) starts the transfer over.
-
-        Returns:
-            Whether the whole tar has arrived.
-
-        Raises:
-            OSError: the file cannot be written.
         """
         offset, data, total = piece
         if total >= 0 and self._total is not None and self._total != total:
@@ -212,21 +194,10 @@ def file_sizes(job_dir: Path, folders: tuple[str, ...]) -> dict[str, int]:
 def new_chunks(job_dir: Path, offsets: dict[str, int], folders: tuple[str, ...],
                budget: int = ANSWER_BYTES,
                per_file: int | None = None) -> tuple[list[Chunk], list[str]]:
-    """What the files below ``folders`` of ``job_dir`` hold past ``offsets``.
-
-    A file not in ``offsets`` starts at 0 (an empty one is sent as an empty chunk, so that it
-    is created).
-
-    Args:
-        job_dir: the folder read from.
-        offsets: how much of each file the receiver holds, by path in the folder.
-        folders: the subfolders to read.
-        budget: the most bytes of all chunks together.
-        per_file: the most bytes of one file (``None``: the budget).
-
-    Returns:
-        The chunks, and the files that still have bytes past them.
-    """
+    """What the files below ``folders`` of ``job_dir`` hold past ``offsets`` (how much of each
+    file the receiver holds; a file not in it starts at 0, and an empty one is sent as an empty
+    chunk, so that it is created): the chunks, at most ``budget`` bytes in all and ``per_file``
+    of one file, and the files that still have bytes past them."""
     chunks, pending = [], []
     for rel, size in file_sizes(job_dir, folders).items():
         start = offsets.get(rel, 0)

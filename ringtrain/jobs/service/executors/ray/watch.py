@@ -38,12 +38,7 @@ CARRIED = transfer.LOG_FOLDERS + transfer.OUTPUT_FOLDERS
 
 
 class AttemptWatch:
-    """The placed attempts' side of a Ray executor.
-
-    Args:
-        share: the job folders.
-        clock: seconds since the epoch.
-    """
+    """The placed attempts' side of a Ray executor (``clock``: seconds since the epoch)."""
 
     def __init__(self, share: Share, clock: Callable[[], float]):
         self.share = share
@@ -204,7 +199,8 @@ class AttemptWatch:
     def _start_nodes(self, job: JobInfo, launch: RayHandle, attempt: RayAttempt) -> None:
         spec = job.spec
         environ = self.share.job_environ(job)
-        inputs = {n: path for n, path in spec.inputs.items() if "://" not in path}
+        inputs = {n: path for n, path in spec.inputs.items()
+                  if isinstance(path, str) and "://" not in path}
         first_agent = agent_name(attempt.placed[0])
         elastic = spec.node_range if spec.elastic else None
         attempt.starting = [agent.start.remote(launch.key(k), NodePlan(
@@ -221,11 +217,8 @@ class AttemptWatch:
 
     def take(self, job: JobInfo, launch: RayHandle, attempt: RayAttempt, node: int,
               status: NodeStatus) -> str | None:
-        """Serve a node working in a private copy: its working dir, its logs and outputs.
-
-        Returns:
-            Why the share could not take what the node sent, if it could not.
-        """
+        """Serve a node working in a private copy: its working dir, its logs and outputs; why
+        the share could not take what the node sent, if it could not."""
         job_dir = Path(job.job_dir)
         if status.needs_workdir or status.workdir_received:
             attempt.private = True
@@ -233,7 +226,7 @@ class AttemptWatch:
             copy = attempt.copies.get(status.missing_inputs)
             if copy is None:
                 copy = attempt.copies[status.missing_inputs] = transfer.private_copy(
-                    job_dir, {i: job.spec.inputs.get(i, "") for i in status.missing_inputs})
+                    job_dir, {i: str(job.spec.inputs.get(i, "")) for i in status.missing_inputs})
             piece = copy if isinstance(copy, str) else copy.piece(status.workdir_received)
             attempt.agents[node].receive_workdir.remote(launch.key(node), piece)
         attempt.pending[node] = status.pending

@@ -1,0 +1,189 @@
+"""The job service with data and models in a real store (SeaweedFS's S3, Azurite): the README's
+Fashion-MNIST job reads its data from the bucket on a 2-node local cluster, its outputs are
+uploaded, `ringtrain serve` loads the model from the bucket and answers one inference; a second
+job reuses the node's copy; wrong credentials fail the job naming the input; and the secret's
+value appears in no record, log, API answer or dashboard payload."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ringtrain.jobs.client.connection import connect, stop_server
+from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.home import Home
+from ringtrain.jobs.models import ClusterSpec, JobState, parse_job_spec
+from ringtrain.jobs.service.api.auth import home_token
+from tests.storage.servers import Store, bad_options
+
+REPO = Path(__file__).resolve().parents[2]
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+TRAIN = ("python fashion_mnist.py --epochs 1 --limit-train 512 --limit-test 128 "
+         "--batch-size 64 --data-dir \"$RINGTRAIN_INPUT_DATA\"")
+
+
+@pytest.fixture(scope="module")
+def service(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str]]:
+    """A real job service whose home holds the store's credentials as the secret `creds`."""
+    home = Home(tmp_path_factory.mktemp(f"home-{store.kind}") / "home")
+    env = {**os.environ, "RINGTRAIN_HOME": str(home.root)}
+    env.pop("RINGTRAIN_URL", None)
+    for name, options in (("creds", store.options), ("wrong", bad_options(store))):
+        subprocess.run([sys.executable, "-m", "ringtrain.cli", "secret", "set", name],
+                       input=json.dumps(options), text=True, env=env, check=True, timeout=60)
+    fs = store.fs()
+    for f in FASHION.glob("*.gz"):
+        fs.put_file(str(f), f"{store.bucket}/fashion/{f.name}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RINGTRAIN_HOME", str(home.root))
+        mp.delenv("RINGTRAIN_URL", raising=False)
+        client = connect(home=home)
+        client.create_cluster(ClusterSpec(name="local", nodes=2, slots=1))
+        yield home, client.url
+        client.close()
+    stop_server(home)
+
+
+def _submit(url: str, home: Home, workdir: Path, **spec: object) -> str:
+    client = connect(url=url, token=home_token(home))
+    try:
+        return client.submit("local", parse_job_spec({
+            "node_count": 1, "command": TRAIN, "working_dir": str(workdir), **spec})).id
+    finally:
+        client.close()
+
+
+def _wait(url: str, home: Home, job_id: str, timeout_s: float = 300) -> dict:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {home_token(home)}"},
+                      timeout=10) as http:
+        while time.monotonic() < deadline:
+            job = http.get(f"/v1/jobs/{job_id}").json()
+            if JobState(job["state"]).is_terminal():
+                return job
+            time.sleep(0.3)
+    pytest.fail(f"job {job_id} did not end within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("workdir")
+    for name in ("fashion_mnist.py", "training_curves.py"):
+        shutil.copy(REPO / "examples" / name, folder)
+    return folder
+
+
+def test_train_from_the_bucket_upload_and_serve_from_it(store: Store, service: tuple[Home, str],
+                                                         workdir: Path, tmp_path: Path) -> None:
+    home, url = service
+    job_id = _submit(url, home, workdir, node_count=2, name="fashion-store",
+                     inputs={"data": {"url": store.url("fashion"), "secret": "creds"}},
+                     outputs=["model"], outputs_url=store.url("runs/{job_id}"),
+                     outputs_secret="creds")
+    job = _wait(url, home, job_id)
+    assert job["state"] == "succeeded", job
+    remote = store.fs()
+    stored = {Path(p).name for p in remote.find(f"{store.bucket}/runs/{job_id}/model")}
+    assert {"model.pt", "model.json"} <= stored
+    # each node staged: one fetched, the other waited for it or found it in the cache
+    job_dir = Path(job["job_dir"])
+    prep = [(job_dir / "prep" / f"node.{k}.stdout") for k in range(2)]
+    logs = [p.read_text() if p.exists() else "" for p in prep]
+    assert sum("4/4 files" in log for log in logs) >= 1, logs
+    assert len(list((home.cache_folder / "entries").iterdir())) == 1
+
+    # a second job on the warm cache fetches nothing
+    second = _wait(url, home, _submit(url, home, workdir, name="again",
+                                      inputs={"data": {"url": store.url("fashion"),
+                                                       "secret": "creds"}}))
+    assert second["state"] == "succeeded", second
+    again = (Path(second["job_dir"]) / "prep" / "node.0.stdout").read_text()
+    assert "is in this node's cache" in again and "files," not in again
+
+    # the model served straight from the bucket
+    ready = tmp_path / "ready.json"
+    env = {**os.environ, "RINGTRAIN_HOME": str(home.root), "RINGTRAIN_CACHE": str(tmp_path)}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ringtrain.cli", "serve", store.url(f"runs/{job_id}/model"),
+         "--secret", "creds", "--port", "0", "--ready-file", str(ready)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), serve.stdout.read() if serve.stdout else ""
+        served = json.loads(ready.read_text())["url"]
+        body = {"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                            "data": [0.5] * 784}]}
+        answer = httpx.post(f"{served}/v2/models/model/infer", json=body, timeout=30)
+        assert answer.status_code == 200 and answer.json()["outputs"], answer.text
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        out = serve.communicate(timeout=30)[0]
+    _assert_secret_nowhere(store, home, url, [job_id], out)
+
+
+def test_wrong_credentials_fail_naming_the_input(store: Store, service: tuple[Home, str],
+                                                 workdir: Path) -> None:
+    home, url = service
+    job = _wait(url, home, _submit(url, home, workdir, name="wrong",
+                                   inputs={"data": {"url": store.url("fashion"),
+                                                    "secret": "wrong"}}), timeout_s=180)
+    assert job["state"] == "failed"
+    assert "staging inputs failed on node 0" in job["message"]
+    assert f"input data ({store.url('fashion')})" in (
+        Path(job["job_dir"]) / "prep" / "node.0.stdout").read_text()
+    _assert_secret_nowhere(store, home, url, [job["id"]], "", values=bad_options(store))
+
+
+def test_a_missing_secret_or_library_is_refused_at_submit(store: Store, service: tuple[Home, str],
+                                                          workdir: Path) -> None:
+    home, url = service
+    client = connect(url=url, token=home_token(home))
+    with pytest.raises(SpecError) as refused:
+        client.submit("local", parse_job_spec({
+            "node_count": 1, "command": "true",
+            "inputs": {"data": {"url": store.url("x"), "secret": "nope"},
+                       "web": "ftp://host/file"}}))
+    client.close()
+    text = str(getattr(refused.value, "errors", "")) + str(refused.value)
+    assert "no secret named 'nope'" in text and "unknown scheme ftp://" in text
+
+
+def _assert_secret_nowhere(store: Store, home: Home, url: str, job_ids: list[str], extra: str,
+                           values: dict | None = None) -> None:
+    secrets = [v.split("AccountKey=")[-1].split(";")[0] if "AccountKey=" in v else v
+               for v in (values or store.options).values() if len(v) >= 12]
+    secrets = [s for s in secrets if not s.startswith("http")]
+    assert secrets
+    headers = {"Authorization": f"Bearer {home_token(home)}"}
+    answers = [httpx.get(f"{url}/v1/jobs", headers=headers).text,
+               httpx.get(f"{url}/v1/clusters", headers=headers).text]
+    answers += [httpx.get(f"{url}/v1/jobs/{j}", headers=headers).text for j in job_ids]
+    with httpx.stream("GET", f"{url}/v1/events", headers=headers, timeout=10) as events:
+        for chunk in events.iter_text():
+            answers.append(chunk)
+            if len("".join(answers)) > 2000:
+                break
+    texts = [extra, *answers]
+    for path in home.root.rglob("*"):
+        if path.is_file() and "secrets" not in path.parts and "cache" not in path.parts:
+            texts.append(path.read_bytes().decode(errors="replace"))
+    env = subprocess.run([sys.executable, "-m", "ringtrain.cli", "env"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "RINGTRAIN_HOME":
+                                                      str(home.root)})
+    texts.append(env.stdout + env.stderr)
+    for secret in secrets:
+        found = [t[:200] for t in texts if secret in t]
+        assert not found, f"a secret value leaked: {found}"
