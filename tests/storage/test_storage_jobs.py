@@ -6,6 +6,7 @@ value appears in no record, log, API answer or dashboard payload."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -187,3 +188,57 @@ def _assert_secret_nowhere(store: Store, home: Home, url: str, job_ids: list[str
     for secret in secrets:
         found = [t[:200] for t in texts if secret in t]
         assert not found, f"a secret value leaked: {found}"
+
+
+def test_a_killed_stager_and_service_resume_without_fetching_again(
+        store: Store, service: tuple[Home, str], workdir: Path) -> None:
+    home, url = service
+    fs = store.fs()
+    digests = {}
+    for i in range(400):
+        data = os.urandom(20_000)
+        fs.pipe(f"{store.bucket}/many/f{i:04d}.bin", data)
+        digests[f"f{i:04d}.bin"] = hashlib.sha256(data).hexdigest()
+    check = ("python -c \"import hashlib, json, os, sys; d = os.environ['RINGTRAIN_INPUT_DATA']; "
+             "json.dump({n: hashlib.sha256(open(os.path.join(d, n), 'rb').read()).hexdigest() "
+             "for n in os.listdir(d)}, open(os.environ['RINGTRAIN_OUTPUT_SUMS'] + '/s.json', "
+             "'w'))\"")
+    job_id = _submit(url, home, workdir, name="resume", command=check, max_retries=1,
+                     outputs=["sums"],
+                     inputs={"data": {"url": store.url("many"), "secret": "creds"}})
+    journal = None
+    deadline = time.monotonic() + 120
+    while journal is None and time.monotonic() < deadline:
+        found = list((home.cache_folder / "partial").glob("*/journal.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 20:
+            journal = found[0]
+        time.sleep(0.01)
+    assert journal is not None, "staging never got going"
+    # kill -9 the service and the stager at once, mid-stage
+    server = json.loads(home.server_file.read_text())["pid"]
+    stagers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+               and _cmdline(p).endswith(f"stage {home.plans_folder}/{job_id}.0.json "
+                                        f"{home.share_root}/jobs/{job_id}/launcher/staged-0.json")]
+    assert stagers, "no stager process found"
+    os.kill(server, signal.SIGKILL)
+    for pid in stagers:
+        os.kill(pid, signal.SIGKILL)
+    done_before = len(journal.read_text().splitlines())
+    assert done_before < 400, "staging finished before the kill"
+    client = connect(home=home)  # a new server adopts the job
+    client.close()
+    url = json.loads(home.server_file.read_text())["url"]
+    job = _wait(url, home, job_id)
+    assert job["state"] == "succeeded" and job["attempt"] == 1, job
+    prep = (Path(job["job_dir"]) / "prep" / "node.0.stdout").read_text()
+    resumed = int(prep.split("resuming: ")[1].split(" of")[0])
+    assert resumed >= done_before
+    sums = json.loads((Path(job["job_dir"]) / "outputs" / "sums" / "s.json").read_text())
+    assert sums == digests  # every file whole, none partial, none fetched twice wrongly
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
