@@ -24,6 +24,11 @@ SCHEMES: dict[str, tuple[str, str, str]] = {
     "https": ("https", "aiohttp", "HTTPS"),
     "http": ("http", "aiohttp", "HTTP"),
 }
+#: Connection and read timeouts in seconds, and few retries: a store that stopped answering
+#: fails the transfer with its library's message in well under a minute.
+_S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60,
+                "retries": {"max_attempts": 3, "mode": "standard"}}
+_AZURE_TIMEOUTS = {"connection_timeout": 10, "read_timeout": 60}
 #: What a redacted secret reads as.
 MASK = "***"
 
@@ -63,9 +68,14 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any,
     import fsspec.core
 
     kwargs = dict(options or {})
-    if scheme_of(url) == "s3" and "endpoint_url" in kwargs:
-        # s3fs takes the endpoint only inside client_kwargs
-        kwargs.setdefault("client_kwargs", {})["endpoint_url"] = kwargs.pop("endpoint_url")
+    scheme = scheme_of(url)
+    if scheme == "s3":
+        if "endpoint_url" in kwargs:  # s3fs takes the endpoint only inside client_kwargs
+            kwargs.setdefault("client_kwargs", {})["endpoint_url"] = kwargs.pop("endpoint_url")
+        # botocore's defaults retry a store that is down for minutes
+        kwargs["config_kwargs"] = {**_S3_TIMEOUTS, **kwargs.get("config_kwargs", {})}
+    elif scheme in ("az", "abfs"):
+        kwargs = {**_AZURE_TIMEOUTS, **kwargs}
     fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **kwargs)
     return fs, path
 

@@ -34,7 +34,7 @@ def stage_input(name: str, url: str, options: Mapping[str, Any], cache: NodeCach
         Exception: the store's own errors (the caller redacts and reports them).
     """
     fs, path = open_store(url, options)
-    is_folder, objects = list_objects(fs, path)
+    is_folder, objects = transfers.bounded(lambda: list_objects(fs, path), stall_s, "listing")
     archive = (not is_folder and scheme_of(url) in ("http", "https")
                and objects[0].relpath.lower().endswith(ARCHIVES))
     key = entry_key(url, objects)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -134,6 +135,27 @@ def _run_all(work: Callable[[Any], Any], items: list[Any], progress: Progress, c
                                     "(the store stopped answering?)")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``call()``'s value, or TransferError once it has not returned within ``timeout_s`` (a
+    store library's own retries can outlast any wish; the call is left in a daemon thread)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # handed to the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name=f"storage-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TransferError(f"{what}: the store did not answer within {timeout_s:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def describe(error: BaseException) -> str:

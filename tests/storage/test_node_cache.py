@@ -109,21 +109,6 @@ def test_kill_mid_stage_resumes_without_fetching_again(store: Store, tmp_path: P
     assert _digests(local) == digests  # no .part file left, every checksum equal
 
 
-def test_stopped_store_fails_within_bound(store: Store, tmp_path: Path) -> None:
-    _put_dataset(store, "stopped", 2, 1000)
-    plan = _plan(store, tmp_path, {"data": {"url": store.url("stopped"),
-                                            "options": store.options}}, stall_s=5)
-    store.stop()
-    try:
-        run = subprocess.run([sys.executable, "-m", "ringtrain.storage.node_main", "stage",
-                              plan, str(tmp_path / "r.json")], capture_output=True, text=True,
-                             timeout=180)
-    finally:
-        store.start()
-    assert run.returncode == 1
-    assert "input data" in run.stdout and "error:" in run.stdout
-
-
 def test_eviction_keeps_held_entries(store: Store, tmp_path: Path) -> None:
     for name in ("ev1", "ev2", "ev3"):
         _put_dataset(store, name, 4, 250_000)  # 1 MB each
@@ -156,6 +141,17 @@ def test_outputs_upload_as_they_settle_and_resume(store: Store, tmp_path: Path) 
     again = OutputUploader(fs, prefix, folder, tmp_path / "journal.jsonl", lambda _line: None)
     assert again.run_pass(final=True) == 1  # the journal kept ckpt-1
     assert fs.size(f"{prefix}/final.pt") == 3 * MB
+
+
+def test_stopped_store_fails_within_bound(store: Store, tmp_path: Path) -> None:
+    _put_dataset(store, "stopped", 2, 1000)
+    plan = _plan(store, tmp_path, {"data": {"url": store.url("stopped"),
+                                            "options": store.options}}, stall_s=5)
+    store.stop()  # for good: this module's last test
+    run = subprocess.run([sys.executable, "-m", "ringtrain.storage.node_main", "stage", plan,
+                          str(tmp_path / "r.json")], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 1
+    assert "input data" in run.stdout and "error:" in run.stdout
 
 
 def _plan(store: Store, tmp_path: Path, inputs: dict, **extra) -> str:

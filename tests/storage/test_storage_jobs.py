@@ -87,6 +87,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_train_from_the_bucket_upload_and_serve_from_it(store: Store, service: tuple[Home, str],
                                                          workdir: Path, tmp_path: Path) -> None:
     home, url = service
+    reads_before = _object_reads(store)
     job_id = _submit(url, home, workdir, node_count=2, name="fashion-store",
                      inputs={"data": {"url": store.url("fashion"), "secret": "creds"}},
                      outputs=["model"], outputs_url=store.url("runs/{job_id}"),
@@ -110,6 +111,8 @@ def test_train_from_the_bucket_upload_and_serve_from_it(store: Store, service: t
     assert second["state"] == "succeeded", second
     again = (Path(second["job_dir"]) / "prep" / "node.0.stdout").read_text()
     assert "is in this node's cache" in again and "files," not in again
+    if reads_before is not None:  # the store's own count: each file crossed the wire once
+        assert _object_reads(store) - reads_before == 4
 
     # the model served straight from the bucket
     ready = tmp_path / "ready.json"
@@ -132,7 +135,23 @@ def test_train_from_the_bucket_upload_and_serve_from_it(store: Store, service: t
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         out = serve.communicate(timeout=30)[0]
-    _assert_secret_nowhere(store, home, url, [job_id], out)
+
+    # a deployment of the job loads its model from the bucket, not from the job's folder
+    client = connect(url=url, token=home_token(home))
+    try:
+        deployment = client.deploy(job_id)
+        assert deployment.model == store.url(f"runs/{job_id}/model")
+        deadline = time.monotonic() + 240
+        while (deployment := client.get_deployment(deployment.id)).state.value != "ready":
+            assert time.monotonic() < deadline and deployment.state.value == "starting", \
+                deployment
+            time.sleep(0.3)
+        answer = httpx.post(f"{deployment.urls[0]}/v2/models/model/infer", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        client.stop_deployment(deployment.id)
+    finally:
+        client.close()
+    _assert_secret_nowhere(store, home, url, [job_id, deployment.id], out)
 
 
 def test_wrong_credentials_fail_naming_the_input(store: Store, service: tuple[Home, str],
@@ -235,6 +254,17 @@ def test_a_killed_stager_and_service_resume_without_fetching_again(
     assert resumed >= done_before
     sums = json.loads((Path(job["job_dir"]) / "outputs" / "sums" / "s.json").read_text())
     assert sums == digests  # every file whole, none partial, none fetched twice wrongly
+
+
+def _object_reads(store: Store) -> int | None:
+    """How many objects the store has served (SeaweedFS's metrics; None for Azurite)."""
+    if "metrics" not in store.extra:
+        return None
+    text = httpx.get(store.extra["metrics"], timeout=10).text
+    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("SeaweedFS_s3_time_to_first_byte_millisecond_count{")
+              and 'type="GET"' in line]
+    return int(sum(counts))
 
 
 def _cmdline(proc: Path) -> str:
