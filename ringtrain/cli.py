@@ -18,6 +18,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "deployment": ("ringtrain.jobs.cli", "list, show and stop served models (job deploy)"),
     "dashboard": ("ringtrain.jobs.cli", "print the job service's web dashboard URL (--open)"),
     "secret": ("ringtrain.jobs.cli", "keep object storage credentials in the service's home"),
+    "login": ("ringtrain.jobs.cli", "use a job service on another machine (URL, token, pin)"),
+    "logout": ("ringtrain.jobs.cli", "forget a job service of `ringtrain login`"),
     "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
     "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),
@@ -28,7 +30,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 #: The optional extra (pyproject.toml) that brings each top-level package a command may import.
 _EXTRA_OF_PACKAGE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "pydantic", "httpx", "pathspec",
-                     "fastapi_offline", "prometheus_client"), "jobs"),
+                     "fastapi_offline", "prometheus_client", "cryptography"), "jobs"),
     **dict.fromkeys(("torchvision", "PIL", "pycocotools", "matplotlib", "simplejpeg", "tqdm"),
                     "vision"),
     **dict.fromkeys(("fsspec", "s3fs", "adlfs", "gcsfs", "aiohttp"), "storage"),

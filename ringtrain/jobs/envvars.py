@@ -1,7 +1,8 @@
 """The names of the job path's environment variables, defined once.
 
 Two groups. The service's own settings, read by the CLI and the server (in
-:mod:`ringtrain.jobs.home`): ``RINGTRAIN_HOME``, ``RINGTRAIN_URL``, ``RINGTRAIN_TOKEN``. And what
+:mod:`ringtrain.jobs.home`): ``RINGTRAIN_HOME``, ``RINGTRAIN_URL``, ``RINGTRAIN_TOKEN`` (or
+``RINGTRAIN_TOKEN_FILE``), ``RINGTRAIN_FINGERPRINT``. And what
 the service sets for every process of a job (in
 :meth:`ringtrain.jobs.service.share.Share.job_environ` and the job runner), which the job's own
 commands read: the job id, its folders, its inputs and outputs. ``RINGTRAIN_JOB_ID`` also marks a
@@ -20,6 +21,8 @@ PREFIX = "RINGTRAIN_"
 HOME = "RINGTRAIN_HOME"  # the service's home (database, share, server.json)
 URL = "RINGTRAIN_URL"  # talk to this server instead of the one of RINGTRAIN_HOME
 TOKEN = "RINGTRAIN_TOKEN"  # the bearer token of the server
+TOKEN_FILE = "RINGTRAIN_TOKEN_FILE"  # a file holding it (kept out of the environment, of `ps`)
+FINGERPRINT = "RINGTRAIN_FINGERPRINT"  # the certificate an https RINGTRAIN_URL must present
 
 JOB_ID = "RINGTRAIN_JOB_ID"
 SHARE_ROOT = "RINGTRAIN_SHARE_ROOT"

@@ -75,6 +75,11 @@ class AuthError(JobsError, PermissionError):
     http_status = 401
 
 
+class CertificateError(JobsError):
+    """An https server's certificate is not one this client trusts: not the pinned one (the
+    message names both fingerprints), or, without a pin, none that a CA vouches for."""
+
+
 class RecordError(JobsError, ValueError):
     """A record that one ringtrain process left for another (a launch or status file,
     ``server.json``, a stored launch handle) is missing, unreadable or lacks a field it needs."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.jobs import envvars
+from ringtrain.jobs.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,11 @@ class Home:
         return self.root / "cache"
 
     @property
+    def tls_folder(self) -> Path:
+        """The server's self-signed certificate and its key (``ringtrain server --tls``)."""
+        return self.root / "tls"
+
+    @property
     def plans_folder(self) -> Path:
         """Attempts' storage plans (mode 700: they hold credentials)."""
         return self.root / "plans"
@@ -86,7 +92,46 @@ def service_url(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get(envvars.URL) or None
 
 
-def service_token(environ: Mapping[str, str] | None = None) -> str | None:
-    """The bearer token given by ``RINGTRAIN_TOKEN``, if any."""
+def home_is_named(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``RINGTRAIN_HOME`` names a home: then commands use that home's server rather than
+    the service of ``ringtrain login`` (the environment is the more specific choice)."""
     environ = os.environ if environ is None else environ
-    return environ.get(envvars.TOKEN) or None
+    return bool(environ.get(envvars.HOME))
+
+
+def service_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token given by ``RINGTRAIN_TOKEN``, else read from ``RINGTRAIN_TOKEN_FILE``.
+
+    Raises:
+        InvalidRequestError: ``RINGTRAIN_TOKEN_FILE`` names a file that cannot be read or is
+            empty.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(envvars.TOKEN):
+        return environ[envvars.TOKEN]
+    path = environ.get(envvars.TOKEN_FILE)
+    return read_token_file(Path(path), envvars.TOKEN_FILE) if path else None
+
+
+def service_fingerprint(environ: Mapping[str, str] | None = None) -> str | None:
+    """The certificate fingerprint given by ``RINGTRAIN_FINGERPRINT``, as typed (the client
+    parses it)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(envvars.FINGERPRINT) or None
+
+
+def read_token_file(path: Path, what: str = "token file") -> str:
+    """The token in ``path`` (its first line, without surrounding space).
+
+    Raises:
+        InvalidRequestError: the file cannot be read, or holds no token; ``what`` names where
+            the path came from in the message.
+    """
+    try:
+        with open(path, "rb") as f:
+            token = f.read(4096).decode(errors="replace").strip()
+    except OSError as e:
+        raise InvalidRequestError(f"{what} {path}: cannot read it ({e.strerror})") from None
+    if not token:
+        raise InvalidRequestError(f"{what} {path} holds no token")
+    return token.splitlines()[0].strip()

@@ -28,6 +28,9 @@ class ServerInfo(BaseModel):
     token: str | None = None
     home: str
     started_at: float
+    #: The certificate of an https server (:mod:`ringtrain.jobs.cert_fingerprint`); ``None``
+    #: for plain HTTP, and in the files of servers older than TLS.
+    fingerprint: str | None = None
 
     def write(self, path: Path) -> None:
         """Replace ``path`` atomically; only the user may read it, since it may hold the token."""

@@ -37,6 +37,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port}; 0: free)")
     p.add_argument("--token", default=os.environ.get("RINGTRAIN_TOKEN"),
                    help="bearer token clients must send (default: RINGTRAIN_TOKEN)")
+    p.add_argument("--cert", help="serve HTTPS with this certificate (PEM; with --key)")
+    p.add_argument("--key", help="the certificate's private key (PEM, no passphrase)")
     p.add_argument("--name", default=d.model_name,
                    help=f"the model's name in /v2/models/NAME (default {d.model_name})")
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default cpu)")
@@ -62,8 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="once listening, write {\"url\", \"pid\"} here as JSON (deployments "
                         "find their replicas this way)")
     p.add_argument("--jobs-url", default=os.environ.get("RINGTRAIN_URL"),
-                   help="for a job id: the job service (default: RINGTRAIN_URL, else the "
-                        "server of RINGTRAIN_HOME)")
+                   help="for a job id: the job service (default: RINGTRAIN_URL, else as the "
+                        "job CLI finds it: the server of RINGTRAIN_HOME when set, the service "
+                        "of `ringtrain login`, the server of ~/.ringtrain)")
     p.add_argument("--secret",
                    help="for a URL: the named secret (`ringtrain secret set`) holding the "
                         "store's credentials (default: the store library's own sources)")
@@ -119,7 +122,7 @@ def main(argv: list[str]) -> int:
             queue_size=args.queue_size, timeout_s=args.timeout,
             max_body_bytes=int(args.max_body_mib * (1 << 20)),
             max_memory_bytes=int(args.max_memory_mib * (1 << 20)), drain_s=args.drain,
-            threads=args.threads)
+            threads=args.threads, cert_file=args.cert, key_file=args.key)
         with ExitStack() as stack:
             model = _model_path(args, stack)
 

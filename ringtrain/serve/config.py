@@ -28,6 +28,8 @@ class ServeConfig:
         threads: Torch's intra-op threads for the model; ``None``: one less than the cores this
             process may use (at least one), so that the event loop keeps a core while a batch
             runs instead of fighting torch's threads for it.
+        cert_file: A certificate (PEM) to serve HTTPS with; with ``key_file``, its key.
+        key_file: The certificate's private key (PEM, no passphrase).
     """
 
     host: str = "127.0.0.1"
@@ -43,9 +45,13 @@ class ServeConfig:
     max_memory_bytes: int = 1 << 30
     drain_s: float = 10.0
     threads: int | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     def __post_init__(self) -> None:
         bad = []
+        if (self.cert_file is None) != (self.key_file is None):
+            bad.append("--cert and --key go together: the certificate (PEM) and its key")
         if not 0 <= self.port <= 65535:
             bad.append(f"port {self.port} is not in 0..65535")
         if self.max_batch_size < 1:

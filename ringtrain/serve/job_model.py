@@ -1,8 +1,9 @@
 """``ringtrain serve JOB_ID``: fetch the saved model a job left, through the job service.
 
 The job service is found as the job CLI finds it (``--url``/``RINGTRAIN_URL``, else the server of
-``RINGTRAIN_HOME``; the token from ``RINGTRAIN_TOKEN`` or ``server.json``), never started here: a
-model server has no business starting a job service. The model is copied over HTTP, so the job
+``RINGTRAIN_HOME`` when it is set, else the service of ``ringtrain login``, else the server of
+``~/.ringtrain``; the token and pin with it), never started here: a model server has no business
+starting a job service. The model is copied over HTTP, so the job
 may have run on another machine.
 """
 

@@ -18,9 +18,13 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d, which Python 3.11 does not
+    # call loopback even for 127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def check_bind(host: str, token: str | None, service: str, reason: str) -> None:
@@ -59,10 +63,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def client_url(host: str, port: int) -> str:
-    """How a client on this host reaches a server bound to ``host:port``."""
+def client_url(host: str, port: int, tls: bool = False) -> str:
+    """How a client on this host reaches a server bound to ``host:port`` (``tls``: over
+    HTTPS)."""
     if host in ("0.0.0.0", "localhost"):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

@@ -212,12 +212,13 @@ def test_server_info_round_trip_private_and_previous_version(tmp_path: Path) -> 
     info.write(path)
     assert ServerInfo.read(path) == info
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    # `server status -o json` prints these keys, in this order, as it always did.
+    # `server status -o json` prints these keys, in this order, as it always did; a file of a
+    # server older than TLS (no fingerprint) is read as plain HTTP, and the new key comes last.
     old = {"pid": 5, "url": "http://127.0.0.1:8000", "host": "127.0.0.1", "port": 8000,
            "token": None, "home": "/h", "started_at": 1.5}
     path.write_text(json.dumps(old))
-    assert ServerInfo.read(path).model_dump(mode="json") == old
-    assert list(ServerInfo.read(path).model_dump()) == list(old)
+    assert ServerInfo.read(path).model_dump(mode="json") == {**old, "fingerprint": None}
+    assert list(ServerInfo.read(path).model_dump()) == [*old, "fingerprint"]
 
 
 @pytest.mark.parametrize("content, why", [

@@ -1,4 +1,4 @@
-"""`ringtrain job|cluster|server ...`: a thin shell over the client, one module per group.
+"""`ringtrain job|cluster|server|login ...`: a thin shell over the client, one module per group.
 
 Exit codes: 0 done; 1 the operation failed (unknown id, wrong state, no server, a followed job
 that did not succeed); 2 invalid input (a bad spec, flag or path).
@@ -12,11 +12,22 @@ import os
 import sys
 
 from ringtrain.errors import ConfigError
-from ringtrain.jobs.cli import cluster, dashboard, deployment, job, output, secret, server
+from ringtrain.jobs.cli import (
+    cluster,
+    dashboard,
+    deployment,
+    job,
+    login,
+    logout,
+    output,
+    secret,
+    server,
+)
+from ringtrain.jobs.cli.args import add_server_options
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, SpecError
 
 _GROUPS = {"job": job, "cluster": cluster, "server": server, "deployment": deployment,
-           "dashboard": dashboard, "secret": secret}
+           "dashboard": dashboard, "secret": secret, "login": login, "logout": logout}
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -24,15 +35,13 @@ def common_options() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("-o", "--output", choices=["table", "json"], default="table",
                         help="table (default) or json: one JSON document on stdout")
-    parent.add_argument("--url", help="talk to this server (default: RINGTRAIN_URL, else the "
-                                      "server of RINGTRAIN_HOME, started if needed)")
-    parent.add_argument("--token", help="bearer token of the server (default: RINGTRAIN_TOKEN)")
+    add_server_options(parent)
     return parent
 
 
 def main(argv: list[str]) -> int:
-    """Run one command; ``argv[0]`` is the group (job, cluster, server, deployment or
-    dashboard)."""
+    """Run one command; ``argv[0]`` is the group (job, cluster, server, deployment, dashboard,
+    secret, login or logout)."""
     group = _GROUPS[argv[0]]
     parser = argparse.ArgumentParser(prog=f"ringtrain {argv[0]}", description=group.__doc__)
     group.add_commands(parser, common_options())

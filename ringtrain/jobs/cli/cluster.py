@@ -11,8 +11,7 @@ import argparse
 from pydantic import ValidationError
 
 from ringtrain.jobs.cli import output
-from ringtrain.jobs.cli.args import cluster_name
-from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.cli.args import cluster_name, connect_from
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec
 from ringtrain.jobs.models.spec import validation_errors
@@ -78,30 +77,30 @@ def _create(args: argparse.Namespace) -> int:
                            address="local" if args.local else args.address)
     except ValidationError as e:
         raise SpecError(validation_errors(e, ClusterSpec), "cluster") from None
-    return _show_one(args, connect(url=args.url, token=args.token).create_cluster(spec))
+    return _show_one(args, connect_from(args).create_cluster(spec))
 
 
 def _list(args: argparse.Namespace) -> int:
-    clusters = connect(url=args.url, token=args.token).list_clusters()
+    clusters = connect_from(args).list_clusters()
     output.emit(args.output, clusters,
                 lambda: output.clusters_table(clusters) if clusters else "no clusters")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    return _show_one(args, connect(url=args.url, token=args.token).get_cluster(args.name))
+    return _show_one(args, connect_from(args).get_cluster(args.name))
 
 
 def _resize(args: argparse.Namespace) -> int:
     if args.nodes is None and args.slots is None:
         raise SpecError([{"field": "nodes", "message": "give --nodes N, --slots S, or both"}],
                         "cluster")
-    return _show_one(args, connect(url=args.url, token=args.token).resize_cluster(
+    return _show_one(args, connect_from(args).resize_cluster(
         args.name, args.nodes, args.slots))
 
 
 def _delete(args: argparse.Namespace) -> int:
-    info = connect(url=args.url, token=args.token).delete_cluster(args.name)
+    info = connect_from(args).delete_cluster(args.name)
     if args.output == "json":
         output.emit_json(info)
     elif info.current_nodes == 0:

@@ -11,23 +11,21 @@ import argparse
 import webbrowser
 
 from ringtrain.jobs.cli import output
-from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.cli.args import add_server_options, connect_from
 
 
 def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     """`dashboard` has no subcommands: it takes ``--open`` and the options of every command."""
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table",
                         help="table (default: the URL alone) or json: {\"url\": ...}")
-    parser.add_argument("--url", help="the server (default: RINGTRAIN_URL, else the server of "
-                                      "RINGTRAIN_HOME, started if needed)")
-    parser.add_argument("--token", help="bearer token of the server (default: RINGTRAIN_TOKEN)")
+    add_server_options(parser)
     parser.add_argument("--open", action="store_true",
                         help="also open the URL in this machine's web browser")
     parser.set_defaults(func=_dashboard)
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    client = connect(url=args.url, token=args.token)
+    client = connect_from(args)
     try:
         url = client.dashboard_url()
     finally:

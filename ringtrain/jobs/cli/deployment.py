@@ -7,8 +7,7 @@ import sys
 import time
 
 from ringtrain.jobs.cli import output
-from ringtrain.jobs.cli.args import job_id
-from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.cli.args import connect_from, job_id
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
 
@@ -37,6 +36,8 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1", "::1"],
                    help="loopback address to listen on (the front has no token of its own)")
     p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.add_argument("--cert", help="serve HTTPS with this certificate (PEM; with --key)")
+    p.add_argument("--key", help="the certificate's private key (PEM, no passphrase)")
     p.set_defaults(func=_front)
     p = sub.add_parser("stop", parents=[common],
                        help="stop a deployment (requests in flight are answered first)")
@@ -75,7 +76,7 @@ def outcome(client: JobsClient, info: DeploymentInfo, waited_s: float) -> int:
 
 
 def _client(args: argparse.Namespace) -> JobsClient:
-    return connect(url=args.url, token=args.token)
+    return connect_from(args)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -104,8 +105,11 @@ def _front(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from ringtrain.jobs.service.api.server_cert import given_certificate
     from ringtrain.jobs.service.front_proxy import Backends, create_front
 
+    # Checked first: a certificate that cannot serve ends the command before anything else.
+    cert = given_certificate(args.cert, args.key) if args.cert or args.key else None
     client = _client(args)
     info = client.get_deployment(args.id)
     if not info.urls:
@@ -118,9 +122,13 @@ def _front(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     host, port = sock.getsockname()[:2]
-    print(f"front of deployment {info.id} at http://{host}:{port} -> {len(info.urls)} "
-          f"replica(s), round robin; Ctrl-C stops it", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    where = f"{'https' if cert else 'http'}://{f'[{host}]' if ':' in host else host}:{port}"
+    print(f"front of deployment {info.id} at {where} -> "
+          f"{len(info.urls)} replica(s), round robin; Ctrl-C stops it"
+          + (f"; certificate {cert.fingerprint}" if cert else ""), flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                  **(cert.files.uvicorn_options() if cert else {}))
+                   ).run(sockets=[sock])
     return 0
 
 

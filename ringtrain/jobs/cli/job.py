@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.jobs.cli import deployment, output
-from ringtrain.jobs.cli.args import cluster_name, experiment_name, job_id
-from ringtrain.jobs.client.connection import connect
+from ringtrain.jobs.cli.args import cluster_name, connect_from, experiment_name, job_id
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import SpecError
 from ringtrain.jobs.files.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
@@ -96,7 +95,7 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
 
 
 def _client(args: argparse.Namespace) -> JobsClient:
-    return connect(url=args.url, token=args.token)
+    return connect_from(args)
 
 
 def _resolve_paths(spec: JobSpec) -> JobSpec:

@@ -12,6 +12,7 @@ from ringtrain.jobs.client.connection import running_server, start_server, stop_
 from ringtrain.jobs.client.known_homes import remember
 from ringtrain.jobs.home import Home, service_token
 from ringtrain.jobs.server_info import ServerInfo
+from ringtrain.jobs.service.api.server_cert import CertificateSource
 from ringtrain.jobs.service.executors.registry import add_server_options
 from ringtrain.jobs.service.storage_plans import DEFAULT_CACHE_GB
 from ringtrain.storage.transfers import DEFAULT_CONCURRENCY
@@ -26,6 +27,16 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                                         "RINGTRAIN_TOKEN, else the home's token file)")
     parser.add_argument("--public-host", help="the host name remote clients use in their URL; "
                                               "needed with --host 0.0.0.0")
+    tls = parser.add_argument_group("TLS (docs/jobs.md, Remote clients and TLS)")
+    tls.add_argument("--tls", action="store_true",
+                     help="serve HTTPS; without --cert/--key with a self-signed certificate "
+                          "made once in HOME/tls/ (its fingerprint is printed, and shown by "
+                          "`ringtrain server status`, for clients to pin)")
+    tls.add_argument("--cert", type=Path, help="the certificate to serve (PEM; implies --tls)")
+    tls.add_argument("--key", type=Path, help="its private key (PEM, no passphrase)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="also take requests from other machines over plain HTTP (their token "
+                          "crosses the network in the clear); without it they get 403")
     storage = parser.add_argument_group("object storage (docs/storage.md)")
     storage.add_argument("--cache-dir", type=Path,
                          help="the node cache of staged inputs (default: HOME/cache)")
@@ -52,8 +63,11 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("ringtrain").setLevel(logging.INFO)
     home = Home.from_environ()
     remember(home)
+    tls = None
+    if args.tls or args.cert is not None or args.key is not None:
+        tls = CertificateSource(args.cert, args.key)
     serve(home, args.host, args.port, args.token or service_token(), args.public_host,
-          vars(args))
+          vars(args), tls=tls, insecure=args.insecure)
     return 0
 
 
@@ -65,6 +79,8 @@ def _report(args: argparse.Namespace, info: ServerInfo | None, verb: str) -> int
         print(f"no server runs for {Home.from_environ().root}")
     else:
         print(f"server {verb}: pid {info.pid} at {info.url} (home {info.home})")
+        if info.fingerprint:  # what remote clients pin: `ringtrain login URL --fingerprint`
+            print(f"certificate fingerprint: {info.fingerprint}")
         if verb != "stopped":  # a browser sends no bearer header: the link sets a cookie once
             print(f"API docs in a browser: {info.url}/docs?token=TOKEN, TOKEN being the "
                   f"contents of {Path(info.home) / 'token'}")

@@ -6,6 +6,9 @@ supervising jobs until ``ringtrain server stop``. Starting one says so on stderr
 the home is new and which other homes have a server (:mod:`ringtrain.jobs.client.known_homes`): a
 command run with another ``RINGTRAIN_HOME`` than the one that holds the jobs must not look like
 a service that lost them.
+
+A service elsewhere is chosen first when a flag, the environment or ``ringtrain login`` names
+one (the order: :mod:`ringtrain.jobs.client.endpoint`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import sys
 import time
 
 from ringtrain.jobs import envvars
+from ringtrain.jobs.client.endpoint import Endpoint, given_endpoint, login_endpoint
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.client.known_homes import elsewhere_hint, remember
 from ringtrain.jobs.errors import JobsError, ServiceUnavailableError
-from ringtrain.jobs.home import Home, service_token, service_url
+from ringtrain.jobs.home import Home, home_is_named, service_token
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.proc_stat import is_alive
 
@@ -39,7 +43,10 @@ def running_server(home: Home) -> ServerInfo | None:
     info = read_server_file(home)
     if info is None or not is_alive(info.pid, None):
         return None
-    client = JobsClient(info.url, info.token, timeout_s=5)
+    try:
+        client = JobsClient(info.url, info.token, timeout_s=5, fingerprint=info.fingerprint)
+    except JobsError:
+        return None
     try:
         if client.health().pid != info.pid:
             return None
@@ -75,23 +82,34 @@ def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
 
 
 def connect(home: Home | None = None, url: str | None = None, token: str | None = None,
-            autostart: bool = True) -> JobsClient:
-    """A client of the server at ``url`` (or ``RINGTRAIN_URL``), else of the home's server.
+            autostart: bool = True, fingerprint: str | None = None) -> JobsClient:
+    """A client of the server at ``url`` (or ``RINGTRAIN_URL``), else of the named home's
+    server, else of the current service of ``ringtrain login``, else of the default home's
+    server (the order in full: :mod:`ringtrain.jobs.client.endpoint`).
 
     Args:
-        home: the service home (default: ``RINGTRAIN_HOME``).
+        home: the service home (default: ``RINGTRAIN_HOME``); given, it comes before a login.
         url: an explicit server; never auto-started.
-        token: its bearer token (default: ``RINGTRAIN_TOKEN``, or the one in server.json).
+        token: its bearer token (default: ``RINGTRAIN_TOKEN`` or ``RINGTRAIN_TOKEN_FILE``, the
+            login's, or the one in server.json).
         autostart: start the home's server if none runs (also when the client reconnects);
             without, ServiceUnavailableError.
+        fingerprint: the certificate an https ``url`` must show (default:
+            ``RINGTRAIN_FINGERPRINT``, or the pin of a login at that URL).
+
+    Raises:
+        CertificateError: an https server shows another certificate than its pin.
+        ServiceUnavailableError: no server answers (and none could be started).
     """
-    url = url or service_url()
+    endpoint = given_endpoint(url, token, fingerprint)
+    if endpoint is None and home is None and not home_is_named():
+        endpoint = login_endpoint(token)
+    if endpoint is not None:
+        return JobsClient.of(endpoint)
     token = token or service_token()
-    if url:
-        return JobsClient(url, token)
     home = home or Home.from_environ()
 
-    def locate() -> tuple[str, str | None]:
+    def locate() -> Endpoint:
         # The home's server now: after a restart it may listen on another port.
         info = running_server(home)
         if info is None:
@@ -104,9 +122,9 @@ def connect(home: Home | None = None, url: str | None = None, token: str | None 
             print(f"ringtrain: started the job service for {home.root} (pid {info.pid}; log "
                   f"{home.server_log})" + ("; a new home: no clusters or jobs yet" if new else "")
                   + (f". {hint[0].upper()}{hint[1:]}" if hint else ""), file=sys.stderr)
-        return info.url, token or info.token
+        return Endpoint(info.url, token or info.token, info.fingerprint)
 
-    return JobsClient(*locate(), locate=locate)
+    return JobsClient.of(locate(), locate=locate)
 
 
 def stop_server(home: Home, timeout_s: float = 15.0) -> ServerInfo | None:

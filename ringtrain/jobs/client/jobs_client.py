@@ -8,10 +8,15 @@ are checked against their patterns and escaped before they go into a URL, so
 A submit (retried with the same idempotency key, so never two jobs), a download and a followed log
 (resumed where they stopped) outlive a lost connection: the client backs off and, given a
 ``locate`` function, finds the server again, which may listen on another port after a restart.
+
+An https server given a fingerprint is trusted by that pin alone
+(:mod:`ringtrain.jobs.client.pinning`): its certificate is read and compared once when the
+client opens, and is then the only one its connections accept.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,8 +27,11 @@ from urllib.parse import quote
 
 import httpx
 
+from ringtrain.jobs.client.endpoint import Endpoint
+from ringtrain.jobs.client.pinning import explain_failed_handshake, pinned_context
 from ringtrain.jobs.errors import (
     AuthError,
+    CertificateError,
     ConflictError,
     InvalidRequestError,
     JobsError,
@@ -51,8 +59,8 @@ _BY_STATUS: dict[int, type[JobsError]] = {
     503: ServiceUnavailableError,  # busy: a download waits and asks again
 }
 T = TypeVar("T")
-#: Finds the server again after a lost connection: its url and token.
-Locate = Callable[[], tuple[str, "str | None"]]
+#: Finds the server again after a lost connection: its url, token and pin.
+Locate = Callable[[], Endpoint]
 
 
 class JobsClient:
@@ -65,21 +73,39 @@ class JobsClient:
         locate: finds the server again after a lost connection (default: the same url).
         reconnect_s: how long a submit or a followed log keeps trying to reach the server
             without progress before it gives up.
+        fingerprint: for an https ``url``, the certificate the server must show (a pin);
+            without, the server's certificate must be one a CA of this machine vouches for.
+
+    Raises:
+        CertificateError: an https server shows another certificate than ``fingerprint``.
+        ServiceUnavailableError: with a ``fingerprint``, the server could not be reached to
+            read its certificate.
     """
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
-                 locate: Locate | None = None, reconnect_s: float = 60.0):
+                 locate: Locate | None = None, reconnect_s: float = 60.0,
+                 fingerprint: str | None = None):
         self._timeout_s = timeout_s
         self._locate = locate
         self.reconnect_s = reconnect_s
-        self._open(url, token)
+        self._open(Endpoint(url, token, fingerprint))
 
-    def _open(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
-        self._token = token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    @classmethod
+    def of(cls, endpoint: Endpoint, **options: Any) -> JobsClient:
+        """A client of ``endpoint`` (``options``: those of the constructor)."""
+        return cls(endpoint.url, endpoint.token, fingerprint=endpoint.fingerprint, **options)
+
+    def _open(self, endpoint: Endpoint) -> None:
+        url = endpoint.url.rstrip("/")
+        verify: ssl.SSLContext | bool = True
+        if url.startswith("https://") and endpoint.fingerprint is not None:
+            verify = pinned_context(url, endpoint.fingerprint, min(self._timeout_s, 10.0))
+        self.url = url
+        self._token = endpoint.token
+        self._fingerprint = endpoint.fingerprint
+        headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
         self._http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers,
-                                  timeout=self._timeout_s)
+                                  timeout=self._timeout_s, verify=verify)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -91,12 +117,19 @@ class JobsClient:
         if self._locate is None:
             return
         try:
-            url, token = self._locate()
-        except JobsError:  # not back yet: the next try fails, and backs off
+            found = self._locate()
+            if (found.url.rstrip("/"), found.token, found.fingerprint) \
+                    == (self.url, self._token, self._fingerprint):
+                return
+            old = self._http
+            self._open(found)  # a certificate that is not the pinned one is raised
+        except ServiceUnavailableError:  # not back yet: the next try fails, and backs off
             return
-        if (url.rstrip("/"), token) != (self.url, self._token):
-            self._http.close()
-            self._open(url, token)
+        except CertificateError:
+            raise
+        except JobsError:
+            return
+        old.close()
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """``call()``, tried again while the server cannot be reached (for ``reconnect_s``)."""
@@ -116,7 +149,10 @@ class JobsClient:
         _raise_for(response)
         return None if response.status_code == 204 else response.json()
 
-    def _unreachable(self, cause: Exception) -> ServiceUnavailableError:
+    def _unreachable(self, cause: Exception) -> JobsError:
+        untrusted = explain_failed_handshake(self.url, self._fingerprint, cause)
+        if untrusted is not None:  # not a lost connection: trying again cannot help
+            return untrusted
         return ServiceUnavailableError(f"cannot reach the job service at {self.url}: {cause}")
 
     @contextmanager

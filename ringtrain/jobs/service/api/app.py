@@ -41,12 +41,14 @@ from ringtrain.jobs.service.deployments import Deployments
 from ringtrain.jobs.service.job_service import JobService
 from ringtrain.web.offline_docs import add_offline_docs
 from ringtrain.web.request_timing import RequestTiming
+from ringtrain.web.transport_guard import PlainHttpGuard
 
 
 def create_app(service: JobService, token: str | None = None, home: str = "",
                lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
                allowed_hosts: Collection[str] | None = None,
-               deployments: Deployments | None = None) -> FastAPI:
+               deployments: Deployments | None = None,
+               refuse_plain_http_from_network: bool = False) -> FastAPI:
     """Build the app.
 
     Args:
@@ -58,6 +60,9 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
             :func:`ringtrain.jobs.service.api.auth.allowed_hosts`); ``None`` answers any.
         deployments: the deployments' operations (the server's runs their fronts); default:
             ones of ``service`` without fronts.
+        refuse_plain_http_from_network: answer 403 to requests from other machines over plain
+            HTTP, before their token is looked at (:mod:`ringtrain.web.transport_guard`); the
+            server sets it unless started with ``--insecure``.
     """
     app = FastAPI(title="ringtrain job service", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None,  # /docs: offline (add_offline_docs)
@@ -70,6 +75,11 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     app.add_middleware(RequestTiming, observe=metrics.observe_request)
     if token is not None:
         app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
+    if refuse_plain_http_from_network:  # outermost: a token sent in the clear is never read
+        app.add_middleware(PlainHttpGuard, remedy="start the server with --tls (clients then "
+                                                  "pin its certificate: `ringtrain login "
+                                                  "https://HOST:PORT`), or with --insecure on a "
+                                                  "network you trust")
     _add_error_handlers(app)
 
     @app.get(API_PREFIX + "/health", responses=ERRORS)

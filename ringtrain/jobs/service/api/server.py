@@ -1,10 +1,13 @@
 """Serving the job service: ``ringtrain server`` runs the API and the scheduler loop in one process.
 
-One server per home (an flock on ``server.lock``); its address, pid and token go to
-``server.json`` so the CLI finds it. Every request needs the home's token (or the one given with
-``--token``), and must name the server in its Host header
+One server per home (an flock on ``server.lock``); its address, pid, token and certificate
+fingerprint go to ``server.json`` so the CLI finds it. Every request needs the home's token (or
+the one given with ``--token``), and must name the server in its Host header
 (:mod:`ringtrain.jobs.service.api.auth`). Binding off loopback needs a token given explicitly, the
-one remote clients will be handed.
+one remote clients will be handed, and that token must not cross the network in the clear: with
+``--tls`` the server speaks HTTPS (:mod:`ringtrain.jobs.service.api.server_cert`); without it,
+requests from other machines are refused (:mod:`ringtrain.web.transport_guard`) unless the owner
+said ``--insecure``, and binding every interface without either is refused outright.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from ringtrain.jobs.errors import ConflictError, RecordError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.jobs.service.api.auth import allowed_hosts, home_token, is_wildcard
-from ringtrain.web.exposure import bind_socket, check_bind, client_url
+from ringtrain.jobs.service.api.server_cert import CertificateSource
+from ringtrain.web.exposure import bind_socket, check_bind, client_url, is_loopback
 
 if TYPE_CHECKING:
     from ringtrain.jobs.service.deployments import Deployments
@@ -39,14 +43,22 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.0005
 
 
-def check_job_service_bind(host: str, token: str | None, public_host: str | None = None) -> None:
+def check_job_service_bind(host: str, token: str | None, public_host: str | None = None,
+                           tls: bool = False, insecure: bool = False) -> None:
     """Refuse (ConfigError) a non-loopback address without a token, and a wildcard one without
-    a public name (``public_host``: the name clients use)."""
+    a public name (``public_host``: the name clients use) or without ``tls`` (unless
+    ``insecure``: the owner accepts tokens in the clear)."""
     check_bind(host, token, "the job service", "it runs commands on this host")
     if is_wildcard(host) and not public_host:
         raise ConfigError(f"binding the job service to {host} answers on every address of this "
                           "host: pass --public-host NAME, the host name clients put in their URL "
                           "(requests naming another host are refused, against DNS rebinding)")
+    if is_wildcard(host) and not (tls or insecure):
+        raise ConfigError(f"binding the job service to {host} without TLS would take tokens "
+                          "over the network in the clear: pass --tls (a self-signed certificate "
+                          "made once in the home, whose fingerprint clients pin with `ringtrain "
+                          "login`) or --cert/--key; or --insecure to serve plain HTTP anyway, on "
+                          "a network you trust")
 
 
 def _lock(home: Home) -> IO[str]:
@@ -66,7 +78,8 @@ def _lock(home: Home) -> IO[str]:
 
 
 def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-          public_host: str | None = None, options: Mapping[str, Any] | None = None) -> None:
+          public_host: str | None = None, options: Mapping[str, Any] | None = None,
+          tls: CertificateSource | None = None, insecure: bool = False) -> None:
     """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
 
     Args:
@@ -75,9 +88,13 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
             home's own (:func:`ringtrain.jobs.service.api.auth.home_token`).
         public_host: the name remote clients use in their URL (required for a wildcard host).
         options: the backends' own flags of ``ringtrain server``, by ``dest``.
+        tls: serve HTTPS, with the certificate it names (given files, or the home's
+            self-signed one, made on the first such start).
+        insecure: answer requests from other machines over plain HTTP too (their token
+            crosses the network in the clear); without, they get 403 saying why.
 
     Raises:
-        ConfigError: as :func:`check_job_service_bind`.
+        ConfigError: as :func:`check_job_service_bind`, or a certificate that cannot serve.
         ConflictError: another server already serves this home.
         RecordError: the home's token file is unsafe or damaged.
     """
@@ -87,28 +104,45 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
     from ringtrain.jobs.service.api.app import create_app
     from ringtrain.jobs.service.deployments import Deployments
 
-    check_job_service_bind(host, token, public_host)
+    check_job_service_bind(host, token, public_host, tls is not None, insecure)
     home.ensure()
     token = token or home_token(home)
     lock = _lock(home)
-    sock = bind_socket(host, port)
+    try:  # made under the lock: two servers of one home never make two certificates
+        cert = None if tls is None else tls.load(home, (host, public_host or ""))
+        sock = bind_socket(host, port)
+    except BaseException:
+        lock.close()
+        raise
     service = _job_service(home, options or {})
     deployments = Deployments(service, fronts=True)
     bound_port = sock.getsockname()[1]
     app = create_app(service, token=token, home=str(home.root),
                      lifespan=_lifespan(service, deployments),
                      allowed_hosts=allowed_hosts(host, bound_port, public_host),
-                     deployments=deployments)
-    info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port), host=host,
-                      port=bound_port, token=token, home=str(home.root), started_at=time.time())
+                     deployments=deployments, refuse_plain_http_from_network=not insecure)
+    info = ServerInfo(pid=os.getpid(), url=client_url(host, bound_port, tls=cert is not None),
+                      host=host, port=bound_port, token=token, home=str(home.root),
+                      started_at=time.time(), fingerprint=cert.fingerprint if cert else None)
     info.write(home.server_file)
     log.info("ringtrain job service at %s (home %s)", info.url, home.root)
+    if cert is not None:
+        log.info("TLS certificate %s%s, fingerprint %s", cert.files.cert,
+                 " (self-signed)" if cert.self_signed else "", cert.fingerprint)
+    elif not is_loopback(host) and not insecure:
+        log.warning("serving plain HTTP on %s: requests from other machines are refused (their "
+                    "token would cross the network in the clear); pass --tls to serve them",
+                    host)
     try:
         # The event loop shares the GIL with the threads that walk folders and read logs: at
         # Python's default 5 ms interval a health check waits several such slices (300 ms
         # with a million-file download made in a thread, on 2 cores), at 0.5 ms a tenth.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+        # proxy_headers off: a peer's address and scheme are the socket's, never what an
+        # X-Forwarded-* header claims (the transport guard decides on them).
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                proxy_headers=False,
+                                **(cert.files.uvicorn_options() if cert else {}))
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         try:
