@@ -197,8 +197,13 @@ def _assert_secret_nowhere(store: Store, home: Home, url: str, job_ids: list[str
             if len("".join(answers)) > 2000:
                 break
     texts = [extra, *answers]
+    # the credentials' own places: the secrets, and the plans of attempts still running (mode
+    # 600, removed as each attempt ends)
+    for plan in home.plans_folder.glob("*.json"):
+        assert plan.stat().st_mode & 0o777 == 0o600
+    private = ("secrets", "plans", "cache")
     for path in home.root.rglob("*"):
-        if path.is_file() and "secrets" not in path.parts and "cache" not in path.parts:
+        if path.is_file() and not set(private) & set(path.relative_to(home.root).parts):
             texts.append(path.read_bytes().decode(errors="replace"))
     env = subprocess.run([sys.executable, "-m", "ringtrain.cli", "env"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "RINGTRAIN_HOME":
@@ -254,6 +259,7 @@ def test_a_killed_stager_and_service_resume_without_fetching_again(
     assert resumed >= done_before
     sums = json.loads((Path(job["job_dir"]) / "outputs" / "sums" / "s.json").read_text())
     assert sums == digests  # every file whole, none partial, none fetched twice wrongly
+    assert not list(home.plans_folder.glob(f"{job_id}.*")), "a plan outlived its attempt"
 
 
 def _object_reads(store: Store) -> int | None:

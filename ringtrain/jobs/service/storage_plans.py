@@ -85,6 +85,10 @@ class StorageSettings:
             json.dump(plan, f)
         return str(path)
 
+    def remove_plan(self, job: JobInfo) -> None:
+        """Remove the plan of ``job``'s current attempt, if it is still there."""
+        (self.plans_folder / f"{job.id}.{job.attempt}.json").unlink(missing_ok=True)
+
     def _options(self, source: InputSource) -> dict[str, str]:
         options = dict(self.secrets.get(source.secret)) if source.secret else {}
         if source.endpoint_url:

@@ -155,6 +155,8 @@ class LocalExecutor:
         proc = self._children.pop(job.id, None)
         if proc is not None:
             proc.wait()
+        if self.storage is not None:  # a runner killed before it could remove its plan
+            self.storage.remove_plan(job)
 
     def _create_cgroup(self, job: JobInfo) -> str | None:
         if self._cgroups is None:
