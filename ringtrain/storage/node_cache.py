@@ -171,13 +171,38 @@ class NodeCache:
         os.replace(partial, folder)
         return Entry(key, folder, total)
 
-    def hold(self, key: str, holder: str, pid: int) -> None:
-        """Mark entry ``key`` used by ``holder`` (a job attempt) for as long as process ``pid``
-        lives, and as recently used."""
-        path = self._dir("holds") / key
-        path.mkdir(exist_ok=True)
-        (path / holder).write_text(json.dumps({"pid": pid, "start": _process_start(pid)}))
-        os.utime(self.root / "entries" / key / MANIFEST)
+    @contextmanager
+    def _cache_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
+        """The cache-wide lock under which entries are held and evicted, so that an entry is
+        never evicted between a job finding it and holding it. Held for file operations only."""
+        fd = os.open(self._dir("locks") / "cache.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise CacheError(f"the node cache's lock ({self.root}/locks/cache.lock) "
+                                         f"was busy for {timeout_s:.0f} s") from None
+                    time.sleep(_LOCK_POLL_S / 4)
+            yield
+        finally:
+            os.close(fd)
+
+    def hold(self, key: str, holder: str, pid: int) -> Entry | None:
+        """The complete entry ``key``, marked used by ``holder`` (a job attempt) for as long as
+        process ``pid`` lives and as recently used; None if there is no such entry."""
+        with self._cache_lock():
+            entry = self.complete(key)
+            if entry is None:
+                return None
+            path = self._dir("holds") / key
+            path.mkdir(exist_ok=True)
+            (path / holder).write_text(json.dumps({"pid": pid, "start": _process_start(pid)}))
+            os.utime(entry.folder / MANIFEST)
+        return entry
 
     def release(self, holder: str) -> None:
         """Drop every hold of ``holder``."""
@@ -216,27 +241,30 @@ class NodeCache:
         """
         if needed > self.max_bytes:
             raise CacheError(f"the data is {needed:,} bytes but the node cache holds at most "
-                             f"{self.max_bytes:,}; raise the cluster's cache bound")
+                             f"{self.max_bytes:,}; raise the server's --cache-max-gb")
         evicted = []
-        entries = self.entries()
-        used = sum(e.bytes for _, e in entries)
-        for _, entry in entries:
-            if used + needed <= self.max_bytes:
-                break
-            if entry.key == keep or self._held(entry.key):
-                continue
-            self.remove(entry.key)
-            used -= entry.bytes
-            evicted.append(entry.key)
-        return evicted
+        with self._cache_lock():
+            entries = self.entries()
+            used = sum(e.bytes for _, e in entries)
+            for _, entry in entries:
+                if used + needed <= self.max_bytes:
+                    break
+                if entry.key == keep or self._held(entry.key):
+                    continue
+                evicted.append(self._trash(entry.key))
+                used -= entry.bytes
+        for trash in evicted:
+            self._delete(trash)
+        return [t.name.rsplit("-", 1)[0] for t in evicted]
 
-    def remove(self, key: str) -> None:
-        """Take entry ``key`` out of view at once, then delete its files."""
+    def _trash(self, key: str) -> Path:
+        """Take entry ``key`` out of view at once (a rename); its files are deleted later."""
         trash = self._dir("trash") / f"{key}-{uuid.uuid4().hex[:8]}"
-        try:
-            os.replace(self.root / "entries" / key, trash)
-        except FileNotFoundError:
-            return
+        os.replace(self.root / "entries" / key, trash)
+        return trash
+
+    @staticmethod
+    def _delete(trash: Path) -> None:
         for dirpath, _, _ in os.walk(trash):
             os.chmod(dirpath, stat.S_IRWXU)
         shutil.rmtree(trash, ignore_errors=True)

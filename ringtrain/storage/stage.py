@@ -38,7 +38,7 @@ def stage_input(name: str, url: str, options: Mapping[str, Any], cache: NodeCach
     archive = (not is_folder and scheme_of(url) in ("http", "https")
                and objects[0].relpath.lower().endswith(ARCHIVES))
     key = entry_key(url, objects)
-    entry = cache.complete(key)
+    entry = cache.hold(key, holder, holder_pid)
     if entry is None:
         total = sum(o.size for o in objects)
         busy = f"{name}: another job or node stages {url} here; waiting for it"
@@ -59,12 +59,11 @@ def stage_input(name: str, url: str, options: Mapping[str, Any], cache: NodeCach
                 if archive:
                     _unpack(partial / "data" / objects[0].relpath, partial / "data")
                 cache.publish(key, partial, url, objects)
-        entry = cache.complete(key)
+        entry = cache.hold(key, holder, holder_pid)
         if entry is None:
             raise RuntimeError(f"the cache entry of {url} vanished right after staging")
     else:
         write(f"{name}: {url} is in this node's cache ({len(objects):,} files)")
-    cache.hold(key, holder, holder_pid)
     if is_folder or archive:
         return entry.data
     return entry.data / objects[0].relpath
