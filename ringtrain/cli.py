@@ -20,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "secret": ("ringtrain.jobs.cli", "keep object storage credentials in the service's home"),
     "login": ("ringtrain.jobs.cli", "use a job service on another machine (URL, token, pin)"),
     "logout": ("ringtrain.jobs.cli", "forget a job service of `ringtrain login`"),
+    "token": ("ringtrain.jobs.cli", "create, list and revoke scoped tokens (read, submit)"),
     "serve": ("ringtrain.serve.cli", "serve a trained model over HTTP (KServe v2, images)"),
     "data": ("ringtrain.data.cli", "build data sets on disk (image folders, COCO, packed)"),
     "doctor": ("ringtrain.doctor.cli", "find and fix input-pipeline bottlenecks"),

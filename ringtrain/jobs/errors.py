@@ -70,9 +70,17 @@ class BusyError(JobsError):
 
 
 class AuthError(JobsError, PermissionError):
-    """A request lacked the bearer token the server was started with."""
+    """A request lacked a valid token: none, a wrong one, or a scoped one that was revoked or
+    has expired (the message says which)."""
 
     http_status = 401
+
+
+class ForbiddenError(JobsError, PermissionError):
+    """The caller's token is valid but its scope does not allow the request (the message names
+    the scope and what it allows)."""
+
+    http_status = 403
 
 
 class CertificateError(JobsError):

@@ -65,7 +65,8 @@ def fuzzed(served: tuple[Home, str], tmp_path_factory: pytest.TempPathFactory
 def operations() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) of every route; negative cases only where there is input to spoil."""
     plain = {("GET", "/v1/health"), ("GET", "/v1/clusters"), ("GET", "/v1/deployments"),
-             ("GET", "/v1/host"), ("GET", "/v1/deployment-metrics"), ("GET", "/v1/progress")}
+             ("GET", "/v1/host"), ("GET", "/v1/deployment-metrics"), ("GET", "/v1/progress"),
+             ("GET", "/v1/tokens")}
     routes = [("GET", "/v1/health"), ("GET", "/v1/clusters"), ("POST", "/v1/clusters"),
               ("GET", "/v1/clusters/{name}"), ("PATCH", "/v1/clusters/{name}"),
               ("DELETE", "/v1/clusters/{name}"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs"),
@@ -80,7 +81,10 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
               ("GET", "/v1/jobs/{job_id}/scalars"), ("GET", "/v1/host"),
               ("GET", "/v1/deployment-metrics"), ("GET", "/v1/progress"),
               # The only job never runs: no drawn stack dump reaches a process.
-              ("GET", "/v1/jobs/{job_id}/ranks"), ("POST", "/v1/jobs/{job_id}/ranks/{rank}/stack")]
+              ("GET", "/v1/jobs/{job_id}/ranks"), ("POST", "/v1/jobs/{job_id}/ranks/{rank}/stack"),
+              # Scoped tokens (the admin's routes): drawn ones are made, listed and revoked.
+              ("POST", "/v1/tokens"), ("GET", "/v1/tokens"),
+              ("POST", "/v1/tokens/{token_id}/revoke")]
     return [(m, p, mode) for m, p in routes for mode in GenerationMode
             if mode == GenerationMode.POSITIVE or (m, p) not in plain]
 
@@ -132,7 +136,7 @@ def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str,
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("a log line\n")
     valid = {"job_id": job_id, "deployment_id": job_id, "name": "fuzz", "path": "outputs",
-             "follow": "false", "rank": "0"}
+             "follow": "false", "rank": "0", "token_id": "0123456789ab"}  # a token never made
     schema = httpx.get(f"{fuzzed['url']}/openapi.json", headers=fuzzed["headers"]).json()
     sent = 0
     # SLOW_S bounds the wait for each answer (a read timeout fails the test).

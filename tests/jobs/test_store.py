@@ -290,6 +290,39 @@ def test_a_node_s_job_of_a_version_5_database_holds_its_slots(tmp_path: Path) ->
     store.close()
 
 
+def test_a_version_6_database_gets_the_tokens_table_and_keeps_its_jobs(tmp_path: Path) -> None:
+    from ringtrain.jobs.models.tokens import TokenInfo, TokenScope
+
+    path = tmp_path / "v6.sqlite"
+    store = SQLiteStore(path)
+    store.add_cluster(ClusterSpec(name="c", nodes=1), 1.0)
+    store.add_job(JobInfo(id="j", cluster="c", state="queued", created_at=2.0, job_dir="/j",
+                          spec=parse_job_spec({"node_count": 1, "command": "x"})))
+    store.close()
+    # What a server of schema version 6 stored: no tokens table.
+    db = sqlite3.connect(path)
+    db.executescript("DROP TABLE tokens; PRAGMA user_version = 6;")
+    db.close()
+    store = SQLiteStore(path)
+    assert store.get_job("j").state == JobState.QUEUED
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 7
+    info = TokenInfo(id="0123456789ab", scope=TokenScope.READ, created_at=3.0)
+    store.tokens.add(info, "hash")
+    revision = store.revision()
+    store.tokens.mark_used(info.id, 4.0)
+    assert store.revision() == revision  # a token's use is no change a dashboard hears of
+    assert store.tokens.revoke(info.id, 5.0).revoked_at == 5.0
+    assert store.tokens.revoke(info.id, 6.0).revoked_at == 5.0  # the first revoke's time
+    stored = store.tokens.get(info.id)
+    assert stored is not None and stored.hash == "hash" and stored.info.last_used_at == 4.0
+    with pytest.raises(NotFoundError, match="no token with id"):
+        store.tokens.revoke("ffffffffffff", 7.0)
+    with pytest.raises(ConflictError, match="already exists"):
+        store.tokens.add(info, "other")
+    store.close()
+
+
 def test_launch_handles_of_a_version_3_database_are_tagged_with_their_backend_once(
         tmp_path: Path) -> None:
     from ringtrain.jobs.service.executors.local.backend import LocalBackend

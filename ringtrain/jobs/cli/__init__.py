@@ -1,4 +1,5 @@
-"""`ringtrain job|cluster|server|login ...`: a thin shell over the client, one module per group.
+"""`ringtrain job|cluster|server|token|login ...`: a thin shell over the client, one module per
+group.
 
 Exit codes: 0 done; 1 the operation failed (unknown id, wrong state, no server, a followed job
 that did not succeed); 2 invalid input (a bad spec, flag or path).
@@ -22,12 +23,14 @@ from ringtrain.jobs.cli import (
     output,
     secret,
     server,
+    token,
 )
 from ringtrain.jobs.cli.args import add_server_options
 from ringtrain.jobs.errors import InvalidRequestError, JobsError, SpecError
 
 _GROUPS = {"job": job, "cluster": cluster, "server": server, "deployment": deployment,
-           "dashboard": dashboard, "secret": secret, "login": login, "logout": logout}
+           "dashboard": dashboard, "secret": secret, "login": login, "logout": logout,
+           "token": token}
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -41,7 +44,7 @@ def common_options() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Run one command; ``argv[0]`` is the group (job, cluster, server, deployment, dashboard,
-    secret, login or logout)."""
+    secret, login, logout or token)."""
     group = _GROUPS[argv[0]]
     parser = argparse.ArgumentParser(prog=f"ringtrain {argv[0]}", description=group.__doc__)
     group.add_commands(parser, common_options())

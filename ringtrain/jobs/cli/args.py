@@ -11,6 +11,7 @@ from ringtrain.jobs.client.connection import connect
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import InvalidRequestError
 from ringtrain.jobs.models.ids import check_job_id, check_name
+from ringtrain.jobs.models.tokens import check_token_id
 
 
 def job_id(value: str) -> str:
@@ -26,6 +27,11 @@ def cluster_name(value: str) -> str:
 def experiment_name(value: str) -> str:
     """An argparse type: a well-formed experiment name."""
     return _argument(lambda v: check_name(v, "experiment"), value)
+
+
+def token_id(value: str) -> str:
+    """An argparse type: a well-formed scoped token id."""
+    return _argument(check_token_id, value)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

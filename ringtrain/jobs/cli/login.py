@@ -149,7 +149,7 @@ def _try(url: str, token: str, fingerprint: str | None) -> None:
     client = JobsClient(url, token, timeout_s=15, fingerprint=fingerprint)
     try:
         client.health()
-    except AuthError:
-        raise AuthError(f"the service at {url} refused the token; not logged in") from None
+    except AuthError as e:  # the reason matters for a scoped token: revoked, expired
+        raise AuthError(f"the service at {url} refused the token ({e}); not logged in") from None
     finally:
         client.close()

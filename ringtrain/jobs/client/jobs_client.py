@@ -33,6 +33,7 @@ from ringtrain.jobs.errors import (
     AuthError,
     CertificateError,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     JobsError,
     NotFoundError,
@@ -53,9 +54,11 @@ from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import check_job_id, check_name
 from ringtrain.jobs.models.paging import FilePage
 from ringtrain.jobs.models.schemas import API_PREFIX, Health
+from ringtrain.jobs.models.tokens import NewToken, TokenInfo, TokenRequest, check_token_id
 
 _BY_STATUS: dict[int, type[JobsError]] = {
-    400: InvalidRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
+    400: InvalidRequestError, 401: AuthError, 403: ForbiddenError, 404: NotFoundError,
+    409: ConflictError,
     503: ServiceUnavailableError,  # busy: a download waits and asks again
 }
 T = TypeVar("T")
@@ -378,6 +381,22 @@ class JobsClient:
         """Stop a deployment's servers (after the requests in flight)."""
         return DeploymentInfo.model_validate(
             self._call("POST", _deployment_path(deployment_id, "stop")))
+
+    # -- scoped tokens (the admin token's calls) ---------------------------------------------
+
+    def create_token(self, request: TokenRequest) -> NewToken:
+        """A new scoped token: its text is in the answer, and the service keeps only its hash."""
+        return NewToken.model_validate(self._call(
+            "POST", "/tokens", json=request.model_dump(mode="json", exclude_defaults=True)))
+
+    def list_tokens(self) -> list[TokenInfo]:
+        """Every scoped token's record (never the tokens)."""
+        return [TokenInfo.model_validate(t) for t in self._call("GET", "/tokens")]
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        """Revoke a scoped token: its next request is refused."""
+        path = f"/tokens/{quote(check_token_id(token_id), safe='')}/revoke"
+        return TokenInfo.model_validate(self._call("POST", path))
 
 
 def _cluster_path(name: str) -> str:

@@ -1,12 +1,14 @@
 """The REST API: one FastAPI app over a :class:`~ringtrain.jobs.service.job_service.JobService`.
 
 Errors of the service become JSON ``{"detail", "errors"}`` with the status each error class
-names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 413 body
-too large). With a token, every request (``/openapi.json`` and ``/docs`` included) must name an
-allowed Host and carry ``Authorization: Bearer <token>``, or the dashboard's cookie
-(:mod:`ringtrain.jobs.service.api.guard`). The routes come in routers by concern: the records
-(:mod:`.job_routes`), what a job left (:mod:`.file_routes`) and the dashboard with its event
-stream and ``/metrics`` (:mod:`.dashboard`).
+names (404 unknown id, 409 wrong state, 422 invalid spec or malformed id, 400 bad path, 403 out
+of the token's scope, 413 body too large). With a token, every request (``/openapi.json`` and
+``/docs`` included) must name an allowed Host and carry ``Authorization: Bearer <token>``, or the
+dashboard's cookie (:mod:`ringtrain.jobs.service.api.guard`): the admin token, or a scoped one
+held to its scope (:mod:`ringtrain.jobs.service.api.scope_guard`). The routes come in routers by
+concern: the records (:mod:`.job_routes`), what a job left (:mod:`.file_routes`), the scoped
+tokens (:mod:`.token_routes`) and the dashboard with its event stream and ``/metrics``
+(:mod:`.dashboard`).
 
 Routes are plain functions, which FastAPI runs in its thread pool, and the log stream reads in
 worker threads too; a folder's archive is made by a process of its own
@@ -36,9 +38,12 @@ from ringtrain.jobs.service.api.job_routes import cluster_routes, deployment_rou
 from ringtrain.jobs.service.api.limits import BodyLimit
 from ringtrain.jobs.service.api.metrics import ServiceMetrics
 from ringtrain.jobs.service.api.params import ERRORS
+from ringtrain.jobs.service.api.scope_guard import ScopeGuard
+from ringtrain.jobs.service.api.token_routes import token_routes
 from ringtrain.jobs.service.archive_process import ArchiveProducers
 from ringtrain.jobs.service.deployments import Deployments
 from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.tokens import Tokens
 from ringtrain.web.offline_docs import add_offline_docs
 from ringtrain.web.request_timing import RequestTiming
 from ringtrain.web.transport_guard import PlainHttpGuard
@@ -52,8 +57,10 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     """Build the app.
 
     Args:
-        token: the bearer token every request must carry. The server always passes one;
-            ``None`` is for an app called in-process only, which nothing else can reach.
+        token: the admin token: it, or a scoped token the service issued
+            (:mod:`ringtrain.jobs.service.tokens`), must come with every request. The server
+            always passes one; ``None`` is for an app called in-process only, which nothing
+            else can reach.
         home: the service home, reported by ``/v1/health``.
         lifespan: runs around serving (the server starts its scheduler loop there).
         allowed_hosts: the Host header values to answer (see
@@ -69,12 +76,15 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
                   description="Clusters, training jobs, their logs and output files, and "
                               "deployments of their models.")
     metrics = ServiceMetrics(service)
+    tokens = Tokens(service.store.tokens, service.clock)
     add_offline_docs(app, "ringtrain job service")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
     app.add_middleware(RequestTiming, observe=metrics.observe_request)
     if token is not None:
-        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts)
+        # The scope check runs right after the guard that found the caller.
+        app.add_middleware(ScopeGuard, store=service.store, tokens=tokens)
+        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts, tokens=tokens)
     if refuse_plain_http_from_network:  # outermost: a token sent in the clear is never read
         app.add_middleware(PlainHttpGuard, remedy="start the server with --tls (clients then "
                                                   "pin its certificate: `ringtrain login "
@@ -90,7 +100,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     deployments = deployments or Deployments(service)
     for router in (cluster_routes(service), job_routes(service),
                    file_routes(service, ArchiveProducers(str(service.share.root))),
-                   deployment_routes(deployments)):
+                   deployment_routes(deployments), token_routes(tokens)):
         app.include_router(router)
     add_dashboard_routes(app, service, metrics, deployments)
     return app

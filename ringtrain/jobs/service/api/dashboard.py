@@ -12,6 +12,8 @@ first, then only what changed: it looks at the store's revision four times a sec
 costs an integer comparison while nothing happens, and reads the changed jobs when something
 did. Host usage follows every few seconds. A job's scalars and logs are fetched by its page
 while it is open (``/v1/jobs/{id}/scalars`` once a second, ``/logs?follow=true`` streamed).
+A token limited to one experiment gets that experiment's jobs only, in the stream and in the
+usage (:mod:`ringtrain.jobs.service.api.experiment_view`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from ringtrain.jobs.errors import NotFoundError
 from ringtrain.jobs.models import JobInfo
 from ringtrain.jobs.models.paging import check_range
 from ringtrain.jobs.models.schemas import API_PREFIX
+from ringtrain.jobs.service.api.caller import CallerDep
+from ringtrain.jobs.service.api.experiment_view import StreamView, usage_of
 from ringtrain.jobs.service.api.guard import DASHBOARD_PATH
 from ringtrain.jobs.service.api.job_processes import ACTIVE, add_process_routes, leader_pid
 from ringtrain.jobs.service.api.metrics import ServiceMetrics
@@ -112,18 +116,22 @@ def _dashboard_routes(service: JobService, deployments: Deployments) -> APIRoute
         return service.files.job_scalars(job_id, cursor)
 
     @r.get("/host")
-    def host() -> dict[str, Any]:
+    def host(caller: CallerDep) -> dict[str, Any]:
         """The service host's CPU, memory and GPU use (where the local clusters' nodes run),
         with ``jobs``: each running local job's CPU (percent of one core), resident memory
         (bytes) and process count, and ``machines``: each attached cluster's machines."""
-        return sampler.sample()
+        sample = sampler.sample()
+        if caller.experiment is None:
+            return sample
+        return usage_of(sample, {j.id for j in service.store.list_jobs(
+            experiment=caller.experiment, states=ACTIVE)})
 
     @r.get("/deployment-metrics")
-    def deployment_metrics() -> dict[str, list[dict[str, Any]]]:
+    def deployment_metrics(caller: CallerDep) -> dict[str, list[dict[str, Any]]]:
         """Each live deployment's replicas, from their ``/metrics``: request rate, p50 and p99
         latency (seconds) and mean batch size since the previous call, and errors (4xx and
         5xx answers) in all."""
-        live = [d for d in deployments.list() if d.urls]
+        live = [d for d in deployments.list() if d.urls and caller.sees_job(d.job)]
         urls = [u for d in live for u in d.urls]
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
             scraped = dict(zip(urls, pool.map(scraper.scrape, urls)))
@@ -131,10 +139,11 @@ def _dashboard_routes(service: JobService, deployments: Deployments) -> APIRoute
 
     # Not in the OpenAPI schema: a stream that never ends is no operation for generated clients.
     @r.get("/events", include_in_schema=False)
-    async def events(request: Request) -> StreamingResponse:
+    async def events(request: Request, caller: CallerDep) -> StreamingResponse:
         """Server-sent events: ``snapshot`` (clusters, jobs, host), then ``jobs`` (changed
         and removed jobs), ``clusters`` and ``host`` as they change."""
-        return StreamingResponse(_stream(request, service, summaries, sampler),
+        view = StreamView(caller)
+        return StreamingResponse(_stream(request, service, summaries, sampler, view),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -220,14 +229,15 @@ class _Summaries:
             return revision, list(self._jobs.values())
 
 
-def _snapshot(service: JobService, summaries: _Summaries,
-              sampler: _Usage) -> tuple[int, dict[str, Any]]:
+def _snapshot(service: JobService, summaries: _Summaries, sampler: _Usage,
+              view: StreamView) -> tuple[int, dict[str, Any]]:
     revision, jobs = summaries.all()
-    return revision, {"revision": revision, "clusters": _clusters(service), "jobs": jobs,
-                      "host": sampler.sample()}
+    jobs = view.jobs(jobs)  # first: the clusters and the host name only the jobs shown
+    return revision, {"revision": revision, "clusters": view.clusters(_clusters(service)),
+                      "jobs": jobs, "host": view.host(sampler.sample())}
 
 
-def _changes(service: JobService, since: int) -> tuple[int, dict[str, Any]]:
+def _changes(service: JobService, since: int, view: StreamView) -> tuple[int, dict[str, Any]]:
     revision, ids = service.store.changes_since(since)
     jobs, removed = [], []
     for job_id in ids:
@@ -235,26 +245,27 @@ def _changes(service: JobService, since: int) -> tuple[int, dict[str, Any]]:
             jobs.append(job_summary(service.store.get_job(job_id)))
         except NotFoundError:
             removed.append(job_id)
-    return revision, {"revision": revision, "jobs": jobs, "removed": removed,
-                      "clusters": _clusters(service)}
+    jobs = view.jobs(jobs)
+    return revision, {"revision": revision, "jobs": jobs, "removed": view.removed(removed),
+                      "clusters": view.clusters(_clusters(service))}
 
 
 async def _stream(request: Request, service: JobService, summaries: _Summaries,
-                  sampler: _Usage) -> AsyncIterator[bytes]:
-    revision, snapshot = await asyncio.to_thread(_snapshot, service, summaries, sampler)
+                  sampler: _Usage, view: StreamView) -> AsyncIterator[bytes]:
+    revision, snapshot = await asyncio.to_thread(_snapshot, service, summaries, sampler, view)
     yield _event("snapshot", snapshot)
     host_at = sent_at = time.monotonic()
     while not await request.is_disconnected():
         await asyncio.sleep(POLL_S)
         now = time.monotonic()
         if service.store.revision() != revision:
-            revision, changes = await asyncio.to_thread(_changes, service, revision)
+            revision, changes = await asyncio.to_thread(_changes, service, revision, view)
             if changes["jobs"] or changes["removed"] or changes["clusters"]:
                 yield _event("changes", changes)
                 sent_at = now
         if now - host_at >= HOST_EVERY_S:
             host_at = now
-            yield _event("host", await asyncio.to_thread(sampler.sample))
+            yield _event("host", view.host(await asyncio.to_thread(sampler.sample)))
             sent_at = now
         if now - sent_at >= KEEPALIVE_S:
             yield b": keep-alive\n\n"

@@ -2,7 +2,10 @@
 
 A plain ASGI middleware rather than a FastAPI dependency, so that it also covers what no router
 declares (``/openapi.json``, ``/docs``, unknown paths) and streams pass through untouched. The
-token is compared in constant time.
+admin token is compared in constant time; a scoped token is recognised by its record
+(:mod:`ringtrain.jobs.service.tokens`), which a revoke changes at once. The caller it finds goes
+into the request's scope (:mod:`ringtrain.jobs.service.api.caller`), for the scope check
+(:mod:`ringtrain.jobs.service.api.scope_guard`) and the routes.
 
 Programs send ``Authorization: Bearer <token>``. A browser cannot put a header on a page load,
 an ``<a href>`` download or an ``EventSource``, so the dashboard (or ``/docs``) is entered once
@@ -13,6 +16,11 @@ port of a host, so a page of another local port counts as the same site; it coul
 browser send a form with the cookie, but never a custom header without a CORS preflight, which
 this server does not answer. A request authenticated by the cookie that changes something must
 therefore carry ``X-Ringtrain-Request``.
+
+A scoped token signs in the same way; its cookie is its id with a MAC keyed by the admin token,
+which only this server can make, and its record is read again on each request (a revoked token's
+cookie stops working at once). The cookie's name is the server's, whichever token signed in, so
+signing in with another token replaces the browser's identity rather than adding one.
 """
 
 from __future__ import annotations
@@ -24,7 +32,13 @@ from collections.abc import Collection
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ringtrain.jobs.errors import AuthError
+from ringtrain.jobs.models.tokens import TOKEN_PREFIX
+from ringtrain.jobs.service.api.caller import ADMIN, CALLER_KEY, Caller
+from ringtrain.jobs.service.tokens import Tokens
 
 #: The dashboard's page; its URL with ``?token=`` is what ``ringtrain dashboard`` prints.
 DASHBOARD_PATH = "/dashboard"
@@ -50,22 +64,43 @@ def cookie_value(token: str) -> str:
     return hmac.new(token.encode(), b"ringtrain dashboard cookie", hashlib.sha256).hexdigest()
 
 
+def scoped_cookie_value(server_token: str, token_id: str) -> str:
+    """The dashboard cookie's value for a scoped token: its id and a MAC of it keyed by the
+    server's (admin) token, so that only this server can make one and the token's text is not
+    needed to check it (the service keeps only its hash)."""
+    mac = hmac.new(server_token.encode(), b"ringtrain scoped cookie " + token_id.encode(),
+                   hashlib.sha256).hexdigest()
+    return f"{token_id}.{mac}"
+
+
+_SCOPED_BEARER = b"Bearer " + TOKEN_PREFIX.encode()
+_WWW_AUTHENTICATE = [(b"www-authenticate", b"Bearer")]
+_NO_TOKEN = ("missing or wrong token: send `Authorization: Bearer <token>` (the CLI does: it "
+             "reads RINGTRAIN_HOME/token, or takes --token / RINGTRAIN_TOKEN); in a browser, open "
+             "the URL `ringtrain dashboard` prints (or /docs?token=<token>)")
+
+
 class RequestGuard:
-    """Refuse requests for another Host (403) or without the token (401).
+    """Refuse requests for another Host (403) or without a valid token (401), and leave the
+    caller in the request's scope for the rest.
 
     Args:
-        token: the token every request must carry (header, or the dashboard's cookie).
+        token: the admin token (header, or the dashboard's cookie); it also keys the scoped
+            tokens' cookies.
         allowed_hosts: the lowercase ``name:port`` values of the Host header to answer;
             ``None`` answers any (an in-process app, which no browser can reach).
+        tokens: the scoped tokens accepted besides; ``None``: the admin token only.
     """
 
-    def __init__(self, app: ASGIApp, token: str, allowed_hosts: Collection[str] | None = None):
+    def __init__(self, app: ASGIApp, token: str, allowed_hosts: Collection[str] | None = None,
+                 tokens: Tokens | None = None):
         self.app = app
-        self.token = token.encode()
-        self.expected = b"Bearer " + self.token
+        self.token = token
+        self.expected = b"Bearer " + token.encode()
         self.cookie = cookie_name(token)
         self.cookie_value = cookie_value(token).encode()
         self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,30 +109,71 @@ class RequestGuard:
         headers = dict(scope["headers"])  # lowercase names; the last of repeated ones
         host = headers.get(b"host", b"").decode("latin-1").lower()
         if self.allowed_hosts is not None and host not in self.allowed_hosts:
-            await _refuse(send, 403, f"Host header {host!r} is not a name of this server; "
-                                     f"use one of: {', '.join(sorted(self.allowed_hosts))}")
+            await refuse(send, 403, f"Host header {host!r} is not a name of this server; "
+                                    f"use one of: {', '.join(sorted(self.allowed_hosts))}")
             return
-        if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-            await self.app(scope, receive, send)
+        try:
+            caller = await self._bearer(headers.get(b"authorization", b""))
+            if caller is None and scope["method"] == "GET" and scope["path"] in SIGN_IN_PAGES:
+                query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+                given = [v for k, v in query if k == "token"]
+                value = await self._sign_in(given[-1]) if given else None
+                if value is not None:
+                    await self._enter(send, scope, value, [(k, v) for k, v in query
+                                                           if k != "token"])
+                    return
+            by_cookie = caller is None
+            if caller is None:
+                caller = await self._from_cookie(headers)
+        except AuthError as e:  # a scoped token, revoked or expired: say so
+            await refuse(send, 401, str(e), _WWW_AUTHENTICATE)
             return
-        if scope["method"] == "GET" and scope["path"] in SIGN_IN_PAGES:
-            query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
-            given = [v for k, v in query if k == "token"]
-            if given and hmac.compare_digest(given[-1].encode(), self.token):
-                await self._enter(send, scope, [(k, v) for k, v in query if k != "token"])
-                return
-        if hmac.compare_digest(self._cookie(headers), self.cookie_value):
-            if scope["method"] in _SAFE_METHODS or CSRF_HEADER in headers:
-                await self.app(scope, receive, send)
-                return
-            await _refuse(send, 403, "a request authenticated by the dashboard's cookie must "
-                                     f"carry the header {CSRF_HEADER.decode()}")
+        if caller is None:
+            await refuse(send, 401, _NO_TOKEN, _WWW_AUTHENTICATE)
             return
-        await _refuse(send, 401, "missing or wrong token: send `Authorization: Bearer "
-                                 "<token>` (the CLI does: it reads RINGTRAIN_HOME/token, "
-                                 "or takes --token / RINGTRAIN_TOKEN); in a browser, open the "
-                                 "URL `ringtrain dashboard` prints (or /docs?token=<token>)",
-                      [(b"www-authenticate", b"Bearer")])
+        if by_cookie and scope["method"] not in _SAFE_METHODS and CSRF_HEADER not in headers:
+            await refuse(send, 403, "a request authenticated by the dashboard's cookie must "
+                                    f"carry the header {CSRF_HEADER.decode()}")
+            return
+        scope[CALLER_KEY] = caller
+        await self.app(scope, receive, send)
+
+    async def _bearer(self, header: bytes) -> Caller | None:
+        """The caller an ``Authorization`` header proves, or ``None``.
+
+        Raises:
+            AuthError: a scoped token, revoked or expired.
+        """
+        if hmac.compare_digest(header, self.expected):
+            return ADMIN
+        if self.tokens is None or not header.startswith(_SCOPED_BEARER):
+            return None
+        # The store is read (and "last used" written) in a worker thread: never on the loop.
+        info = await run_in_threadpool(self.tokens.authenticate,
+                                       header[len(b"Bearer "):].decode("latin-1"))
+        return None if info is None else Caller(info)
+
+    async def _sign_in(self, given: str) -> str | None:
+        """The cookie value for a token given in a sign-in page's query, or ``None``."""
+        if hmac.compare_digest(given.encode(), self.token.encode()):
+            return self.cookie_value.decode()
+        if self.tokens is None or not given.startswith(TOKEN_PREFIX):
+            return None
+        info = await run_in_threadpool(self.tokens.authenticate, given)
+        return None if info is None else scoped_cookie_value(self.token, info.id)
+
+    async def _from_cookie(self, headers: dict[bytes, bytes]) -> Caller | None:
+        value = self._cookie(headers)
+        if hmac.compare_digest(value, self.cookie_value):
+            return ADMIN
+        token_id, dot, _ = value.partition(b".")
+        if self.tokens is None or not dot:
+            return None
+        expected = scoped_cookie_value(self.token, token_id.decode("latin-1")).encode()
+        if not hmac.compare_digest(value, expected):
+            return None
+        info = await run_in_threadpool(self.tokens.active, token_id.decode("latin-1"))
+        return None if info is None else Caller(info)
 
     def _cookie(self, headers: dict[bytes, bytes]) -> bytes:
         raw = headers.get(b"cookie")
@@ -111,9 +187,10 @@ class RequestGuard:
         morsel = jar.get(self.cookie)
         return b"" if morsel is None else morsel.value.encode("latin-1", "replace")
 
-    async def _enter(self, send: Send, scope: Scope, query: list[tuple[str, str]]) -> None:
+    async def _enter(self, send: Send, scope: Scope, value: str,
+                     query: list[tuple[str, str]]) -> None:
         """Set the cookie and send the browser to the page it asked for, without the token."""
-        cookie = f"{self.cookie}={self.cookie_value.decode()}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = f"{self.cookie}={value}; Path=/; HttpOnly; SameSite=Strict"
         location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}"
                                                                  if query else "")
         await send({"type": "http.response.start", "status": 303,
@@ -125,8 +202,9 @@ class RequestGuard:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def _refuse(send: Send, status: int, detail: str,
-                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def refuse(send: Send, status: int, detail: str,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer ``status`` with the API's error body, ``{"detail", "errors"}``."""
     body = json.dumps({"detail": detail, "errors": []}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),

@@ -17,6 +17,7 @@ from fastapi import APIRouter
 
 from ringtrain.jobs.errors import ConflictError, NotFoundError, RecordError
 from ringtrain.jobs.models import JobInfo, JobState
+from ringtrain.jobs.service.api.caller import CallerDep
 from ringtrain.jobs.service.api.params import JobIdPath, RankPath
 from ringtrain.jobs.service.job_service import JobService
 from ringtrain.jobs.service.monitor.job_usage import RankUsageSampler, find_ranks
@@ -81,11 +82,12 @@ def add_process_routes(r: APIRouter, service: JobService) -> None:
         return {"rank": rank, "pid": main, "text": dump_stack(main)}
 
     @r.get("/progress")
-    def jobs_progress() -> dict[str, dict[str, Any]]:
+    def jobs_progress(caller: CallerDep) -> dict[str, dict[str, Any]]:
         """Each running job's progress, from its step scalars: ``{job id: {"step",
         "steps_per_s", "total_steps", "eta_s", "source"}}`` (jobs that logged no step are left
         out; ``total_steps`` and ``eta_s`` need the job to log a ``total_steps`` scalar or
         step profiler field)."""
         running = {j.id: service.share.job_dir(j.id)
-                   for j in service.store.list_jobs(states=[JobState.RUNNING])}
+                   for j in service.store.list_jobs(states=[JobState.RUNNING],
+                                                    experiment=caller.experiment)}
         return progress.sample(running)

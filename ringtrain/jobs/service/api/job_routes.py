@@ -1,4 +1,10 @@
-"""The routes of the records: clusters, jobs and deployments (``/v1/...``)."""
+"""The routes of the records: clusters, jobs and deployments (``/v1/...``).
+
+Which of them a scoped token reaches is the scope guard's rule
+(:mod:`ringtrain.jobs.service.api.scope_guard`); the lists here leave out the jobs of experiments
+the caller does not see, and a submit goes into the caller's experiment
+(:mod:`ringtrain.jobs.service.api.caller`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import re
 
 from fastapi import APIRouter, Header, Query
 
-from ringtrain.jobs.errors import SpecError, brief
+from ringtrain.jobs.errors import ConflictError, SpecError, brief
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.schemas import (
@@ -17,6 +23,7 @@ from ringtrain.jobs.models.schemas import (
     ResizeRequest,
     SubmitRequest,
 )
+from ringtrain.jobs.service.api.caller import Caller, CallerDep
 from ringtrain.jobs.service.api.params import ERRORS, ClusterName, JobIdPath, NameFilter
 from ringtrain.jobs.service.deployments import Deployments
 from ringtrain.jobs.service.job_service import JobService
@@ -54,15 +61,19 @@ def job_routes(service: JobService) -> APIRouter:
     r = APIRouter(prefix=API_PREFIX, responses=ERRORS)
 
     @r.post("/jobs", status_code=201)
-    def submit(body: SubmitRequest, idempotency_key: str | None = Header(
+    def submit(body: SubmitRequest, caller: CallerDep, idempotency_key: str | None = Header(
             None, max_length=1024,
             description="The client's name for this submission: a retry with the same key "
                         f"returns the same job (409 if its spec differs); "
                         f"{IDEMPOTENCY_KEY_RULE}.")) -> JobInfo:
-        return service.submit(body.cluster, body.spec, _checked_key(idempotency_key))
+        key = _checked_key(idempotency_key)
+        spec = caller.submitted(body.spec)
+        if key is not None and caller.experiment is not None:
+            _check_key_unseen(service, caller, key)
+        return service.submit(body.cluster, spec, key)
 
     @r.get("/jobs")
-    def list_jobs(experiment: NameFilter = None, cluster: NameFilter = None,
+    def list_jobs(caller: CallerDep, experiment: NameFilter = None, cluster: NameFilter = None,
                   state: JobState | None = None,
                   idempotency_key: str | None = Query(
                       None, max_length=1024,
@@ -71,8 +82,10 @@ def job_routes(service: JobService) -> APIRouter:
         key = _checked_key(idempotency_key)
         if key is not None:
             job = service.store.find_job(key)
-            return [] if job is None else [job]
-        return service.list_jobs(experiment, cluster, state)
+            return [] if job is None or not caller.sees_job(job) else [job]
+        if caller.experiment is not None and experiment not in (None, caller.experiment):
+            return []  # another experiment's jobs: none the caller may see
+        return service.list_jobs(experiment or caller.experiment, cluster, state)
 
     @r.get("/jobs/{job_id}")
     def get_job(job_id: JobIdPath) -> JobInfo:
@@ -98,8 +111,8 @@ def deployment_routes(deployments: Deployments) -> APIRouter:
         return deployments.deploy(job_id, body.replicas, body.cluster)
 
     @r.get("/deployments")
-    def list_deployments() -> list[DeploymentInfo]:
-        return deployments.list()
+    def list_deployments(caller: CallerDep) -> list[DeploymentInfo]:
+        return [d for d in deployments.list() if caller.sees_job(d.job)]
 
     @r.get("/deployments/{deployment_id}")
     def get_deployment(deployment_id: JobIdPath) -> DeploymentInfo:
@@ -110,6 +123,19 @@ def deployment_routes(deployments: Deployments) -> APIRouter:
         return deployments.stop(deployment_id)
 
     return r
+
+
+def _check_key_unseen(service: JobService, caller: Caller, key: str) -> None:
+    """Refuse a key that named a job the caller does not see, without naming that job (the
+    service's own answer would).
+
+    Raises:
+        ConflictError: the key was used for a job of another experiment.
+    """
+    known = service.store.find_job(key)
+    if known is not None and not caller.sees_job(known):
+        raise ConflictError("this idempotency key was already used, for another spec; a new "
+                            "job needs a new key")
 
 
 def _checked_key(key: str | None) -> str | None:

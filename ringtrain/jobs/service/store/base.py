@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ringtrain.jobs.models import ClusterInfo, ClusterSpec, JobInfo, JobState, NodeInfo
+from ringtrain.jobs.service.store.token_table import TokenTable
 
 
 class Store(Protocol):
@@ -22,6 +23,9 @@ class Store(Protocol):
     Every method raises ``NotFoundError`` for an unknown cluster or job, and
     ``InvalidTransitionError`` for a state change the transition tables refuse.
     """
+
+    #: The scoped tokens' records, kept with the rest (:mod:`.token_table`).
+    tokens: TokenTable
 
     def add_cluster(self, spec: ClusterSpec, now: float) -> ClusterInfo:
         """Create a cluster with ``spec.nodes`` idle nodes. Raises ConflictError (name taken)."""

@@ -29,8 +29,9 @@ from ringtrain.jobs.models import (
     check_job_transition,
 )
 from ringtrain.jobs.service.store import node_table
+from ringtrain.jobs.service.store.token_table import TOKENS_SCHEMA, TokenTable
 
-SCHEMA_VERSION = 6  # 6: node_jobs (jobs share a node's slots)
+SCHEMA_VERSION = 7  # 6: node_jobs (jobs share a node's slots); 7: tokens (scoped tokens' hashes)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, backend TEXT NOT NULL, slots INTEGER NOT NULL,
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     terminate_requested_at REAL, ends_as TEXT, launch TEXT, idempotency_key TEXT, serves TEXT,
     front TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
-"""
+""" + TOKENS_SCHEMA  # a database of version 6 or older gets the table on opening
 #: Columns added after version 1, which a database of that version gets on opening.
 _ADDED_COLUMNS = (("clusters", "max_nodes", "INTEGER"), ("jobs", "idempotency_key", "TEXT"),
                   ("clusters", "address", "TEXT"), ("jobs", "serves", "TEXT"),
@@ -111,6 +112,8 @@ class SQLiteStore:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self.changes = ChangeLog()
+        #: The scoped tokens' records (in this database, outside the change log).
+        self.tokens = TokenTable(self._conn)
         db = self._conn()
         db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
         with self._tx() as db:  # one process adds the new columns; the others see them

@@ -35,13 +35,19 @@ function el(tag, props, ...children) {
 
 async function api(path, opts) {
   const r = await fetch(path, Object.assign({ headers: WRITE, cache: "no-store" }, opts || {}));
-  if (r.status === 401) { showBanner("Not signed in: open the URL that `ringtrain dashboard` prints."); }
   if (!r.ok) {
     let detail = `${r.status} ${r.statusText}`;
     try { detail = (await r.json()).detail || detail; } catch (e) { /* not JSON */ }
+    if (r.status === 401) signedOut(detail);
     throw new Error(detail);
   }
   return r.status === 204 ? null : r.json();
+}
+
+// A token revoked or expired says so; any other 401 means the browser never signed in.
+function signedOut(detail) {
+  showBanner(/revoked|expired/.test(detail || "") ? `Signed out: ${detail}`
+    : "Not signed in: open the URL that `ringtrain dashboard` prints.");
 }
 
 function showBanner(text) {
@@ -129,8 +135,8 @@ function connect() {
     setLive(false);
     if (es.readyState === EventSource.CLOSED) {
       // The stream was refused (a restarted server, a lost cookie): find out why, then retry.
-      fetch("/v1/health").then(r => {
-        if (r.status === 401) showBanner("Not signed in: open the URL that `ringtrain dashboard` prints.");
+      fetch("/v1/health").then(async r => {
+        if (r.status === 401) signedOut((await r.json().catch(() => ({}))).detail);
       }).catch(() => showBanner("The job service does not answer; retrying."));
       setTimeout(connect, 3000);
     }
