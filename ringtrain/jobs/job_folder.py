@@ -3,6 +3,7 @@
 Layout::
 
     wd/                       the working_dir copied at submit time (the ranks' cwd)
+    inputs/<name>             a remote client's uploaded input (ringtrain.jobs.files.upload_tar)
     stdouterr/rank.N/{stdout,stderr,output}
                               each rank's streams, as ``ringtrain run --output-filename`` writes
                               them (:func:`ringtrain.run_files.rank_log`)

@@ -84,7 +84,9 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
               ("GET", "/v1/jobs/{job_id}/ranks"), ("POST", "/v1/jobs/{job_id}/ranks/{rank}/stack"),
               # Scoped tokens (the admin's routes): drawn ones are made, listed and revoked.
               ("POST", "/v1/tokens"), ("GET", "/v1/tokens"),
-              ("POST", "/v1/tokens/{token_id}/revoke")]
+              ("POST", "/v1/tokens/{token_id}/revoke"),
+              # Uploads of a remote submit: drawn ones hold no archive, or a refused one.
+              ("GET", "/v1/uploads/{key}"), ("PUT", "/v1/uploads/{key}")]
     return [(m, p, mode) for m, p in routes for mode in GenerationMode
             if mode == GenerationMode.POSITIVE or (m, p) not in plain]
 
@@ -136,7 +138,8 @@ def test_every_integer_and_path_parameter_takes_extreme_values(fuzzed: dict[str,
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("a log line\n")
     valid = {"job_id": job_id, "deployment_id": job_id, "name": "fuzz", "path": "outputs",
-             "follow": "false", "rank": "0", "token_id": "0123456789ab"}  # a token never made
+             "follow": "false", "rank": "0", "token_id": "0123456789ab",
+             "key": "fuzz-upload"}  # a token never made
     schema = httpx.get(f"{fuzzed['url']}/openapi.json", headers=fuzzed["headers"]).json()
     sent = 0
     # SLOW_S bounds the wait for each answer (a read timeout fails the test).

@@ -341,7 +341,7 @@ def test_every_route_of_the_schema_is_ruled_for_each_scope(env: tuple[Home, str]
     acts = {("POST", "/v1/jobs"), ("POST", "/v1/jobs/{job_id}/terminate"),
             ("DELETE", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/deploy"),
             ("POST", "/v1/jobs/{job_id}/ranks/{rank}/stack"),
-            ("POST", "/v1/deployments/{deployment_id}/stop")}
+            ("POST", "/v1/deployments/{deployment_id}/stop"), ("PUT", "/v1/uploads/{key}")}
     routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
     assert ("POST", "/v1/tokens") in routes and len(routes) > 20
     for method, path in routes:

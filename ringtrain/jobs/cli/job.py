@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ringtrain.jobs.cli import deployment, output
 from ringtrain.jobs.cli.args import cluster_name, connect_from, experiment_name, job_id
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.errors import SpecError
+from ringtrain.jobs.files.upload_tar import INPUTS, UPLOAD_SCHEME, WORKING_DIR, pack
 from ringtrain.jobs.files.workdir import DEFAULT_MAX_BYTES, WARN_BYTES, human_bytes, plan_copy
 from ringtrain.jobs.models import JobInfo, JobSpec, JobState, load_job_spec
 from ringtrain.jobs.models.overrides import apply_overrides
@@ -35,7 +39,11 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                    help="stream the preparation step's output, then rank 0's stdout and stderr "
                         "as written, until the job ends; exit 1 unless it succeeds")
     p.add_argument("--idempotency-key", help="name this submission (default: a new random "
-                   "key); submitting again with the same key never creates a second job")
+                   "key); submitting again with the same key never creates a second job (and "
+                   "resumes an upload it started)")
+    p.add_argument("--upload", action="store_true",
+                   help="upload working_dir and local inputs, as for a service on another "
+                        "machine (the default when the service's URL is not this host's)")
     p.set_defaults(func=_submit)
     p = sub.add_parser("list", parents=[common], help="list jobs")
     p.add_argument("--experiment", type=experiment_name)
@@ -139,7 +147,11 @@ def _submit(args: argparse.Namespace) -> int:
     if spec.working_dir:
         _size_working_dir(Path(spec.working_dir), args.max_working_dir_mb)
     client = _client(args)
-    job = client.submit(args.cluster, spec, args.idempotency_key)
+    key = args.idempotency_key
+    if args.upload or is_remote(client.url):
+        key = key or uuid.uuid4().hex
+        spec = _upload(client, spec, key, args.max_working_dir_mb)
+    job = client.submit(args.cluster, spec, key)
     if not args.follow:
         if args.output == "json":
             output.emit_json(job)
@@ -148,6 +160,52 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     print(job.id, file=sys.stderr if args.output == "json" else sys.stdout, flush=True)
     return _follow(client, args, job.id, rank=0, stream="output")
+
+
+def is_remote(url: str) -> bool:
+    """Whether the service at ``url`` runs on another machine (it cannot read this one's
+    files): any host but a loopback name or address."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
+def _upload(client: JobsClient, spec: JobSpec, key: str, max_mb: float) -> JobSpec:
+    """Send the working dir and local inputs as the upload ``key``; the spec naming them so.
+
+    Raises:
+        SpecError: a path cannot be read, or the files are over ``max_mb`` MB.
+    """
+    local = {name: Path(value) for name, value in spec.inputs.items()
+             if isinstance(value, str) and "://" not in value}
+    working_dir = Path(spec.working_dir) if spec.working_dir else None
+    if working_dir is not None and not working_dir.is_dir():
+        raise SpecError([{"field": "working_dir", "message": f"{working_dir} is not a folder"}])
+    try:
+        packed = pack(working_dir, local)
+    except OSError as e:
+        raise SpecError([{"field": "inputs", "message": f"cannot read {e.filename}: "
+                          f"{e.strerror}"}]) from None
+    if packed.file_bytes > max_mb * 1e6:
+        raise SpecError([{"field": "working_dir", "message": (
+            f"{human_bytes(packed.file_bytes)} to upload (working dir and inputs), more than "
+            f"--max-working-dir-mb {max_mb:g}")}])
+    if packed.skipped_links:
+        print(f"not uploaded (links and special files): {', '.join(packed.skipped_links[:6])}"
+              + (", ..." if len(packed.skipped_links) > 6 else ""), file=sys.stderr)
+    if client.find_job(key) is None:  # else submitted before: its upload is in the job
+        resumed = client.upload(key, packed)
+        note = f", resumed at byte {resumed}" if resumed else ""
+        print(f"uploaded {len(packed.files)} files, {human_bytes(packed.file_bytes)}{note}",
+              file=sys.stderr)
+    inputs = {name: (f"{UPLOAD_SCHEME}{INPUTS}/{name}" if name in local else value)
+              for name, value in spec.inputs.items()}
+    return spec.model_copy(update={"working_dir": UPLOAD_SCHEME + WORKING_DIR,
+                                   "inputs": inputs})
 
 
 def _size_working_dir(folder: Path, max_mb: float) -> None:

@@ -42,6 +42,7 @@ from ringtrain.jobs.errors import (
     brief,
 )
 from ringtrain.jobs.files.extract import Extractor, TruncatedArchive
+from ringtrain.jobs.files.upload_tar import Packed
 from ringtrain.jobs.models import (
     ClusterInfo,
     ClusterSpec,
@@ -229,6 +230,46 @@ class JobsClient:
                 f"Its idempotency key is {key}: once the service answers, "
                 f"`ringtrain job list --idempotency-key {key}` shows it, and submitting again "
                 f"with `--idempotency-key {key}` never creates a second one.") from None
+
+    def upload(self, idempotency_key: str, packed: Packed) -> int:
+        """Send ``packed`` (a remote submit's working dir and inputs) as the upload the submit
+        with ``idempotency_key`` will name, resuming after what the service already has (a
+        killed client's earlier try, a lost connection). Returns the byte it resumed at.
+
+        Raises:
+            ServiceUnavailableError: the server stayed unreachable for ``reconnect_s``.
+            SpecError: the service refused the archive (a link, an unsafe path, too large).
+        """
+        path = f"/uploads/{quote(idempotency_key, safe='')}"
+        backoff = _Backoff(self.reconnect_s)
+        resumed: int | None = None
+        while True:
+            try:
+                try:
+                    status = self._call("GET", path)
+                except NotFoundError:
+                    status = {"received": 0, "manifest": "", "complete": False}
+                same = status["manifest"] == packed.manifest
+                if same and status["complete"]:
+                    return status["received"] if resumed is None else resumed
+                start = status["received"] if same else 0
+                resumed = start if resumed is None else resumed
+                try:
+                    response = self._http.put(
+                        path, params={"offset": start, "manifest": packed.manifest},
+                        content=packed.stream(start),
+                        # A length, not chunks: the server's parser takes it faster.
+                        headers={"Content-Length": str(packed.size - start)},
+                        timeout=httpx.Timeout(self._timeout_s, write=None, read=None))
+                except httpx.TransportError as e:
+                    raise self._unreachable(e) from None
+                _raise_for(response)
+                backoff.reset()
+            except ServiceUnavailableError as e:  # lost, or the killed try not yet ended there
+                backoff.wait(e)
+                self.reconnect()
+            except ConflictError:  # someone moved the upload on: ask again
+                backoff.wait(ServiceUnavailableError("the upload kept changing"))
 
     def find_job(self, idempotency_key: str) -> JobInfo | None:
         """The job submitted with ``idempotency_key``, if the service created one."""

@@ -11,6 +11,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from ringtrain.jobs.errors import (
     ConflictError,
@@ -39,6 +40,7 @@ from ringtrain.jobs.service.share import Share
 from ringtrain.jobs.service.stager import Stager
 from ringtrain.jobs.service.storage_plans import StorageSettings
 from ringtrain.jobs.service.store import Store
+from ringtrain.jobs.service.uploads import Uploads, checkable, recorded_spec, uploaded_key
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class JobService:
         #: Called with each tick's duration in seconds (the service's Prometheus histogram).
         self.tick_observers: list[Callable[[float], None]] = []
         self.stager = Stager(self._stage)
+        #: What remote clients upload before they submit (their working dirs and inputs).
+        self.uploads = Uploads(share.root / "uploads", clock=clock)
         #: What each job left in its folder, as the API reads it.
         self.files = JobFiles(store, share)
         self.output_watcher = OutputWatcher(
@@ -182,13 +186,21 @@ class JobService:
                 spec or cluster.
             SpecError: the spec does not fit the cluster, or an input path is missing.
         """
+        upload = uploaded_key(spec.working_dir) is not None
+        if upload and not idempotency_key:
+            raise SpecError([{"field": "working_dir", "message": "an uploaded working dir "
+                              "needs the submit's idempotency key, which names the upload"}])
         if idempotency_key is not None and (known := self.store.find_job(idempotency_key)):
-            return _same_submission(known, cluster, spec, idempotency_key)
-        self._check(cluster, spec)
+            asked = recorded_spec(spec, idempotency_key, Path(known.job_dir)) if upload else spec
+            return _same_submission(known, cluster, asked, idempotency_key)
+        self._check(cluster, checkable(spec) if upload else spec)
+        sent = spec
         for _ in range(100):  # six hex digits can collide, rarely
             job_id = f"{spec.name or 'job'}-{secrets.token_hex(3)}"
             if self.share.job_dir(job_id).exists():
                 continue
+            if upload:  # inputs name their place in the job's folder
+                spec = recorded_spec(sent, idempotency_key or "", self.share.job_dir(job_id))
             job = JobInfo(id=job_id, cluster=cluster, spec=spec, state=JobState.STAGING,
                           created_at=self.clock(), job_dir=str(self.share.job_dir(job_id)),
                           serves=serves)
@@ -235,11 +247,20 @@ class JobService:
         """Make the job's folder (copying its working dir), then queue it (unless it was
         terminated, failed or deleted meanwhile)."""
         self.share.remove_job_dir(job.id)  # what a server stopped mid-copy left
+        key = uploaded_key(job.spec.working_dir)
         try:
-            self.share.create_job_dir(job.id, job.spec)
+            if key:
+                uploads = self.uploads
+                self.share.create_job_dir(job.id, job.spec,
+                                          lambda folder: uploads.extract_into(key, folder))
+            else:
+                self.share.create_job_dir(job.id, job.spec)
         except (OSError, JobsError) as e:
             self._end_staging(job.id, JobState.FAILED, f"could not copy the working dir: {e}")
             return
+        finally:
+            if key:
+                self.uploads.remove(key)
         if self._end_staging(job.id, JobState.QUEUED, ""):
             self.wake.set()
 
@@ -338,7 +359,7 @@ def _fit_errors(info: ClusterInfo, spec: JobSpec) -> list[dict[str, str]]:
 def _local_errors(spec: JobSpec) -> list[dict[str, str]]:
     """The working dir and input paths of ``spec`` that this host does not have."""
     errors = []
-    if spec.working_dir:
+    if spec.working_dir and uploaded_key(spec.working_dir) is None:
         problem = _local_problem(spec.working_dir, folder=True)
         if problem:
             errors.append({"field": "working_dir", "message": problem})

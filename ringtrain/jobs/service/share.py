@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -49,8 +49,10 @@ class Share:
         """The folder of one job, with the paths of its parts."""
         return JobFolder(self.job_dir(job_id))
 
-    def create_job_dir(self, job_id: str, spec: JobSpec) -> Path:
-        """Create a job's folder: copy its working dir and make its output folders.
+    def create_job_dir(self, job_id: str, spec: JobSpec,
+                       fill: Callable[[Path], None] | None = None) -> Path:
+        """Create a job's folder: copy its working dir (or, with ``fill``, have it write ``wd/``
+        and ``inputs/`` into the folder: an upload) and make its output folders.
 
         Raises:
             InvalidRequestError: the working dir is not a folder, holds a named pipe, socket or
@@ -61,7 +63,9 @@ class Share:
         job_dir.parent.mkdir(parents=True, exist_ok=True)
         job_dir.mkdir()
         try:
-            if spec.working_dir:
+            if fill is not None:
+                fill(job_dir)
+            elif spec.working_dir:
                 self._copy_working_dir(spec.working_dir, folder.working_dir)
             else:
                 folder.working_dir.mkdir()

@@ -40,6 +40,7 @@ from ringtrain.jobs.service.api.metrics import ServiceMetrics
 from ringtrain.jobs.service.api.params import ERRORS
 from ringtrain.jobs.service.api.scope_guard import ScopeGuard
 from ringtrain.jobs.service.api.token_routes import token_routes
+from ringtrain.jobs.service.api.upload_routes import upload_routes
 from ringtrain.jobs.service.archive_process import ArchiveProducers
 from ringtrain.jobs.service.deployments import Deployments
 from ringtrain.jobs.service.job_service import JobService
@@ -100,7 +101,8 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     deployments = deployments or Deployments(service)
     for router in (cluster_routes(service), job_routes(service),
                    file_routes(service, ArchiveProducers(str(service.share.root))),
-                   deployment_routes(deployments), token_routes(tokens)):
+                   deployment_routes(deployments), token_routes(tokens),
+                   upload_routes(service.uploads)):
         app.include_router(router)
     add_dashboard_routes(app, service, metrics, deployments)
     return app

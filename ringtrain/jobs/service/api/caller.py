@@ -41,6 +41,11 @@ class Caller:
         """The one experiment whose jobs this caller sees, or ``None`` for all of them."""
         return None if self.token is None else self.token.experiment
 
+    @property
+    def owner(self) -> str:
+        """Whose what it makes is (an upload): the scoped token's id, or the admin's."""
+        return "admin" if self.token is None else f"token:{self.token.id}"
+
     def sees(self, experiment: str | None) -> bool:
         """Whether jobs of ``experiment`` (``None``: jobs of no experiment) are visible to it."""
         return self.experiment is None or experiment == self.experiment

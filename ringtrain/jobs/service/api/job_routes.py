@@ -27,6 +27,7 @@ from ringtrain.jobs.service.api.caller import Caller, CallerDep
 from ringtrain.jobs.service.api.params import ERRORS, ClusterName, JobIdPath, NameFilter
 from ringtrain.jobs.service.deployments import Deployments
 from ringtrain.jobs.service.job_service import JobService
+from ringtrain.jobs.service.uploads import uploaded_key
 
 
 def cluster_routes(service: JobService) -> APIRouter:
@@ -70,6 +71,13 @@ def job_routes(service: JobService) -> APIRouter:
         spec = caller.submitted(body.spec)
         if key is not None and caller.experiment is not None:
             _check_key_unseen(service, caller, key)
+        if uploaded_key(spec.working_dir) is not None:
+            if key is None:
+                raise SpecError([{"field": "Idempotency-Key", "message": (
+                    "an uploaded working dir is named by the submit's key: send one")}],
+                    "request")
+            if service.store.find_job(key) is None:  # a repeated submit: its upload is gone
+                service.uploads.require_complete(key, caller.owner)
         return service.submit(body.cluster, spec, key)
 
     @r.get("/jobs")

@@ -38,6 +38,7 @@ _ID = r"[^/]+"
 #: (:meth:`Caller.submitted`).
 SUBMIT_ROUTES = tuple((method, re.compile(API_PREFIX + path)) for method, path in (
     ("POST", "/jobs"),
+    ("PUT", f"/uploads/{_ID}"),  # an upload is its sender's alone (service/uploads.py)
     ("POST", f"/jobs/{_ID}/terminate"),
     ("DELETE", f"/jobs/{_ID}"),
     ("POST", f"/jobs/{_ID}/deploy"),
