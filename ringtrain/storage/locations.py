@@ -77,7 +77,21 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any,
     elif scheme in ("az", "abfs"):
         kwargs = {**_AZURE_TIMEOUTS, **kwargs}
     fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **kwargs)
+    if scheme in ("az", "abfs"):
+        _send_blobs_in_parts(fs)
     return fs, path
+
+
+def _send_blobs_in_parts(fs: Any) -> None:
+    """Make the Azure SDK send a blob above ``PART_BYTES`` in blocks of that size instead of
+    reading up to 64 MB whole. adlfs passes no client options through, so this sets them on
+    the client's configuration, which every blob client it makes shares."""
+    from ringtrain.storage.transfers import PART_BYTES
+
+    config = getattr(getattr(fs, "service_client", None), "_config", None)
+    if config is not None:
+        config.max_single_put_size = PART_BYTES
+        config.max_block_size = PART_BYTES
 
 
 def redacted(text: str, secrets: Iterable[str]) -> str:

@@ -26,6 +26,11 @@ from ringtrain.storage.progress import Progress
 DEFAULT_CONCURRENCY = 16
 #: Seconds without a byte moved after which a transfer is given up.
 DEFAULT_STALL_S = 120.0
+#: Bytes per request of a large upload (what ``aws s3 cp`` sends): a file above it goes in parts,
+#: one in flight per file unless fewer files than transfers are left, so an upload holds about
+#: ``concurrency x PART_BYTES`` in memory, not whole files (left to themselves s3fs reads a file
+#: under 100 MB whole and adlfs sends a blob's blocks up to 128 at once).
+PART_BYTES = 8 << 20
 
 
 class TransferError(RuntimeError):
@@ -104,16 +109,37 @@ def upload(fs: Any, files: Iterable[tuple[Path, str]], progress: Progress,
            done: Callable[[Path, str], None], concurrency: int = DEFAULT_CONCURRENCY,
            stall_s: float = DEFAULT_STALL_S) -> None:
     """Put each local file at its remote path, calling ``done`` after each is stored whole."""
+    items = list(files)
+    options = part_options(fs, parts_at_once=max(1, concurrency // max(1, len(items))))
 
     def put(item: tuple[Path, str]) -> tuple[Path, str]:
         local, remote = item
         size = local.stat().st_size
-        fs.put_file(str(local), remote)
-        progress.add(files=1, nbytes=size)
+        counter = _Counter(progress)
+        try:
+            fs.put_file(str(local), remote, callback=counter, **options)
+        except BaseException:
+            progress.add(nbytes=-counter.moved)
+            raise
+        progress.add(files=1, nbytes=max(0, size - counter.moved))
         done(local, remote)
         return item
 
-    _run_all(put, list(files), progress, concurrency, stall_s, "upload")
+    _run_all(put, items, progress, concurrency, stall_s, "upload")
+
+
+def part_options(fs: Any, parts_at_once: int) -> dict[str, Any]:
+    """``put_file``'s keywords that make ``fs``'s library send a large file in
+    :data:`PART_BYTES` parts, ``parts_at_once`` at a time (Azure's part size is set on its client
+    by :func:`ringtrain.storage.locations.open_store`; gcsfs sends its parts one by one)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "s3" in protocols:
+        return {"chunksize": PART_BYTES, "max_concurrency": parts_at_once}
+    if "az" in protocols or "abfs" in protocols:
+        return {"max_concurrency": parts_at_once}
+    if "gs" in protocols:
+        return {"chunksize": PART_BYTES}
+    return {}
 
 
 def _run_all(work: Callable[[Any], Any], items: list[Any], progress: Progress, concurrency: int,

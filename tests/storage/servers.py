@@ -122,7 +122,7 @@ def start_seaweed(folder: Path) -> Store:
     ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "metrics")}
     argv = [str(WEED), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={folder}",
             "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-master.telemetry=false", "-volume.max=5", f"-metricsPort={ports['metrics']}"]
+            "-master.telemetry=false", "-volume.max=30", f"-metricsPort={ports['metrics']}"]
     for name in ("s3", "master", "volume", "filer"):
         argv += [f"-{name}.port={ports[name]}", f"-{name}.port.grpc={free_port()}"]
     endpoint = f"http://127.0.0.1:{ports['s3']}"
