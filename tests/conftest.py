@@ -10,6 +10,10 @@ With ``-m fast`` exactly (what ``scripts/test.sh --fast`` passes), a test module
 never says ``mark.fast`` is not even imported: collecting it only to deselect its tests took
 ~7 s more (18 s instead of 11 s on a 2-core machine at load 3.5: their dependencies' imports
 and pytest's rewrite of their asserts).
+
+The whole suite runs in pytest-xdist workers that take whole modules in collection order, so the
+longest modules (:data:`LONGEST_FIRST`, from ``--durations``) are moved to the front: started
+last, one of them kept a worker busy minutes after the other had run out of work.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ import pytest
 
 _FAST_DIRS = ("unit", "engine")
 _TESTS = Path(__file__).parent
+#: Modules of a minute or more of tests, longest first (2-core machine, whole suite).
+LONGEST_FIRST = ("integration/test_examples_vision.py", "jobs/test_ray_backend.py",
+                 "storage/test_storage_jobs.py", "integration/test_keras_example.py",
+                 "integration/test_readme_walk.py", "integration/test_doctor_wrapped_steps.py",
+                 "integration/test_doctor_script_repeats.py", "integration/test_node_launch.py",
+                 "jobs/test_deploy_front.py", "jobs/test_elastic_jobs.py",
+                 "integration/test_elastic_one_rank.py")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -46,3 +57,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if tier in _FAST_DIRS:
             item.add_marker(pytest.mark.fast)
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+
+    def order(item: pytest.Item) -> int:
+        try:
+            return rank.get(Path(str(item.path)).relative_to(_TESTS).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=order)  # stable: the others keep their order, each module stays together

@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(args: list[str], cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "HOROVOD_"))}
     env["PYTHONPATH"] = str(ROOT)
+    # One intra-op thread for a script or example run as one process, as `ringtrain run` gives
+    # each of 2 ranks on 2 cores: one per core would spin on cores the other tests keep busy.
+    # (A FOLDER's trials set their own threads: training_threads.)
+    env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=timeout, check=False)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"

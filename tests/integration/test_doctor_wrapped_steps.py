@@ -23,6 +23,10 @@ EXAMPLES = ROOT / "examples"
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTRAIN_", "HOROVOD_"))}
     env["PYTHONPATH"] = str(ROOT)
+    # One intra-op thread per process, as `ringtrain run` gives each of 2 ranks on 2 cores: a
+    # lone process would start one per core and, beside the other tests, spin them on busy
+    # cores (the steps profiled here are checked for their structure, not their speed).
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 

@@ -100,8 +100,9 @@ def test_a_follower_that_dies_is_named_by_node_0(tmp_path: Path) -> None:
     port = _port()
     command = [sys.executable, "-c", ALLREDUCE]
     env = {"SLEEP": "120"}
-    follower = _node(1, 2, port, tmp_path, command=command, env=env)
-    driver = _node(0, 2, port, tmp_path, command=command, env=env)
+    # A lost node is named after --node-timeout without a beat (every 0.5 s): 4 s, not 10.
+    follower = _node(1, 2, port, tmp_path, "--node-timeout", "4", command=command, env=env)
+    driver = _node(0, 2, port, tmp_path, "--node-timeout", "4", command=command, env=env)
     rank1 = tmp_path / "out" / "rank.1" / "output"
     wait_until(lambda: _running_or_fail(driver) and rank1.exists() and rank1.read_text(),
                "rank 1's output", timeout_s=90)
@@ -159,7 +160,8 @@ def _running(marker: str) -> list[int]:
 def test_an_elastic_world_re_forms_without_a_killed_node(tmp_path: Path) -> None:
     port = _port()
     command = [sys.executable, str(ELASTIC_SCRIPT)]
-    flags = ("--min-np", "2", "--max-np", "3", "--elastic-timeout", "60")
+    # Node 2's loss is known after --node-timeout without a beat (every 0.5 s): 4 s, not 10.
+    flags = ("--min-np", "2", "--max-np", "3", "--elastic-timeout", "60", "--node-timeout", "4")
     env = {"RINGTRAIN_TEST_PAUSE": "2:0:6"}
     nodes = [_node(k, 3, port, tmp_path, *flags, command=command, env=env) for k in (1, 2)]
     driver = _node(0, 3, port, tmp_path, *flags, command=command, env=env)

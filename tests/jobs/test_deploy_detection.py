@@ -37,7 +37,9 @@ def test_train_detection_as_a_job_deploy_it_and_get_boxes(home: Home, cli: CLI,
         "job_preparation": "python -m ringtrain.cli data deepforest-coco data/trees "
                            "--format jpeg --val OSBS_029",
         "command": "python retinanet_coco.py --data data/trees --epochs 1 --limit-train 2 "
-                   "--image-size 96 --score-thresh 0.001"}))
+                   "--image-size 96 --score-thresh 0.001",
+        # One intra-op thread, not one per core: the other tests keep the cores busy.
+        "environment": {"OMP_NUM_THREADS": "1"}}))
     assert cli("cluster", "create", "local", "--nodes", "1", "--slots", "1")[0] == 0
     rc, out, err = cli("job", "submit", str(spec), "--cluster", "local", "--follow")
     job_id = out.splitlines()[0]
