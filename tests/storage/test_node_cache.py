@@ -144,6 +144,45 @@ def test_outputs_upload_as_they_settle_and_resume(store: Store, tmp_path: Path) 
     assert fs.size(f"{prefix}/final.pt") == 3 * MB
 
 
+def test_kill_mid_upload_shows_nothing_partial_and_resumes(store: Store, tmp_path: Path) -> None:
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"ckpt-{i:02d}.pt").write_bytes(os.urandom(500_000))
+    (folder / "big.pt").write_bytes(os.urandom(2 * PART_BYTES + 1000))  # in parts
+    prefix = f"{store.bucket}/runs/killed"
+    journal = tmp_path / "journal.jsonl"
+    plan = _plan(store, tmp_path, {}, concurrency=2, outputs={
+        "url": store.url("runs/killed"), "options": store.options, "folder": str(folder),
+        "journal": str(journal)})
+    argv = [sys.executable, "-m", "ringtrain.storage.node_main", "upload", plan]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait(timeout=10)
+    done = len(journal.read_text().splitlines())
+    assert 8 <= done < 41, f"killed after {done} of 41 files"
+    fs = store.fs()
+
+    def stored() -> dict[str, str]:
+        fs.invalidate_cache()
+        names = [p for p in fs.find(prefix) if not p.rsplit("/", 1)[-1].startswith(".")]
+        return {p.rsplit("/", 1)[-1]: hashlib.sha256(fs.cat(p)).hexdigest() for p in names}
+
+    local = _digests(folder)
+    for name, digest in stored().items():  # what a reader sees now: whole files or nothing
+        assert digest == local[name], f"{name} is visible half-written"
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    sent = int(rerun.stdout.split(" files uploaded to ")[0].rsplit("outputs: ", 1)[1])
+    assert sent <= 41 - done, rerun.stdout  # what the journal had was not sent again
+    assert stored() == local
+
+
 def test_a_large_output_goes_in_parts(store: Store, tmp_path: Path) -> None:
     """A file above PART_BYTES is sent in parts of that size (so an upload holds parts in
     memory, not files): S3 lists a multipart ETag, Azure the blob's committed blocks."""
