@@ -72,14 +72,24 @@ class OutputSink:
 
     def write(self, rank: int, stream: str, line: bytes) -> None:
         """Write one piece (a line ending with ``\\n`` or ``\\r``, or part of one) of
-        ``stream`` of ``rank``."""
+        ``stream`` of ``rank``. A rank file that cannot be written (a full disk) is given up,
+        said once on the terminal; the rank's output still reaches the terminal."""
         file = self._files.get((rank, stream))
+        failed = None
         if file is not None:
-            file.write(line)
-            file.flush()
+            try:
+                file.write(line)
+                file.flush()
+            except OSError as e:
+                failed = e
         with self._lock:
-            if file is not None:
-                self._write_combined(rank, stream, line)
+            if failed is not None:
+                self._give_up(rank, stream, failed)
+            if (rank, COMBINED) in self._files:
+                try:
+                    self._write_combined(rank, stream, line)
+                except OSError as e:
+                    self._give_up(rank, COMBINED, e)
             prefix = f"[{rank}]<{stream}>:".encode()
             if self._timestamps:
                 prefix = time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix
@@ -114,8 +124,30 @@ class OutputSink:
                 except OSError:
                     pass
         for file in self._files.values():
-            file.close()
+            try:
+                file.close()
+            except OSError:  # its last bytes did not fit: said when the write failed
+                pass
         self._files.clear()
+
+    def _give_up(self, rank: int, stream: str, error: OSError) -> None:
+        """Stop writing one rank file after ``error`` (what reached it stays), and say so on
+        the terminal (the caller holds the lock)."""
+        file = self._files.pop((rank, stream), None)
+        if file is None:
+            return
+        try:
+            file.close()
+        except OSError:
+            pass
+        path = rank_log(self._directory or "", rank, stream)
+        note = (f"ringtrain run: rank {rank}'s {stream} is no longer written to {path}: "
+                f"{error.strerror or error}; it goes on to the terminal\n").encode()
+        try:
+            self._terminal["stderr"].write(note)
+            self._terminal["stderr"].flush()
+        except OSError:
+            pass
 
 
 class _Screen:

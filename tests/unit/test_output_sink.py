@@ -58,3 +58,19 @@ def test_the_files_keep_the_bytes_and_the_combined_log_keeps_lines_apart(
     assert (tmp_path / "rank.2" / "stdout").read_bytes() == b"loss 0.5\n"
     assert (tmp_path / "rank.2" / "output").read_bytes() == (
         b"\r 10%\nloss 0.5\n\r 20%\r100%\n")
+
+
+def test_a_rank_file_the_disk_refuses_is_given_up_and_the_terminal_keeps_the_lines(
+        tmp_path: Path) -> None:
+    # /dev/full answers every write with ENOSPC, as a full disk does.
+    (tmp_path / "rank.0").mkdir()
+    (tmp_path / "rank.0" / "stdout").symlink_to("/dev/full")
+    shown = _run([(0, "stdout", b"epoch 1\n"), (0, "stderr", b"warning\n"),
+                  (0, "stdout", b"epoch 2\n")], tmp_path)
+    assert shown["stdout"] == b"[0]<stdout>:epoch 1\n[0]<stdout>:epoch 2\n"
+    assert shown["stderr"].count(b"is no longer written to") == 1
+    assert b"rank 0's stdout" in shown["stderr"] and b"No space left on device" in shown["stderr"]
+    assert shown["stderr"].endswith(b"[0]<stderr>:warning\n")
+    # the other files go on
+    assert (tmp_path / "rank.0" / "stderr").read_bytes() == b"warning\n"
+    assert (tmp_path / "rank.0" / "output").read_bytes() == b"epoch 1\nwarning\nepoch 2\n"
