@@ -34,6 +34,7 @@ from ringtrain.torch.build import (
     rocm_built,
 )
 from ringtrain.torch.compression import Compression
+from ringtrain.torch.functions import allgather_object, broadcast_object
 from ringtrain.torch.lifecycle import (
     add_process_set,
     init,
@@ -56,8 +57,9 @@ from ringtrain.torch.runtime import (
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
-    "KerasBackendError", "ProcessSet", "Sum", "add_process_set", "allgather", "allreduce",
-    "broadcast", "broadcast_global_variables", "broadcast_variables", "callbacks", "ccl_built",
+    "KerasBackendError", "ProcessSet", "Sum", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "broadcast", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables", "callbacks", "ccl_built",
     "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set",
     "gloo_built", "gloo_enabled", "init", "is_initialized", "load_model", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",

@@ -99,23 +99,14 @@ class CommitStateCallback(keras.callbacks.Callback):
 class UpdateBatchStateCallback(keras.callbacks.Callback):
     """Keep ``state.batch`` at the last finished batch (0 after each epoch).
 
-    With a known number of steps per epoch, the first epoch after a reset is shortened by the
-    batches already done, as in Horovod.
+    Unlike Horovod's, it does not lower ``params["steps"]`` for the first epoch after a reset:
+    Keras 3 reads an epoch's steps from its data, never from the callbacks' ``params``, so the
+    epoch is not shortened by the batches already done either way (docs/keras.md, "Elastic").
     """
 
     def __init__(self, state: Any):
         super().__init__()
         self.state = state
-        self.steps_per_epoch: int | None = None
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self.steps_per_epoch = None
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if self.params.get("steps"):
-            if self.steps_per_epoch is None:
-                self.steps_per_epoch = self.params.get("steps")
-            self.params["steps"] = self.steps_per_epoch - self.state.batch
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.state.batch = batch

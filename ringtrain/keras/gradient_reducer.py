@@ -2,7 +2,10 @@
 
 The gradients are copied into :class:`~ringtrain.torch.grad_bucket.GradBucket` flat tensors (the
 torch frontend's buckets, cut the same way) and each bucket is one named in-place allreduce;
-explicit ``groups`` are units of their own, each one grouped allreduce (docs/keras.md).
+explicit ``groups`` are units of their own, each one grouped allreduce (docs/keras.md). Ranks
+pair variables by position, as Horovod does: buckets are named after the positions of their
+variables, not after Keras' generated paths, which differ between a rank that loaded a
+checkpoint and one that built its model afresh.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
+from ringtrain.keras.collectives import check_same_variables
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
@@ -42,12 +46,19 @@ class GradientReducer:
         self._groups = groups
         self._process_set = process_set
         self._key: tuple[int, ...] | None = None
+        self._world: runtime.Runtime | None = None  # the world the plan was checked in
         self._units: list[list[tuple[GradBucket, list[int]]]] = []
         self._params: list[torch.Tensor] = []
 
     def _plan(self, variables: Sequence[Any]) -> None:
-        """Cut the variables into units of buckets; every rank cuts the same list alike."""
+        """Cut the variables into units of buckets; every rank cuts the same list alike.
+
+        Raises:
+            TensorMismatchError: the ranks' variables differ in number, shape or dtype.
+        """
+        check_same_variables(variables, f"{self._prefix}.variables", self._process_set)
         self._params = [v.value for v in variables]
+        # Per-variable rows of this rank's timeline only: the paths may differ between ranks.
         names = {p: f"allreduce.{v.path}" for p, v in zip(self._params, variables)}
         index = {id(p): i for i, p in enumerate(self._params)}
         explicit: list[list[int]] = []
@@ -73,7 +84,7 @@ class GradientReducer:
             buckets = []
             for members in unit:
                 params = [self._params[i] for i in members]
-                first, last = variables[members[0]].path, variables[members[-1]].path
+                first, last = members[0], members[-1]
                 name = f"{self._prefix}.{first}" + (f"..{last}" if len(members) > 1 else "")
                 buckets.append((GradBucket(name, params, names), members))
             self._units.append(buckets)
@@ -88,15 +99,19 @@ class GradientReducer:
 
         Raises:
             ValueError: ``grads`` and ``variables`` differ in length.
+            TensorMismatchError: the ranks' variables differ in number, shape or dtype.
             HorovodInternalError: a peer failed.
         """
         if len(grads) != len(variables):
             raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
         key = tuple(id(v) for v in variables)
-        if key != self._key:
+        world = runtime.current()
+        # A new world (an elastic reset) plans again, so that survivors and newcomers run the
+        # plan's check together.
+        if key != self._key or world is not self._world:
             self._plan(variables)
-            self._key = key
-        engine = runtime.current().engine
+            self._key, self._world = key, world
+        engine = world.engine
         inflight = []
         for unit in self._units:
             for bucket, members in unit:

@@ -26,15 +26,26 @@ _STATE = "_ringtrain_state"
 _CLASSES: dict[type, type[Any]] = {}
 
 
+class _CallableList(list):
+    """``optimizer.variables`` that Horovod's code may also call, ``opt.variables()``, as
+    TensorFlow's optimizers had it (Horovod's own ``CallableList``)."""
+
+    def __call__(self) -> _CallableList:
+        return self
+
+
 class _DistributedState:
-    """What a distributed optimizer adds to the user's: the reducer and local accumulation."""
+    """What a distributed optimizer adds to the user's: the reducer, local accumulation and
+    the rank-local variables."""
 
     def __init__(self, reducer: GradientReducer, passes: int, average_aggregated: bool,
-                 process_set: ProcessSet):
+                 process_set: ProcessSet, scale_local_gradients: bool):
         self.reducer = reducer
         self.passes = passes
         self.average_aggregated = average_aggregated
         self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self.local_vars: set[int] = set()  # ids of variables whose gradients are not reduced
         self.counter = 0  # backward passes accumulated since the last reduction
         self.accumulated: list[torch.Tensor | None] = []
         self.world = runtime.current()  # the world whose passes are accumulated
@@ -66,10 +77,26 @@ class _DistributedState:
                 return None
             grads, self.accumulated, self.counter = self.accumulated, [], 0
         if self.process_set.size() > 1:
-            grads = self.reducer.reduce(grads, variables)
+            grads = self._reduce(grads, variables)
         if self.passes > 1 and self.average_aggregated:
             grads = [None if g is None else g / self.passes for g in grads]
         return base_apply(grads, variables)
+
+    def _reduce(self, grads: list, variables: list) -> list:
+        """The gradients reduced across ranks, except those of local variables, which are
+        only divided by the number of ranks (Horovod's ``scale_local_gradients``)."""
+        if not self.local_vars:
+            return self.reducer.reduce(grads, variables)
+        shared = [i for i, v in enumerate(variables) if id(v) not in self.local_vars]
+        # The ranks train the average of their losses; a local variable is in one rank's loss
+        # only, so its gradient of the average is its own divided by the number of ranks
+        # (Horovod divides so whatever the op).
+        size = self.process_set.size() if self.scale_local_gradients else 1
+        out = [g if g is None or size == 1 else g / size for g in grads]
+        reduced = self.reducer.reduce([grads[i] for i in shared], [variables[i] for i in shared])
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        return out
 
     def _accumulate(self, grads: list) -> None:
         if not self.accumulated:
@@ -98,6 +125,19 @@ def _distributed_class(base: type[Any]) -> type[Any]:
                 return super().apply(grads, trainable_variables)
             return state.apply(self, grads, trainable_variables, super().apply)
 
+        @property
+        def variables(self) -> _CallableList:
+            return _CallableList(super().variables)
+
+        def register_local_var(self, var: Any) -> None:
+            """Keep ``var`` rank-local: its gradient is not reduced across ranks (divided by
+            their number instead, with ``scale_local_gradients``), as in Horovod."""
+            state = self.__dict__.get(_STATE)
+            if state is None:
+                raise ValueError("register_local_var needs an optimizer made by "
+                                 "DistributedOptimizer")
+            state.local_vars.add(id(var))
+
     # Keras records the class by module and name: these make a saved model load without
     # ringtrain, with the user's optimizer class.
     Distributed.__name__ = base.__name__
@@ -118,7 +158,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: int | list | None = None,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Wrap a Keras optimizer so that it applies gradients averaged over all ranks.
 
     Returns a new optimizer of a subclass of ``optimizer``'s class, made from its config (as
@@ -135,6 +176,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         num_groups: deprecated form of ``groups=N`` (as in Horovod).
         groups: ``N`` to reduce the variables in ``N`` groups, or a list of lists of
             variables, each list reduced as one unit; other variables go in buckets.
+        scale_local_gradients: divide the gradients of the variables given to
+            ``register_local_var`` (never reduced) by the number of ranks, as Horovod does.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
@@ -160,7 +203,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     reducer = GradientReducer(prefix, compression, op, gradient_predivide_factor, groups,
                               process_set)
     setattr(wrapped, _STATE, _DistributedState(reducer, backward_passes_per_step,
-                                               average_aggregated_gradients, process_set))
+                                               average_aggregated_gradients, process_set,
+                                               scale_local_gradients))
     return wrapped
 
 

@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import zipfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ringtrain.keras.backend import import_keras
-from ringtrain.keras.optimizer import DistributedOptimizer
+from ringtrain.keras.optimizer import DistributedOptimizer, is_distributed
 from ringtrain.torch.compression import Compression
+
+
+class _Factory:
+    """A function in ``custom_objects`` standing for a class: Keras 2 called it with the
+    object's config as keyword arguments (so Horovod's users pass ``lambda **kwargs:
+    hvd.DistributedOptimizer(MyOpt(**kwargs))``); Keras 3 calls ``from_config``."""
+
+    def __init__(self, factory: Callable[..., Any]):
+        self._factory = factory
+
+    def from_config(self, config: dict[str, Any]) -> Any:
+        return self._factory(**config)
+
+
+def _class_names(filepath: str | Path) -> set[str]:
+    """The names that a ``.keras`` file deserialises as classes (its configs that are dicts).
+
+    Keras 3's legacy ``.h5`` loader still calls a function found for a class, as Keras 2 did:
+    an ``.h5`` file needs nothing here.
+    """
+    if not zipfile.is_zipfile(filepath):
+        return set()
+    with zipfile.ZipFile(filepath) as archive:
+        config = json.loads(archive.read("config.json"))
+    names: set[str] = set()
+    pending = [config]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("config"), dict):
+                names.update(str(node[k]) for k in ("class_name", "registered_name")
+                             if node.get(k))
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return names
 
 
 def load_model(filepath: str | Path, custom_optimizers: Iterable[type] | None = None,
@@ -21,7 +59,10 @@ def load_model(filepath: str | Path, custom_optimizers: Iterable[type] | None = 
 
     Args:
         custom_optimizers: optimizer classes of your own used by the saved model.
-        custom_objects: other custom classes or functions, by name (as for Keras).
+        custom_objects: other custom classes or functions, by name (as for Keras). As in
+            Horovod (Keras 2), a function given for a class is a factory: it is called with
+            the object's config as keyword arguments; an optimizer it returns already
+            distributed is kept as it is.
         legacy_opts: Horovod's switch for ``tf.keras.optimizers.legacy``; Keras 3 has none.
 
     Returns:
@@ -34,10 +75,15 @@ def load_model(filepath: str | Path, custom_optimizers: Iterable[type] | None = 
     if legacy_opts:
         raise ValueError("legacy_opts=True asks for tf.keras.optimizers.legacy, which Keras 3 "
                          "does not have; load with legacy_opts=False")
-    objects = {cls.__name__: cls for cls in custom_optimizers or ()}
-    objects.update(custom_objects or {})
+    objects: dict[str, Any] = {cls.__name__: cls for cls in custom_optimizers or ()}
+    if custom_objects:
+        classes = _class_names(filepath)
+        objects.update({
+            name: _Factory(obj) if (name in classes and callable(obj)
+                                    and not hasattr(obj, "from_config")) else obj
+            for name, obj in custom_objects.items()})
     model = keras.saving.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
+    if optimizer is not None and not is_distributed(optimizer):
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
     return model

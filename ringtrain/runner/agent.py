@@ -31,16 +31,26 @@ log = logging.getLogger(__name__)
 _REAP_TIMEOUT_S = 5.0  # how long to wait for processes after SIGKILL before giving up on them
 _RELAY_POLL_S = 0.1  # how often the driver reads what other nodes' followers reported
 _NO_HOROVOD = "No module named 'horovod"
+_NO_TENSORFLOW = "No module named 'tensorflow"
 
 
 def failure_hint(stderr_tail: Iterable[str]) -> str | None:
     """What to do about a rank's failure, read from its last stderr lines (oldest first):
     ``None`` unless the cause is unambiguous."""
     for line in stderr_tail:
-        if line.startswith("ModuleNotFoundError:") and _NO_HOROVOD in line:
+        if not line.startswith("ModuleNotFoundError:"):
+            continue
+        if _NO_HOROVOD in line:
             return ("the script imports horovod, which is not installed: run it with "
                     "`ringtrain run --horovod-compat ...` (then `import horovod.torch` loads "
                     "ringtrain), or import ringtrain.torch as hvd")
+        if _NO_TENSORFLOW in line:
+            # Keras 3 imports TensorFlow when KERAS_BACKEND is unset (its default backend);
+            # ringtrain.keras runs it on torch.
+            return ("tensorflow is not installed and ringtrain does not use it: run Keras on "
+                    "torch with KERAS_BACKEND=torch (set before keras is first imported; "
+                    "`ringtrain run --horovod-compat` sets it when unset), and port "
+                    "TensorFlow calls of the script to keras.ops")
     return None
 
 

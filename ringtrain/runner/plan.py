@@ -78,8 +78,14 @@ def compat_shim_dir() -> str:
 
 def horovod_compat_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables ``--horovod-compat`` adds: the shim directory first on PYTHONPATH, so
-    that ``import horovod.torch`` in an unmodified script imports ringtrain."""
-    return envlib.prepend_pythonpath(compat_shim_dir(), environ)
+    that ``import horovod.torch`` in an unmodified script imports ringtrain, and
+    ``KERAS_BACKEND=torch`` when it is unset: a script that imports keras before
+    ``horovod.keras`` would otherwise get Keras' default backend, TensorFlow, which ringtrain
+    does not run (``ringtrain.keras`` is Keras 3 on torch)."""
+    extra = envlib.prepend_pythonpath(compat_shim_dir(), environ)
+    if "KERAS_BACKEND" not in environ:
+        extra["KERAS_BACKEND"] = "torch"
+    return extra
 
 
 #: Which node starts the rank in a slot: ``None`` for this process, else the node's rank (its

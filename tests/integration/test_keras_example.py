@@ -76,12 +76,16 @@ def test_two_workers_under_horovod_compat_learn_fashion_mnist(tmp_path):
     collectives = [rows[e["tid"]] for e in events
                    if e.get("ph") == "X" and e.get("name") in COLLECTIVES]
     steps = 2 * TRAIN_IMAGES // 32  # every worker trains on the whole (limited) set, batch 32
-    gradients = [r for r in collectives if r.startswith("DistributedRMSprop.")]
+    checks = [r for r in collectives if r.startswith("DistributedRMSprop.variables.")]
+    gradients = [r for r in collectives
+                 if r.startswith("DistributedRMSprop.") and r not in checks]
     once = [r for r in collectives if r.startswith("BroadcastGlobalVariables.")]
     # the tutorial CNN's 12 gradients: one bucket, one collective per step; besides it only the
-    # broadcast after the first batch
+    # check that the ranks' variables pair up (before the first step) and the broadcast after
+    # the first batch
     assert len(gradients) == steps and len(set(gradients)) == 1
-    assert len(collectives) == steps + len(once) and len(set(once)) == len(once)
+    assert len(checks) == len(set(checks)) == 2  # an object allgather: lengths, then data
+    assert len(collectives) == steps + len(checks) + len(once) and len(set(once)) == len(once)
 
 
 @pytest.fixture

@@ -163,6 +163,74 @@ def test_load_model_round_trips_the_distributed_optimizer(tmp_path):
         hvd.load_model(path, legacy_opts=True)
 
 
+class _UsersOptimizer(keras.optimizers.RMSprop):
+    """An optimizer class of the user's, as in Horovod's test_load_model_custom_objects."""
+
+
+def _users_loss(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+
+def test_load_model_calls_factories_given_for_classes(tmp_path):
+    model = _model()
+    model.compile(loss=_users_loss, optimizer=hvd.DistributedOptimizer(_UsersOptimizer(0.01)))
+    model.fit(*_data(32), batch_size=16, epochs=1, verbose=0)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    made = []
+
+    def factory(**kwargs):  # Horovod's form: Keras 2 called it with the optimizer's config
+        made.append(kwargs["learning_rate"])
+        return hvd.DistributedOptimizer(_UsersOptimizer(**kwargs))
+
+    loaded = hvd.load_model(path, custom_objects={"_UsersOptimizer": factory,
+                                                  "_users_loss": _users_loss})
+    assert made == [pytest.approx(0.01)]
+    assert type(loaded.optimizer).__name__ == "_UsersOptimizer"
+    assert is_distributed(loaded.optimizer) and int(loaded.optimizer.iterations) == 2
+    assert loaded.loss is _users_loss  # a function used as one stays itself
+    # the class itself still works, as before
+    assert is_distributed(hvd.load_model(path, custom_optimizers=[_UsersOptimizer],
+                                         custom_objects={"_users_loss": _users_loss}).optimizer)
+
+
+def test_optimizer_variables_can_be_called_as_horovods_code_does():
+    model = _model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    model.compile(loss="categorical_crossentropy", optimizer=opt)
+    model.fit(*_data(16), batch_size=16, epochs=1, verbose=0)
+    assert isinstance(opt.variables, list) and len(opt.variables) == 6  # 2 + 4 momenta
+    assert [v.path for v in opt.variables()] == [v.path for v in opt.variables]
+    assert opt.variables()[0] is opt.iterations
+    unwrapped = type(opt).from_config(opt.get_config())  # as Keras' deserialisation makes one
+    with pytest.raises(ValueError, match="DistributedOptimizer"):
+        unwrapped.register_local_var(model.trainable_variables[0])
+
+
+def test_the_epoch_after_a_reset_runs_all_its_steps():
+    # Keras 3 takes an epoch's steps from its data: the batches done before a reset are not
+    # skipped (docs/keras.md, "Elastic"); the callback leaves fit's params alone.
+    model = _model()
+    model.compile(loss="categorical_crossentropy", optimizer=keras.optimizers.SGD(0.1))
+    state = hvd.elastic.KerasState(model, batch=2, epoch=0)  # restored mid-epoch
+    steps = _StepsSeen()
+    model.fit(*_data(64), batch_size=16, epochs=1, verbose=0,
+              callbacks=[hvd.elastic.UpdateBatchStateCallback(state), steps])
+    assert steps.batches == [0, 1, 2, 3] and steps.params_steps == 4
+    assert state.batch == 0
+
+
+class _StepsSeen(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+        self.params_steps = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+        self.params_steps = self.params["steps"]
+
+
 def test_elastic_state_and_callbacks():
     model = _model()
     model.compile(loss="categorical_crossentropy", optimizer=keras.optimizers.SGD(0.1))
