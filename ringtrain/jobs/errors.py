@@ -69,6 +69,15 @@ class BusyError(JobsError):
         self.retry_after_s = retry_after_s
 
 
+class DiskFullError(JobsError):
+    """A write the service could not make, or refused, because a disk it writes to is full (or
+    below the free space new jobs need); the message names the disk's path and its free space.
+    As in PostgreSQL, nothing of the write is kept and the service goes on: the same request
+    succeeds once space is freed (:mod:`ringtrain.jobs.disk_space`)."""
+
+    http_status = 507  # Insufficient Storage (RFC 4918)
+
+
 class AuthError(JobsError, PermissionError):
     """A request lacked a valid token: none, a wrong one, or a scoped one that was revoked or
     has expired (the message says which)."""

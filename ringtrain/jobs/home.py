@@ -72,6 +72,12 @@ class Home:
         return self.root / "tls"
 
     @property
+    def reserve_file(self) -> Path:
+        """Space the server holds for the records it must keep when the disk fills, given up
+        then (:mod:`ringtrain.jobs.service.disk_guard`)."""
+        return self.root / "space.reserve"
+
+    @property
     def plans_folder(self) -> Path:
         """Attempts' storage plans (mode 700: they hold credentials)."""
         return self.root / "plans"

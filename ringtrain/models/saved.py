@@ -13,6 +13,8 @@ same ``model.json`` beside it, ``arch: keras`` (see :mod:`ringtrain.models.keras
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -172,16 +174,100 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Modul
     eval mode on ``device``, and its metadata.
 
     Raises:
-        SavedModelError: As :func:`read_info`, or the weights do not fit the architecture.
+        SavedModelError: As :func:`read_info`; or the weights file asks to run code, is no
+            ``state_dict``, or does not fit the architecture its metadata describes (each said
+            in one line).
     """
     weights, info = read_info(path)
     if info.arch == KERAS_ARCH:
         model, info = _load_keras(weights, info)
         return model.to(device).eval(), info
-    model = ARCHITECTURES[info.arch](**info.kwargs)
+    state = _read_state(weights)
+    # Built on the meta device first, which allocates nothing: a model.json asking for two
+    # billion classes is refused by its shapes before a byte is taken for them. A builder that
+    # computes with its tensors cannot run there (torchvision's RegNets): its model is compared
+    # once built.
+    try:
+        with torch.device("meta"):
+            expected: dict[str, torch.Tensor] | None = _build(weights, info).state_dict()
+    except NotImplementedError:
+        expected = None
+    if expected is not None:
+        _check_fits(weights, info, expected, state)
+    model = _build(weights, info)
+    if expected is None:
+        _check_fits(weights, info, model.state_dict(), state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise SavedModelError(f"{weights} does not load into {info.arch}: {_line(e)}") from None
+    return model.to(device).eval(), info
+
+
+def _read_state(weights: Path) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` in ``weights``, read without running any code it holds."""
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-    except (RuntimeError, ValueError, OSError) as e:
-        raise SavedModelError(f"{weights} does not load into {info.arch}: {e}") from None
-    return model.to(device).eval(), info
+    except pickle.UnpicklingError as e:
+        # weights_only refuses every object but tensors and plain containers; the global it
+        # names is the code the file asked to run (os.system, a class of the trainer's).
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise SavedModelError(
+            f"{weights} asks to run code when loaded{what}: it is not a plain state_dict, and "
+            "ringtrain never runs code from a model file; save the weights with "
+            "torch.save(model.state_dict(), path)") from None
+    except (RuntimeError, ValueError, OSError, EOFError) as e:
+        raise SavedModelError(f"{weights} is not a PyTorch weights file: {_line(e)}") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise SavedModelError(f"{weights} holds a {type(state).__name__} that is not a "
+                              "state_dict (names to tensors); save the weights with "
+                              "torch.save(model.state_dict(), path)")
+    return state
+
+
+def _build(weights: Path, info: ModelInfo) -> nn.Module:
+    """The architecture built with the metadata's arguments (on the current default device).
+
+    Raises:
+        NotImplementedError: On the meta device, a builder that needs its tensors' data.
+        SavedModelError: The arguments do not build a model, or memory runs out.
+    """
+    try:
+        return ARCHITECTURES[info.arch](**info.kwargs)
+    except NotImplementedError:
+        raise
+    except (TypeError, ValueError, ImportError, RuntimeError) as e:  # Runtime: out of memory
+        raise SavedModelError(f"{weights}: the metadata's kwargs do not build {info.arch}: "
+                              f"{_line(e)}") from None
+
+
+def _check_fits(weights: Path, info: ModelInfo, expected: dict[str, torch.Tensor],
+                state: dict[str, torch.Tensor]) -> None:
+    """Raise SavedModelError, naming the first difference, unless ``state`` has exactly the
+    names and shapes of ``expected`` (the built model's ``state_dict``)."""
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if not (wrong or missing or unexpected):
+        return
+    if wrong:
+        k = wrong[0]
+        what = (f"{k} is {list(state[k].shape)} in the weights, {list(expected[k].shape)} in "
+                "the model")
+    elif missing:
+        what = f"the weights lack {missing[0]}"
+    else:
+        what = f"the weights hold {unexpected[0]}, which the model has not"
+    more = len(wrong) + len(missing) + len(unexpected) - 1
+    if more:
+        what += f" (and {more} more difference{'s' if more > 1 else ''})"
+    raise SavedModelError(f"{weights} does not fit the {info.arch} its metadata describes: "
+                          f"{what}")
+
+
+def _line(error: BaseException) -> str:
+    """An error's first line, as long as one line should be: torch's go on for paragraphs."""
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return first[:300] or type(error).__name__

@@ -41,9 +41,21 @@ def check_bind(host: str, token: str | None, service: str, reason: str) -> None:
                           "`Authorization: Bearer <token>`")
 
 
+def bearer_credentials(authorization: bytes) -> bytes | None:
+    """What an ``Authorization: Bearer <credentials>`` header carries; ``None`` for another
+    scheme. The scheme's name is case-insensitive (RFC 9110, section 11.1): clients send
+    ``bearer`` too."""
+    scheme, _, credentials = authorization.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return credentials.lstrip(b" ")
+
+
 def bearer_matches(authorization: str, token: str) -> bool:
-    """Whether an ``Authorization`` header carries ``Bearer <token>`` (in constant time)."""
-    return secrets.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+    """Whether an ``Authorization`` header carries ``Bearer <token>`` (the token compared in
+    constant time)."""
+    given = bearer_credentials(authorization.encode())
+    return given is not None and secrets.compare_digest(given, token.encode())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

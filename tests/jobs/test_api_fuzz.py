@@ -66,7 +66,7 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) of every route; negative cases only where there is input to spoil."""
     plain = {("GET", "/v1/health"), ("GET", "/v1/clusters"), ("GET", "/v1/deployments"),
              ("GET", "/v1/host"), ("GET", "/v1/deployment-metrics"), ("GET", "/v1/progress"),
-             ("GET", "/v1/tokens")}
+             ("GET", "/v1/tokens"), ("POST", "/v1/dashboard/login-codes")}
     routes = [("GET", "/v1/health"), ("GET", "/v1/clusters"), ("POST", "/v1/clusters"),
               ("GET", "/v1/clusters/{name}"), ("PATCH", "/v1/clusters/{name}"),
               ("DELETE", "/v1/clusters/{name}"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs"),
@@ -86,7 +86,9 @@ def operations() -> list[tuple[str, str, GenerationMode]]:
               ("POST", "/v1/tokens"), ("GET", "/v1/tokens"),
               ("POST", "/v1/tokens/{token_id}/revoke"),
               # Uploads of a remote submit: drawn ones hold no archive, or a refused one.
-              ("GET", "/v1/uploads/{key}"), ("PUT", "/v1/uploads/{key}")]
+              ("GET", "/v1/uploads/{key}"), ("PUT", "/v1/uploads/{key}"),
+              # A dashboard login code for the caller: each drawn one expires unused.
+              ("POST", "/v1/dashboard/login-codes")]
     return [(m, p, mode) for m, p in routes for mode in GenerationMode
             if mode == GenerationMode.POSITIVE or (m, p) not in plain]
 

@@ -109,3 +109,39 @@ def test_a_producer_nobody_reads_is_killed_after_the_start_timeout(tmp_path: Pat
         await _settled(producers)
 
     asyncio.run(run())
+
+
+def test_concurrent_requests_never_run_more_producers_than_the_limit(tmp_path: Path) -> None:
+    # Issue 35: a slot was given back before the `await` that registered its producer, so a
+    # request arriving meanwhile found it free (eight producers let ten through).
+    _job(tmp_path, files=2, size=1 << 20)  # more than a pipe holds: unread producers stay alive
+    limit, requests = 3, 40
+
+    async def run() -> None:
+        producers = ArchiveProducers(str(tmp_path), limit=limit, start_timeout_s=600)
+        streams, refused, peak = [], 0, 0
+
+        async def request() -> None:
+            nonlocal refused
+            try:
+                streams.append(await producers.start("j1", "outputs", None))
+            except BusyError:
+                refused += 1
+
+        arrivals = []
+        for _ in range(requests):  # one arrival per turn of the loop, amid the others' awaits
+            arrivals.append(asyncio.create_task(request()))
+            await asyncio.sleep(0)
+            peak = max(peak, producers.running)
+        await asyncio.gather(*arrivals)
+        try:
+            assert len(streams) == limit and refused == requests - limit
+            assert peak <= limit and producers.running == limit
+            assert len(_producers()) == limit  # alive: nobody read their archives
+        finally:
+            for stream in streams:  # read a little, then leave: each producer is killed
+                await stream.__anext__()
+                await stream.aclose()
+            await _settled(producers)
+
+    asyncio.run(run())

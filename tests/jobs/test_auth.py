@@ -52,6 +52,17 @@ def test_every_route_needs_the_token_and_the_cli_sends_it(home: Home, cli: CLI) 
             assert http.get("/v1/clusters", headers={**good, "Host": host}).status_code == 200
 
 
+def test_the_bearer_scheme_is_case_insensitive(home: Home, cli: CLI) -> None:
+    assert cli("cluster", "list")[0] == 0
+    info = read_server_file(home)
+    with httpx.Client(base_url=info.url, timeout=10) as http:
+        for given, status in ((f"bearer {info.token}", 200), (f"BEARER {info.token}", 200),
+                              (f"bearer {info.token.upper()}x", 401),
+                              (f"Basic {info.token}", 401), (f"Bearer{info.token}", 401)):
+            assert http.get("/v1/clusters", headers={"Authorization": given}
+                            ).status_code == status, given
+
+
 def test_the_token_survives_a_server_restart(home: Home, cli: CLI) -> None:
     assert cli("cluster", "list")[0] == 0
     first = home.token_file.read_text()

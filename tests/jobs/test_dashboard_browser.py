@@ -183,6 +183,25 @@ def test_jobs_logs_curves_and_terminate_live_in_a_browser(
     assert problems == [], "\n".join(problems)
 
 
+def test_a_log_pane_drops_terminal_escapes_and_keeps_markup_text(service: JobsClient,
+                                                                 browser: Any) -> None:
+    # Issue 35: colour codes showed as raw "[31m". The page's own function, fed a stream cut in
+    # the middle of escapes as the log stream may cut it.
+    page = browser.new_page()
+    page.goto(service.dashboard_url())
+    page.wait_for_selector("#live.on")
+    chunks = ["\x1b[31mred\x1b[0m plain \x1b[1;", "32mgreen\x1b[0m\n",
+              "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b", "\\ <b>b</b>\x1b[K\x1b(B\x1b[m\n\x1b",
+              "[2K\rbar 1\rbar 2\n"]
+    shown = page.evaluate("""chunks => {
+        const out = document.createElement("pre");
+        const append = terminalText(out, () => {});
+        chunks.forEach(append);
+        return [out.textContent, out.querySelectorAll("*").length];
+    }""", chunks)
+    assert shown == ["red plain green\nlink <b>b</b>\nbar 2\n", 0]
+
+
 # A job whose outputs look like a saved model (so that it can be deployed) but are not one: its
 # deployment's job starts, fails to load it and ends, and stays a job that `serves` another.
 BROKEN_MODEL = ('cd "$RINGTRAIN_OUTPUT_MODEL" && echo \'{"arch": "nonesuch"}\' > model.json '

@@ -1,7 +1,8 @@
 """Deployments end to end: a real job service on loopback runs a job that saves a tiny model,
 `ringtrain job deploy` serves it with real `ringtrain serve` replicas, which answer over HTTP,
 outlive a restart of the service (found again, not started twice) and stop; `ringtrain serve
-JOB_ID` fetches the model through the service. Plus the state rules, pure."""
+JOB_ID` fetches the model through the service. Plus the choice of the model, pure (the state
+rules are in test_deploy_failover.py)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,7 @@ from ringtrain.jobs.client.connection import connect, stop_server
 from ringtrain.jobs.errors import ConflictError, InvalidRequestError, NotFoundError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, FileInfo, JobInfo, parse_job_spec
-from ringtrain.jobs.models.deployment import (
-    DeploymentState,
-    deployment_state,
-    servable_model,
-)
+from ringtrain.jobs.models.deployment import servable_model
 from ringtrain.jobs.service.executors.local import procs
 
 from .conftest import CLI, wait_for
@@ -52,16 +49,6 @@ def _job(state: str, serves: str | None = None) -> JobInfo:
 
 def _files(*paths: str) -> list[FileInfo]:
     return [FileInfo(path=p, size=1, modified_at=0.0) for p in paths]
-
-
-def test_state_follows_the_job_and_the_replicas_that_listen() -> None:
-    assert deployment_state(_job("queued"), 0) == DeploymentState.STARTING
-    assert deployment_state(_job("running"), 1) == DeploymentState.STARTING  # 1 of 2
-    assert deployment_state(_job("running"), 2) == DeploymentState.READY
-    assert deployment_state(_job("terminating"), 2) == DeploymentState.STOPPING
-    assert deployment_state(_job("terminated"), 0) == DeploymentState.STOPPED
-    assert deployment_state(_job("failed"), 0) == DeploymentState.FAILED
-    assert deployment_state(_job("succeeded"), 0) == DeploymentState.FAILED  # a server exited
 
 
 def test_the_shallowest_model_folder_wins_and_many_outputs_are_walked_not_kept() -> None:

@@ -196,6 +196,23 @@ def test_the_dashboard_signs_in_with_a_read_token_and_shows_why_a_control_fails(
     assert httpx.get(f"{url}/v1/jobs/{job_id}", headers=bearer(home)).json()["state"] == "queued"
 
 
+def test_a_read_token_s_login_code_signs_a_browser_in_as_that_token(
+        env: tuple[Home, str]) -> None:
+    home, url = env
+    token, token_id = _make(env, "read", "coded")
+    r = httpx.post(f"{url}/v1/dashboard/login-codes", timeout=30,
+                   headers={"Authorization": f"bearer {token}"})  # the scheme in any case
+    assert r.status_code == 201, r.text
+    with httpx.Client(base_url=url, timeout=30) as browser:
+        r = browser.get(r.json()["url_path"])
+        assert r.status_code == 303 and r.headers["location"] == "/dashboard"
+        assert r.headers["set-cookie"].split(";")[0].split("=", 1)[1].startswith(token_id + ".")
+        # Signed in as the read token, not as the admin: its scope holds.
+        r = browser.post("/v1/clusters", json={"name": "x", "nodes": 1},
+                         headers={CSRF_HEADER.decode(): "1"})
+        assert r.status_code == 403 and "this token's scope is read" in r.json()["detail"]
+
+
 def test_a_token_of_one_experiment_sees_none_of_the_others_jobs(env: tuple[Home, str]) -> None:
     home, url = env
     admin = bearer(home)
@@ -342,15 +359,16 @@ def test_every_route_of_the_schema_is_ruled_for_each_scope(env: tuple[Home, str]
             ("DELETE", "/v1/jobs/{job_id}"), ("POST", "/v1/jobs/{job_id}/deploy"),
             ("POST", "/v1/jobs/{job_id}/ranks/{rank}/stack"),
             ("POST", "/v1/deployments/{deployment_id}/stop"), ("PUT", "/v1/uploads/{key}")}
+    own = {("POST", "/v1/dashboard/login-codes")}  # for the caller itself: every scope
     routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
     assert ("POST", "/v1/tokens") in routes and len(routes) > 20
     for method, path in routes:
         concrete = path.replace("{rank}", "0").replace("{", "").replace("}", "")
         admin_only = path.startswith("/v1/tokens")
-        assert (refusal(reader, method, concrete) is None) == (method == "GET"
-                                                               and not admin_only), path
+        assert (refusal(reader, method, concrete) is None) == (
+            not admin_only and (method == "GET" or (method, path) in own)), path
         assert (refusal(submitter, method, concrete) is None) == (
-            not admin_only and (method == "GET" or (method, path) in acts)), path
+            not admin_only and (method == "GET" or (method, path) in acts | own)), path
     # What no router declares follows the same rule: reads only.
     assert refusal(reader, "GET", "/metrics") is None
     assert refusal(reader, "POST", "/v1/no-such-route") is not None

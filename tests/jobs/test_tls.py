@@ -127,6 +127,39 @@ def test_a_client_with_the_right_pin_works(restarted, tmp_path: Path, cli: CLI,
     assert (rc, json.loads(out)) == (0, []), err
 
 
+def test_the_dashboard_cookie_is_sent_over_https_only(restarted) -> None:
+    home, _, server = restarted
+    r = httpx.get(f"{server.url}/dashboard", params={"token": home_token(home)},
+                  verify=ssl.create_default_context(cafile=home.tls_folder / "cert.pem"),
+                  timeout=30)
+    assert r.status_code == 303, r.text
+    assert "; Secure" in r.headers["set-cookie"] and "HttpOnly" in r.headers["set-cookie"]
+
+
+def test_server_start_takes_the_flags_before_it(home: Home) -> None:
+    env = {**os.environ, "RINGTRAIN_HOME": str(home.root)}
+
+    def server(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ringtrain.cli", "server", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    started = server("--tls", "--token", "a-token-kept-off-ps", "start", "-o", "json")
+    try:
+        assert started.returncode == 0, started.stderr
+        info = json.loads(started.stdout)["server"]
+        assert info["url"].startswith("https://127.0.0.1:") and info["fingerprint"], info
+        pid = info["pid"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"--tls" in argv and b"a-token-kept-off-ps" not in b" ".join(argv), argv
+        client = JobsClient(info["url"], "a-token-kept-off-ps", fingerprint=info["fingerprint"])
+        assert client.health().home == str(home.root)
+        client.close()
+        again = server("--insecure", "start")  # another configuration: not silently ignored
+        assert again.returncode == 1 and "server stop" in again.stderr, again
+    finally:
+        assert server("stop").returncode == 0
+
+
 def test_a_wrong_pin_is_refused_naming_both_fingerprints(restarted, cli: CLI,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     home, _, server = restarted

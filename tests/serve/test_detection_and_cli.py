@@ -4,7 +4,9 @@ process: it prints its URL, answers, and exits 0 on SIGTERM."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from ringtrain.models.saved import ModelInfo, load_model, save_model
 from ringtrain.models.vision import load_torchvision
@@ -99,3 +102,36 @@ def test_the_command_says_what_is_wrong_with_a_model(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 2 and "max batch size 0" in r.stderr
     assert time.monotonic() - started < 120
+
+
+class _RunsCode:
+    """Pickled, it asks whoever loads it to run a shell command (os.system)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        return os.system, (self.command,)
+
+
+def test_weights_that_run_code_or_ask_for_two_billion_classes_are_refused_in_one_line(
+        tiny_classifier: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(tiny_classifier / "model.json", code / "model.json")
+    torch.save({"weight": _RunsCode(f"touch {marker}")}, code / "model.pt")
+    huge = tmp_path / "huge"
+    shutil.copytree(tiny_classifier, huge)
+    info = json.loads((huge / "model.json").read_text())
+    info["kwargs"]["num_classes"] = 2_000_000_000  # 4 TB of weights, were it built
+    (huge / "model.json").write_text(json.dumps(info))
+    for folder, says in ((code, "asks to run code when loaded"),
+                         (huge, "[3, 512] in the weights, [2000000000, 512] in the model")):
+        r = subprocess.run([sys.executable, "-m", "ringtrain.cli", "serve", str(folder),
+                            "--port", "0"], capture_output=True, text=True, timeout=120,
+                           check=False)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not marker.exists()
+

@@ -10,6 +10,7 @@ from ringtrain.jobs.cli import output
 from ringtrain.jobs.cli.args import connect_from, job_id
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
+from ringtrain.jobs.replica_record import ReplicaState
 
 #: How often a waiting CLI asks for the deployment's state.
 POLL_S = 0.2
@@ -51,23 +52,34 @@ def show(args: argparse.Namespace, deployment: DeploymentInfo) -> None:
 
 
 def wait_ready(client: JobsClient, deployment_id: str, timeout_s: float) -> DeploymentInfo:
-    """Poll a deployment until it is ready, has ended, or ``timeout_s`` passed; return it."""
+    """Poll a deployment until it is ready, has ended, is degraded with no replica on its way
+    back, or ``timeout_s`` passed; return it."""
     deadline = time.monotonic() + timeout_s
     while True:
         info = client.get_deployment(deployment_id)
-        if info.state != DeploymentState.STARTING or time.monotonic() >= deadline:
+        if not _changing(info) or time.monotonic() >= deadline:
             return info
         time.sleep(POLL_S)
+
+
+def _changing(info: DeploymentInfo) -> bool:
+    """Whether a deployment is on its way to ready: starting, or degraded while a replica is
+    starting or restarting."""
+    coming = {ReplicaState.STARTING, ReplicaState.RESTARTING}
+    return info.state == DeploymentState.STARTING or (
+        info.state == DeploymentState.DEGRADED
+        and any(r.state in coming for r in info.replica_status))
 
 
 def outcome(client: JobsClient, info: DeploymentInfo, waited_s: float) -> int:
     """Say on stderr why a deployment that should be ready is not; the exit code (0: ready)."""
     if info.state == DeploymentState.READY:
         return 0
-    if info.state == DeploymentState.STARTING:
+    if info.state in (DeploymentState.STARTING, DeploymentState.DEGRADED):
         why = info.message or "waiting for nodes, or for its replicas to load the model"
-        print(f"deployment {info.id} is still starting after {waited_s:g} s ({why}); it goes "
-              f"on: `ringtrain deployment show {info.id}`", file=sys.stderr)
+        print(f"deployment {info.id} is {info.state.value} after {waited_s:g} s, "
+              f"{len(info.healthy)} of {info.replicas} replicas healthy ({why}); it goes on: "
+              f"`ringtrain deployment show {info.id}`", file=sys.stderr)
         return 1
     tail = b"".join(client.logs(info.id, 0, "stderr")).decode(errors="replace")[-2000:]
     print(f"deployment {info.id} {info.state.value}: {info.message or '-'}"

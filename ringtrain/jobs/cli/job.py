@@ -94,6 +94,14 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
     p.add_argument("--replicas", type=int, default=1,
                    help="servers, one per node of the cluster (default 1)")
     p.add_argument("--cluster", type=cluster_name, help="run them here (default: the job's)")
+    p.add_argument("--port", type=int, default=0,
+                   help="the front's port on 127.0.0.1, with several replicas (default: a free "
+                        "one); refused if in use")
+    p.add_argument("--replica-port", type=int, default=0, metavar="BASE",
+                   help="replica K listens on BASE + K (default: free ports)")
+    p.add_argument("--max-restarts", type=int,
+                   help="times in a row a replica's server is started again after it died "
+                        "before that replica gives up (default 5)")
     p.add_argument("--wait", type=float, default=120.0,
                    help="seconds to wait for every replica to listen (default 120; 0: return "
                         "at once); exit 1 if it is not ready by then")
@@ -361,7 +369,9 @@ def _delete(args: argparse.Namespace) -> int:
 
 def _deploy(args: argparse.Namespace) -> int:
     client = _client(args)
-    info = client.deploy(args.id, args.replicas, args.cluster)
+    info = client.deploy(args.id, args.replicas, args.cluster, port=args.port,
+                         replica_port=args.replica_port,
+                         max_restarts=args.max_restarts)
     if args.wait > 0:
         print(f"deployment {info.id}: waiting up to {args.wait:g} s for {info.replicas} "
               "replica(s) to listen", file=sys.stderr, flush=True)

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ringtrain.jobs.models import ClusterInfo, FileInfo, JobInfo
-from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState
+from ringtrain.jobs.models.deployment import DeploymentInfo, DeploymentState, ReplicaStatus
+from ringtrain.jobs.replica_record import ReplicaState
 
 T = TypeVar("T")
 
@@ -136,9 +137,9 @@ def job_text(j: JobInfo) -> str:
 
 def deployments_table(deployments: list[DeploymentInfo]) -> str:
     """The table of `deployment list`."""
-    return table(["id", "serves", "cluster", "state", "replicas", "url"],
+    return table(["id", "serves", "cluster", "state", "healthy", "url"],
                  [[d.id, d.serves, d.job.cluster, d.state.value,
-                   f"{len(d.urls)}/{d.replicas}", d.url or "-"] for d in deployments])
+                   f"{len(d.healthy)}/{d.replicas}", d.url or "-"] for d in deployments])
 
 
 def deployment_text(d: DeploymentInfo) -> str:
@@ -146,20 +147,30 @@ def deployment_text(d: DeploymentInfo) -> str:
     lines = [f"id:          {d.id}", f"serves:      job {d.serves}", f"model:       {d.model}",
              f"cluster:     {d.job.cluster}", f"state:       {d.state.value}",
              f"message:     {d.message or '-'}", f"replicas:    {d.replicas}"]
-    if d.replicas == 1:
-        lines += [f"url:         {url}" for url in d.urls]
-    else:
-        if d.url:
-            lines.append(f"url:         {d.url}   (front: each request to the next healthy "
-                         f"replica; {len(d.healthy)} of {d.replicas} healthy)")
-        health = {u: "   (healthy)" if u in d.healthy else
-                  "   (out: failed its last health check)" for u in d.urls if d.url}
-        lines += [f"replica {i}:   {u}{health.get(u, '')}" for i, u in enumerate(d.urls)]
+    if d.replicas > 1 and d.url:
+        lines.append(f"url:         {d.url}   (front: each request to the next healthy "
+                     f"replica; {len(d.healthy)} of {d.replicas} healthy)")
+    for r in d.replica_status:
+        if d.replicas == 1 and r.healthy:  # its URL is the deployment's
+            lines.append(f"url:         {r.url}")
+        else:
+            lines.append(f"replica {r.index}:   {r.url or '-'}   ({_replica_note(r)})")
     url = d.url or (d.urls[0] if d.urls else None)
     if url and d.state == DeploymentState.READY:  # not on the way down
         lines.append(f"try:         curl -H 'Content-Type: image/jpeg' --data-binary @IMAGE.jpg "
                      f"{url}/v2/models/model/image")
     return "\n".join(lines)
+
+
+def _replica_note(r: ReplicaStatus) -> str:
+    """How one replica of `deployment show` stands, in words."""
+    if r.healthy:
+        return "healthy" + (f", after {r.restarts} restart(s) in a row" if r.restarts else "")
+    if r.state == ReplicaState.SERVING:
+        return "out: failed its last health check"
+    if r.state == ReplicaState.STARTING:
+        return "starting: loading the model"
+    return f"{r.state.value}: {r.message}"
 
 
 def files_table(files: list[FileInfo], header: bool = True) -> str:

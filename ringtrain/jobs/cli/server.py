@@ -45,11 +45,15 @@ def add_commands(parser: argparse.ArgumentParser, common: argparse.ArgumentParse
                               f"used first (default {DEFAULT_CACHE_GB:g})")
     storage.add_argument("--stage-concurrency", type=int, default=DEFAULT_CONCURRENCY,
                          help=f"transfers at once per node (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--min-free-mb", type=float, metavar="MB",
+                        help="refuse new jobs (507) while a disk of the home has less free "
+                             "space (default: 100, or 5%% of a disk under 2 GB; 0: never)")
     add_server_options(parser)  # each backend's own flags
-    parser.set_defaults(func=_serve, output="table")
+    parser.set_defaults(func=_serve, output="table", server_parser=parser)
     sub = parser.add_subparsers(metavar="COMMAND")
     for name, func, help_ in (
-            ("start", _start, "start a server for RINGTRAIN_HOME in the background"),
+            ("start", _start, "start a server for RINGTRAIN_HOME in the background, with the "
+                              "flags given before `start` (`server --tls start`)"),
             ("stop", _stop, "stop the server of RINGTRAIN_HOME (jobs keep running)"),
             ("status", _status, "show the server of RINGTRAIN_HOME")):
         p = sub.add_parser(name, help=help_)
@@ -89,7 +93,28 @@ def _report(args: argparse.Namespace, info: ServerInfo | None, verb: str) -> int
 
 def _start(args: argparse.Namespace) -> int:
     home = Home.from_environ()
-    return _report(args, running_server(home) or start_server(home), "running")
+    running = running_server(home)
+    flags = _given_flags(args)
+    if running is not None and flags:
+        print(f"a server already runs for {home.root}; `ringtrain server stop` first to start "
+              f"it with {' '.join(flags)}", file=sys.stderr)
+        return 1
+    return _report(args, running or start_server(home, flags=flags, token=args.token), "running")
+
+
+def _given_flags(args: argparse.Namespace) -> list[str]:
+    """The server flags given before ``start`` (those not at their defaults), as the
+    background server's command line; ``--token`` is left out: it goes by the environment."""
+    flags: list[str] = []
+    for action in args.server_parser._actions:  # noqa: SLF001 - argparse keeps no public list
+        value = getattr(args, action.dest, None)
+        if (not action.option_strings or action.dest == "token" or value == action.default
+                or action.default == argparse.SUPPRESS):  # --help
+            continue
+        flags.append(action.option_strings[-1])
+        if action.nargs != 0:  # store_true flags take no value
+            flags.append(str(value))
+    return flags
 
 
 def _stop(args: argparse.Namespace) -> int:

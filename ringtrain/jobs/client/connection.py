@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from ringtrain.jobs import envvars
 from ringtrain.jobs.client.endpoint import Endpoint, given_endpoint, login_endpoint
@@ -57,16 +58,21 @@ def running_server(home: Home) -> ServerInfo | None:
     return info
 
 
-def start_server(home: Home, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
-    """Start ``ringtrain server`` for ``home`` in the background and wait until it answers.
-    Raises ServiceUnavailableError, quoting the end of ``server.log``, if it did not come up
-    within ``timeout_s``."""
+def start_server(home: Home, timeout_s: float = START_TIMEOUT_S, flags: Sequence[str] = (),
+                 token: str | None = None) -> ServerInfo:
+    """Start ``ringtrain server FLAGS`` for ``home`` in the background and wait until it
+    answers; ``token`` reaches it through the environment (a command line is readable by every
+    local account). Raises ServiceUnavailableError, quoting the end of ``server.log``, if it did
+    not come up within ``timeout_s``."""
     home.ensure()
     remember(home)
+    env = {**os.environ, envvars.HOME: str(home.root)}
+    if token:
+        env[envvars.TOKEN] = token
     with open(home.server_log, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ringtrain.cli", "server"],
-            env={**os.environ, envvars.HOME: str(home.root)}, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "ringtrain.cli", "server", *flags],
+            env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

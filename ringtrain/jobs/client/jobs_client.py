@@ -54,7 +54,7 @@ from ringtrain.jobs.models import (
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.models.ids import check_job_id, check_name
 from ringtrain.jobs.models.paging import FilePage
-from ringtrain.jobs.models.schemas import API_PREFIX, Health
+from ringtrain.jobs.models.schemas import API_PREFIX, Health, LoginCode
 from ringtrain.jobs.models.tokens import NewToken, TokenInfo, TokenRequest, check_token_id
 
 _BY_STATUS: dict[int, type[JobsError]] = {
@@ -402,9 +402,22 @@ class JobsClient:
         query = f"?token={quote(self._token, safe='')}" if self._token else ""
         return f"{self.url}/dashboard{query}"
 
-    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None) -> DeploymentInfo:
-        """Serve a succeeded job's saved model with ``replicas`` servers (a new deployment)."""
-        body: dict[str, Any] = {"replicas": replicas}
+    def dashboard_login_url(self) -> str:
+        """An address that signs a browser in to the dashboard once, within a minute, with no
+        token in it: what to give a browser's command line, which every local account can
+        read."""
+        found = LoginCode.model_validate(self._call("POST", "/dashboard/login-codes"))
+        return f"{self.url}{found.url_path}"
+
+    def deploy(self, job_id: str, replicas: int = 1, cluster: str | None = None, *,
+               port: int = 0, replica_port: int = 0,
+               max_restarts: int | None = None) -> DeploymentInfo:
+        """Serve a succeeded job's saved model with ``replicas`` servers (a new deployment):
+        its front on ``port``, replica K on ``replica_port + K`` (0: free ones), each replica
+        restarted up to ``max_restarts`` times in a row (default: the service's)."""
+        body: dict[str, Any] = {"replicas": replicas, "port": port, "replica_port": replica_port}
+        if max_restarts is not None:
+            body["max_restarts"] = max_restarts
         if cluster is not None:
             body["cluster"] = check_name(cluster)
         return DeploymentInfo.model_validate(

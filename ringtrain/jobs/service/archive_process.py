@@ -16,6 +16,7 @@ writes the archive to stdout; exits 0 at its end, or quietly when the reader wen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -60,30 +61,46 @@ class ArchiveProducers:
         if len(self._running) + self._starting >= self.limit:
             raise BusyError(f"{self.limit} folder downloads are running on this service; "
                             f"try again in {RETRY_AFTER_S} s", retry_after_s=RETRY_AFTER_S)
+        # The slot is taken before the first await and held until the producer is counted in
+        # ``_running``: a request arriving during any await of the start finds it taken.
         self._starting += 1
+        try:
+            producer, reader = await self._spawn(job_id, path, after)
+            self._running.add(producer)
+        finally:
+            self._starting -= 1
+        # Held by the producer (itself held while it runs): the loop keeps only weak references.
+        producer.watch = asyncio.get_running_loop().create_task(self._watch(producer))
+        return self._relay(producer, reader)
+
+    async def _spawn(self, job_id: str, path: str, after: str | None
+                     ) -> tuple[_Producer, asyncio.StreamReader]:
+        """Start the process and connect its pipe; a failure (or a cancel) leaves neither."""
         # The pipe is ours, not the Process's: closing it must not wait for the process, and
         # waiting for the process must not wait for a pipe nobody reads.
         read_fd, write_fd = os.pipe()
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", __name__, self.share_root, job_id, path,
                 *([] if after is None else [after]),
                 stdin=asyncio.subprocess.DEVNULL, stdout=write_fd)
         except BaseException:
-            os.close(read_fd)
+            pipe.close()
             raise
         finally:
             os.close(write_fd)
-            self._starting -= 1
         reader = asyncio.StreamReader(limit=CHUNK)
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0))
-        producer = _Producer(proc, transport)
-        self._running.add(producer)
-        # Held by the producer (itself held while it runs): the loop keeps only weak references.
-        producer.watch = loop.create_task(self._watch(producer))
-        return self._relay(producer, reader)
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        except BaseException:
+            pipe.close()
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()  # asyncio's child watcher reaps it
+            raise
+        return _Producer(proc, transport), reader
 
     async def _relay(self, producer: _Producer, reader: asyncio.StreamReader
                      ) -> AsyncIterator[bytes]:

@@ -6,7 +6,8 @@ loopback only). :meth:`Fronts.sync` (every second from the server, and at once w
 made) starts one for every live deployment of several replicas that has none, or whose front
 died, and stops those whose deployment is stopping or over. A front's URL goes into its
 deployment's record, so that a restarted service binds the same port again (another one, then
-recorded, where that port was taken meanwhile).
+recorded, where that port was taken meanwhile); a port asked for at deploy time is recorded the
+same way (:meth:`Fronts.place`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ringtrain.jobs.errors import JobsError
+from ringtrain.jobs.errors import ConflictError, JobsError
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.service.front_proxy import Backends, create_front
 from ringtrain.jobs.service.store import Store
@@ -93,11 +94,23 @@ class Fronts:
             front = self._running.get(job_id)
         return front.url if front is not None else None
 
-    def healthy(self, job_id: str) -> list[str]:
-        """The replicas ``job_id``'s front sends requests to now (none without a front)."""
+    def out(self, job_id: str) -> list[str]:
+        """The replicas ``job_id``'s front took out of its turns (none without a front). Not
+        the healthy ones: a replica that announced itself since the front last read the
+        replicas is not known to it yet, and not out."""
         with self._lock:
             front = self._running.get(job_id)
-        return front.backends.healthy_urls() if front is not None else []
+        return front.backends.out_urls() if front is not None else []
+
+    def place(self, job_id: str, port: int) -> None:
+        """Put ``job_id``'s front on ``port``: recorded, and moved there if a pass of
+        :meth:`sync` started it elsewhere meanwhile (under the lock: no pass records another
+        port after this one)."""
+        with self._lock:
+            self.store.set_front(job_id, front_url(port))
+            front = self._running.get(job_id)
+            if front is not None and front.url != front_url(port):
+                self._stop(job_id)
 
     def close(self) -> None:
         """Stop every front (the service is stopping; a restarted one starts them again)."""
@@ -121,7 +134,7 @@ class Fronts:
         import uvicorn  # the web stack: loaded by the server only
 
         sock = _bind(job)
-        url = client_url(HOST, sock.getsockname()[1])
+        url = front_url(sock.getsockname()[1])
         job_id = job.id
 
         def refresh() -> list[str]:
@@ -149,6 +162,21 @@ class Fronts:
         front.thread.join(DRAIN_S + 5)
         if front.thread.is_alive():
             log.warning("front of deployment %s did not stop within %g s", job_id, DRAIN_S + 5)
+
+
+def front_url(port: int) -> str:
+    """The URL of a front on ``port``."""
+    return client_url(HOST, port)
+
+
+def check_port(port: int) -> None:
+    """Raise ConflictError, naming ``port``, if a front could not listen on it now."""
+    try:
+        _listen(bind_socket(HOST, port)).close()
+    except OSError as e:
+        raise ConflictError(f"the front cannot listen on port {port} of {HOST}: {e.strerror}; "
+                            "choose another (`ringtrain job deploy --port`), or none for a "
+                            "free one") from None
 
 
 def _bind(job: JobInfo) -> socket.socket:

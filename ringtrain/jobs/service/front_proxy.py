@@ -4,10 +4,13 @@ The job service runs one on its own port for each deployment of several replicas
 (:mod:`ringtrain.jobs.service.deployment_fronts`); ``ringtrain deployment front ID`` runs one
 in the foreground wherever the CLI runs. Each request goes to the next replica that answered its
 last health check (``GET /v2/health/ready``, every ``health_every_s``): one that fails a check is
-taken out, and put back when it passes one again. A replica that refuses a connection is marked down
-at once and the request goes to the next one (it never reached the first, so nothing runs twice).
-The replicas' URLs are read again every ``refresh_s``, so replicas that moved (a restarted
-deployment) are followed.
+taken out, and put back when it passes one again. A replica that fails a request (refuses the
+connection, or drops it: it died with the request in flight) is taken out at once and the request
+goes to the next one: every route of ``ringtrain serve`` is idempotent (inference changes
+nothing), so sending it again is safe, as a client retrying it would. A replica that is only slow
+(a timeout) is not tried again: the request may still be running there. The replicas' URLs are
+read again every ``refresh_s``, so replicas that moved (a restarted deployment) or that stopped
+serving (their keeper restarts them) are followed.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ class Backends:
         with self._lock:
             return list(self._urls)
 
-    def healthy_urls(self) -> list[str]:
-        """The replicas requests go to now, in their order."""
+    def out_urls(self) -> list[str]:
+        """The replicas taken out of the turns: they failed their last check or a request."""
         with self._lock:
-            return [u for u in self._urls if u in self._healthy]
+            return [u for u in self._urls if u not in self._healthy]
 
     def mark(self, url: str, healthy: bool) -> None:
         """Record a health check's or a request's outcome for ``url``."""
@@ -135,9 +138,14 @@ async def _watch(backends: Backends, client: httpx.AsyncClient,
         await asyncio.sleep(health_every_s)
 
 
+#: How a replica fails a request when it is down: not listening, or gone mid-request (the
+#: connection reset, or closed without an answer). Not a timeout, where it may be working on it.
+_REPLICA_DOWN = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
+
+
 async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient) -> Response:
-    """Send ``request`` to the next healthy replica (the one after, if it refuses the
-    connection: it never got the request)."""
+    """Send ``request`` to the next healthy replica (the one after, if that one is down: see
+    the module's docstring)."""
     body = await request.body()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
     tried: set[str] = set()
@@ -145,7 +153,9 @@ async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient
         try:
             answer = await client.request(request.method, url + request.url.path,
                                           params=request.url.query, content=body, headers=headers)
-        except httpx.ConnectError:  # never reached it: safe to send to the next one
+        except _REPLICA_DOWN as e:
+            log.warning("front: replica %s failed a request (%r); it is out, the request goes "
+                        "to the next one", url, e)
             backends.mark(url, False)
             tried.add(url)
             continue

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ringtrain.jobs.errors import (
     ConflictError,
+    DiskFullError,
     InvalidRequestError,
     InvalidTransitionError,
     JobsError,
@@ -31,6 +32,7 @@ from ringtrain.jobs.models import (
     JobState,
 )
 from ringtrain.jobs.models.spec import MAX_ARG_BYTES, expand_path
+from ringtrain.jobs.service.disk_guard import DiskGuard
 from ringtrain.jobs.service.executors.backend import ClusterBackend
 from ringtrain.jobs.service.executors.routing import Backends
 from ringtrain.jobs.service.job_files import JobFiles
@@ -54,14 +56,17 @@ class JobService:
         clock: seconds since the epoch (injectable for tests).
         output_limits: the default caps on a job's outputs.
         output_check_s: how often the outputs of running jobs are measured, at least.
+        disk: the free space of the disks it writes to, which refuses submits below its floor
+            (default: the share's disk, with the default floor and no reserve).
     """
 
     def __init__(self, store: Store, share: Share, backends: Iterable[ClusterBackend],
                  clock: Callable[[], float] = time.time,
                  output_limits: OutputLimits = DEFAULT_LIMITS, output_check_s: float = 5.0,
-                 storage: StorageSettings | None = None):
+                 storage: StorageSettings | None = None, disk: DiskGuard | None = None):
         self.store = store
         self.share = share
+        self.disk = disk or DiskGuard([share.root])
         self.storage = storage
         self.backends = Backends(backends, lambda name: store.get_cluster(name).backend)
         self.scheduler = Scheduler(store, self.backends, clock)
@@ -185,6 +190,8 @@ class JobService:
             ConflictError: the cluster is being deleted, or the key was used for another
                 spec or cluster.
             SpecError: the spec does not fit the cluster, or an input path is missing.
+            DiskFullError: a disk of the service is under its floor of free space (a new job
+                writes, and would only fail), or full.
         """
         upload = uploaded_key(spec.working_dir) is not None
         if upload and not idempotency_key:
@@ -193,6 +200,7 @@ class JobService:
         if idempotency_key is not None and (known := self.store.find_job(idempotency_key)):
             asked = recorded_spec(spec, idempotency_key, Path(known.job_dir)) if upload else spec
             return _same_submission(known, cluster, asked, idempotency_key)
+        self.disk.check_room()  # after the key: a retried submit still finds its job
         self._check(cluster, checkable(spec) if upload else spec)
         sent = spec
         for _ in range(100):  # six hex digits can collide, rarely
@@ -315,6 +323,8 @@ class JobService:
                 self.scheduler.stop_failing(job_id, message)
             except (NotFoundError, InvalidTransitionError):  # ended or deleted meanwhile
                 return
+            except DiskFullError:  # not recorded: the next check finds it over its cap again
+                return
         self.wake.set()
 
     def run_loop(self, stop: threading.Event, interval_s: float = 0.1,
@@ -324,7 +334,9 @@ class JobService:
 
         A change (submit, terminate) wakes the loop early, but ticks stay ``min_gap_s`` apart:
         a tick reads every queued job, and a burst of submits must not keep it reading
-        without pause while requests wait for the interpreter.
+        without pause while requests wait for the interpreter. Each tick measures the disks
+        first (what ``/v1/health`` and the dashboard show); a tick whose writes a full disk
+        refuses changed nothing, and the next one tries again.
         """
         self.resume_staging()
         watcher = threading.Thread(target=self.output_watcher.run, args=(stop,),
@@ -332,7 +344,10 @@ class JobService:
         watcher.start()
         while not stop.is_set():
             try:
+                self.disk.refresh()
                 self.tick()
+            except DiskFullError:
+                pass  # nothing recorded; the store's hook logs a full disk, once a minute
             except Exception:  # one bad tick must not stop the service
                 log.exception("scheduler tick failed")
             if stop.wait(min_gap_s):

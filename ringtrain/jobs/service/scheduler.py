@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ringtrain.jobs.errors import ConflictError, JobsError, RecordError
+from ringtrain.jobs.errors import ConflictError, DiskFullError, JobsError, RecordError
 from ringtrain.jobs.models import (
     AllocationState,
     ClusterInfo,
@@ -63,6 +63,10 @@ class Scheduler:
         for job in self.store.list_jobs(states=ACTIVE):
             try:
                 self._supervise(job, self.clock())
+            except DiskFullError:
+                # Nothing was recorded: the next tick observes the job again and retries (the
+                # store's hook logs a full disk, once a minute, not once a job and tick).
+                continue
             except JobsError:
                 # One job's inconsistent record must not stall every other job's supervision.
                 log.exception("job %s: supervision failed", job.id)

@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import Callable
 
-from ringtrain.jobs.errors import AuthError, ConflictError
+from ringtrain.jobs.errors import AuthError, ConflictError, DiskFullError
 from ringtrain.jobs.models.tokens import (
     TOKEN_PREFIX,
     NewToken,
@@ -123,7 +123,10 @@ class Tokens:
             raise AuthError(f"this token (id {info.id}) expired at {_when(info.expires_at)}; "
                             "ask the service's owner for a new one")
         if info.last_used_at is None or now - info.last_used_at >= TOUCH_EVERY_S:
-            self.table.mark_used(info.id, now)
+            try:
+                self.table.mark_used(info.id, now)
+            except DiskFullError:
+                pass  # last use is a note to within a minute: a full disk refuses no request
         return info
 
 

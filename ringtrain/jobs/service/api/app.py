@@ -22,12 +22,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ringtrain import __version__
+from ringtrain.jobs.disk_space import disk_full_error, is_disk_full
 from ringtrain.jobs.errors import BusyError, JobsError
 from ringtrain.jobs.models.schemas import API_PREFIX, ErrorResponse, Health
 from ringtrain.jobs.models.spec import MAX_ERRORS, field_errors
@@ -36,6 +38,7 @@ from ringtrain.jobs.service.api.file_routes import file_routes
 from ringtrain.jobs.service.api.guard import RequestGuard
 from ringtrain.jobs.service.api.job_routes import cluster_routes, deployment_routes, job_routes
 from ringtrain.jobs.service.api.limits import BodyLimit
+from ringtrain.jobs.service.api.login_codes import LoginCodes
 from ringtrain.jobs.service.api.metrics import ServiceMetrics
 from ringtrain.jobs.service.api.params import ERRORS
 from ringtrain.jobs.service.api.scope_guard import ScopeGuard
@@ -78,6 +81,7 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
                               "deployments of their models.")
     metrics = ServiceMetrics(service)
     tokens = Tokens(service.store.tokens, service.clock)
+    login_codes = LoginCodes()
     add_offline_docs(app, "ringtrain job service")
     # The guard is added last so that it runs first: no body is read for a caller without the token.
     app.add_middleware(BodyLimit)
@@ -85,18 +89,21 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
     if token is not None:
         # The scope check runs right after the guard that found the caller.
         app.add_middleware(ScopeGuard, store=service.store, tokens=tokens)
-        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts, tokens=tokens)
+        app.add_middleware(RequestGuard, token=token, allowed_hosts=allowed_hosts, tokens=tokens,
+                           login_codes=login_codes)
     if refuse_plain_http_from_network:  # outermost: a token sent in the clear is never read
         app.add_middleware(PlainHttpGuard, remedy="start the server with --tls (clients then "
                                                   "pin its certificate: `ringtrain login "
                                                   "https://HOST:PORT`), or with --insecure on a "
                                                   "network you trust")
-    _add_error_handlers(app)
+    _add_error_handlers(app, service.share.root)
 
     @app.get(API_PREFIX + "/health", responses=ERRORS)
     async def health() -> Health:
-        # On the event loop, not the thread pool: it answers at once however busy that is.
-        return Health(pid=os.getpid(), home=home, version=__version__)
+        # On the event loop, not the thread pool: it answers at once however busy that is
+        # (the disk's free space is the scheduler loop's last measure, not a look at the disk).
+        return Health(pid=os.getpid(), home=home, version=__version__,
+                      disk=service.disk.status())
 
     deployments = deployments or Deployments(service)
     for router in (cluster_routes(service), job_routes(service),
@@ -104,17 +111,28 @@ def create_app(service: JobService, token: str | None = None, home: str = "",
                    deployment_routes(deployments), token_routes(tokens),
                    upload_routes(service.uploads)):
         app.include_router(router)
-    add_dashboard_routes(app, service, metrics, deployments)
+    add_dashboard_routes(app, service, metrics, deployments, login_codes)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Errors of the service and of request validation as ``{"detail", "errors"}``."""
+def _add_error_handlers(app: FastAPI, share_root: Path) -> None:
+    """Errors of the service and of request validation as ``{"detail", "errors"}``; a full
+    disk's ``OSError`` as the service's DiskFullError (naming ``share_root`` when the error
+    names no file)."""
     @app.exception_handler(JobsError)
     async def _jobs_error(_request: Request, e: JobsError) -> JSONResponse:
         body = ErrorResponse(detail=str(e), errors=getattr(e, "errors", []))
         headers = {"Retry-After": str(e.retry_after_s)} if isinstance(e, BusyError) else None
         return JSONResponse(body.model_dump(), status_code=e.http_status, headers=headers)
+
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, e: OSError) -> JSONResponse:
+        # A write into a job's folder or an upload that found no room is the client's to
+        # retry once space is freed (507, naming the disk), not a fault of the service (500).
+        if not is_disk_full(e):
+            raise e
+        where = Path(os.fsdecode(e.filename)).parent if e.filename else share_root
+        return await _jobs_error(request, disk_full_error(where))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
@@ -128,6 +146,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _field(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    """A request error's location as users name the field (``spec.outputs.3`` → ``outputs.3``)."""
-    names = [p for p in loc if p not in ("body", "query", "path", "header")]
+    """A request error's location as users name the field (``spec.outputs.3`` → ``outputs.3``).
+
+    Only the first element says where in the request (``body``, ``query``...): the rest are
+    names, and a query parameter may well be called ``path``.
+    """
+    names = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header", "cookie")
+                 else loc)
     return tuple(names[1:] if names[:1] == ["spec"] else names)

@@ -33,11 +33,12 @@ from fastapi.responses import Response, StreamingResponse
 from ringtrain.jobs.errors import NotFoundError
 from ringtrain.jobs.models import JobInfo
 from ringtrain.jobs.models.paging import check_range
-from ringtrain.jobs.models.schemas import API_PREFIX
+from ringtrain.jobs.models.schemas import API_PREFIX, LoginCode
 from ringtrain.jobs.service.api.caller import CallerDep
 from ringtrain.jobs.service.api.experiment_view import StreamView, usage_of
-from ringtrain.jobs.service.api.guard import DASHBOARD_PATH
+from ringtrain.jobs.service.api.guard import DASHBOARD_PATH, LOGIN_PATH
 from ringtrain.jobs.service.api.job_processes import ACTIVE, add_process_routes, leader_pid
+from ringtrain.jobs.service.api.login_codes import Grant, LoginCodes
 from ringtrain.jobs.service.api.metrics import ServiceMetrics
 from ringtrain.jobs.service.api.params import JobIdPath
 from ringtrain.jobs.service.deployments import Deployments
@@ -75,8 +76,9 @@ def _static(name: str) -> bytes:
 
 
 def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetrics,
-                         deployments: Deployments) -> None:
-    """Add the page, its assets, the event stream, scalars, host usage and ``/metrics``."""
+                         deployments: Deployments, login_codes: LoginCodes) -> None:
+    """Add the page, its assets, the event stream, scalars, host usage, ``/metrics`` and the
+    login codes' route (the guard redeems them)."""
     @app.get(DASHBOARD_PATH, include_in_schema=False)
     def page() -> Response:
         return Response(_static("index.html"), media_type="text/html; charset=utf-8",
@@ -96,6 +98,16 @@ def add_dashboard_routes(app: FastAPI, service: JobService, metrics: ServiceMetr
 
     r = _dashboard_routes(service, deployments)
     add_process_routes(r, service)
+
+    @r.post("/dashboard/login-codes", status_code=201)
+    def login_code(caller: CallerDep) -> LoginCode:
+        """A code that signs a browser in once, as this caller, within a minute: what
+        ``ringtrain dashboard --open`` opens instead of a URL with the token."""
+        token_id = None if caller.token is None else caller.token.id
+        code = login_codes.issue(Grant(token_id))
+        return LoginCode(code=code, url_path=f"{LOGIN_PATH}?code={code}",
+                         expires_in_s=login_codes.ttl_s)
+
     app.include_router(r)
 
 
@@ -119,7 +131,9 @@ def _dashboard_routes(service: JobService, deployments: Deployments) -> APIRoute
     def host(caller: CallerDep) -> dict[str, Any]:
         """The service host's CPU, memory and GPU use (where the local clusters' nodes run),
         with ``jobs``: each running local job's CPU (percent of one core), resident memory
-        (bytes) and process count, and ``machines``: each attached cluster's machines."""
+        (bytes) and process count, ``machines``: each attached cluster's machines, and
+        ``disk``: the free space of the service's disk and the floor under which it refuses
+        new jobs (as ``/v1/health`` has it)."""
         sample = sampler.sample()
         if caller.experiment is None:
             return sample
@@ -168,8 +182,9 @@ class _Usage:
             pid = leader_pid(self.service, job)
             if pid is not None:
                 leaders[job.id] = pid
+        disk = self.service.disk.status()
         return {**self.host.sample(), "jobs": self.jobs.sample(leaders),
-                "machines": self._machines()}
+                "machines": self._machines(), "disk": disk and disk.model_dump()}
 
     def _machines(self) -> dict[str, dict[str, Any]]:
         """Each attached cluster's machines as its backend samples them, by cluster and machine

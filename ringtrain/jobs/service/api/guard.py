@@ -7,15 +7,19 @@ admin token is compared in constant time; a scoped token is recognised by its re
 into the request's scope (:mod:`ringtrain.jobs.service.api.caller`), for the scope check
 (:mod:`ringtrain.jobs.service.api.scope_guard`) and the routes.
 
-Programs send ``Authorization: Bearer <token>``. A browser cannot put a header on a page load,
-an ``<a href>`` download or an ``EventSource``, so the dashboard (or ``/docs``) is entered once
-with ``?token=...`` in its URL, as Jupyter does: the guard answers with a redirect that drops
-the token from the URL (and so from the history) and sets an HttpOnly, ``SameSite=Strict``
-cookie derived from it, which the browser then sends on its own. Cookies are shared by every
-port of a host, so a page of another local port counts as the same site; it could make the
-browser send a form with the cookie, but never a custom header without a CORS preflight, which
-this server does not answer. A request authenticated by the cookie that changes something must
-therefore carry ``X-Ringtrain-Request``.
+Programs send ``Authorization: Bearer <token>`` (the scheme's name in any case). A browser
+cannot put a header on a page load, an ``<a href>`` download or an ``EventSource``, so the
+dashboard (or ``/docs``) is entered once with ``?token=...`` in its URL, as Jupyter does: the
+guard answers with a redirect that drops the token from the URL (and so from the history) and
+sets an HttpOnly, ``SameSite=Strict`` cookie derived from it, which the browser then sends on
+its own. A browser the CLI starts gets a single-use code instead (``/dashboard/login?code=...``,
+:mod:`.login_codes`): a command line is readable by every local account, a used or expired code
+is worth nothing.
+
+Cookies are shared by every port of a host, so a page of another local port counts as the same
+site; it could make the browser send a form with the cookie, but never a custom header without a
+CORS preflight, which this server does not answer. A request authenticated by the cookie that
+changes something must therefore carry ``X-Ringtrain-Request``.
 
 A scoped token signs in the same way; its cookie is its id with a MAC keyed by the admin token,
 which only this server can make, and its record is read again on each request (a revoked token's
@@ -38,10 +42,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ringtrain.jobs.errors import AuthError
 from ringtrain.jobs.models.tokens import TOKEN_PREFIX
 from ringtrain.jobs.service.api.caller import ADMIN, CALLER_KEY, Caller
+from ringtrain.jobs.service.api.login_codes import LOGIN_CODE_TTL_S, LoginCodes
 from ringtrain.jobs.service.tokens import Tokens
+from ringtrain.web.exposure import bearer_credentials
 
 #: The dashboard's page; its URL with ``?token=`` is what ``ringtrain dashboard`` prints.
 DASHBOARD_PATH = "/dashboard"
+#: Where a single-use login code signs a browser in (``?code=``), to the dashboard.
+LOGIN_PATH = DASHBOARD_PATH + "/login"
 #: The pages that take the token in their query (and nothing else does: an API URL with the
 #: token in it would end up in logs and histories).
 SIGN_IN_PAGES = (DASHBOARD_PATH, "/docs")
@@ -73,11 +81,18 @@ def scoped_cookie_value(server_token: str, token_id: str) -> str:
     return f"{token_id}.{mac}"
 
 
-_SCOPED_BEARER = b"Bearer " + TOKEN_PREFIX.encode()
 _WWW_AUTHENTICATE = [(b"www-authenticate", b"Bearer")]
 _NO_TOKEN = ("missing or wrong token: send `Authorization: Bearer <token>` (the CLI does: it "
              "reads RINGTRAIN_HOME/token, or takes --token / RINGTRAIN_TOKEN); in a browser, open "
              "the URL `ringtrain dashboard` prints (or /docs?token=<token>)")
+# A page, not JSON: a person followed the link. Static text, nothing of the request in it.
+_STALE_CODE_PAGE = (
+    "<!doctype html><html><head><meta charset=\"utf-8\"><title>ringtrain: sign-in link not "
+    "valid</title></head><body><h1>This sign-in link is no longer valid</h1><p>It was already "
+    f"used, or it is more than {LOGIN_CODE_TTL_S:.0f} seconds old: a link opened by "
+    "<code>ringtrain dashboard --open</code> works once, within a minute.</p><p>Run "
+    "<code>ringtrain dashboard --open</code> again, or open the URL that "
+    "<code>ringtrain dashboard</code> prints.</p></body></html>").encode()
 
 
 class RequestGuard:
@@ -90,17 +105,18 @@ class RequestGuard:
         allowed_hosts: the lowercase ``name:port`` values of the Host header to answer;
             ``None`` answers any (an in-process app, which no browser can reach).
         tokens: the scoped tokens accepted besides; ``None``: the admin token only.
+        login_codes: the codes ``/dashboard/login`` redeems; ``None``: that page is refused.
     """
 
     def __init__(self, app: ASGIApp, token: str, allowed_hosts: Collection[str] | None = None,
-                 tokens: Tokens | None = None):
+                 tokens: Tokens | None = None, login_codes: LoginCodes | None = None):
         self.app = app
         self.token = token
-        self.expected = b"Bearer " + token.encode()
         self.cookie = cookie_name(token)
         self.cookie_value = cookie_value(token).encode()
         self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
         self.tokens = tokens
+        self.login_codes = login_codes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,6 +128,9 @@ class RequestGuard:
             await refuse(send, 403, f"Host header {host!r} is not a name of this server; "
                                     f"use one of: {', '.join(sorted(self.allowed_hosts))}")
             return
+        if scope["method"] == "GET" and scope["path"] == LOGIN_PATH:
+            await self._login(send, scope)
+            return
         try:
             caller = await self._bearer(headers.get(b"authorization", b""))
             if caller is None and scope["method"] == "GET" and scope["path"] in SIGN_IN_PAGES:
@@ -119,8 +138,9 @@ class RequestGuard:
                 given = [v for k, v in query if k == "token"]
                 value = await self._sign_in(given[-1]) if given else None
                 if value is not None:
-                    await self._enter(send, scope, value, [(k, v) for k, v in query
-                                                           if k != "token"])
+                    rest = [(k, v) for k, v in query if k != "token"]
+                    await self._enter(send, scope, value, scope["path"] + (
+                        f"?{urlencode(rest)}" if rest else ""))
                     return
             by_cookie = caller is None
             if caller is None:
@@ -144,13 +164,15 @@ class RequestGuard:
         Raises:
             AuthError: a scoped token, revoked or expired.
         """
-        if hmac.compare_digest(header, self.expected):
+        given = bearer_credentials(header)
+        if given is None:
+            return None
+        if hmac.compare_digest(given, self.token.encode()):
             return ADMIN
-        if self.tokens is None or not header.startswith(_SCOPED_BEARER):
+        if self.tokens is None or not given.startswith(TOKEN_PREFIX.encode()):
             return None
         # The store is read (and "last used" written) in a worker thread: never on the loop.
-        info = await run_in_threadpool(self.tokens.authenticate,
-                                       header[len(b"Bearer "):].decode("latin-1"))
+        info = await run_in_threadpool(self.tokens.authenticate, given.decode("latin-1"))
         return None if info is None else Caller(info)
 
     async def _sign_in(self, given: str) -> str | None:
@@ -187,12 +209,33 @@ class RequestGuard:
         morsel = jar.get(self.cookie)
         return b"" if morsel is None else morsel.value.encode("latin-1", "replace")
 
-    async def _enter(self, send: Send, scope: Scope, value: str,
-                     query: list[tuple[str, str]]) -> None:
-        """Set the cookie and send the browser to the page it asked for, without the token."""
+    async def _login(self, send: Send, scope: Scope) -> None:
+        """Redeem a login code: the caller's cookie and the dashboard, or a page that says
+        the link is used up (it is never worth a second try, so no 401 challenge)."""
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        given = [v for k, v in query if k == "code"]
+        grant = None
+        if given and self.login_codes is not None:
+            grant = self.login_codes.redeem(given[-1])
+        if grant is None:
+            await send({"type": "http.response.start", "status": 403, "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"content-length", str(len(_STALE_CODE_PAGE)).encode()),
+                (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"),
+                (b"content-security-policy", b"default-src 'none'")]})
+            await send({"type": "http.response.body", "body": _STALE_CODE_PAGE})
+            return
+        value = (self.cookie_value.decode() if grant.token_id is None
+                 else scoped_cookie_value(self.token, grant.token_id))
+        await self._enter(send, scope, value, DASHBOARD_PATH)
+
+    async def _enter(self, send: Send, scope: Scope, value: str, path: str) -> None:
+        """Set the cookie and send the browser to ``path`` (with its query): the page it asked
+        for, without the token or code."""
         cookie = f"{self.cookie}={value}; Path=/; HttpOnly; SameSite=Strict"
-        location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}"
-                                                                 if query else "")
+        if scope.get("scheme") == "https":  # never sent back over plain HTTP
+            cookie += "; Secure"
+        location = scope.get("root_path", "") + path
         await send({"type": "http.response.start", "status": 303,
                     "headers": [(b"location", location.encode("latin-1")),
                                 (b"set-cookie", cookie.encode()),

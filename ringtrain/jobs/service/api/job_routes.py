@@ -116,7 +116,9 @@ def deployment_routes(deployments: Deployments) -> APIRouter:
 
     @r.post("/jobs/{job_id}/deploy", status_code=201)
     def deploy(job_id: JobIdPath, body: DeployRequest) -> DeploymentInfo:
-        return deployments.deploy(job_id, body.replicas, body.cluster)
+        return deployments.deploy(job_id, body.replicas, body.cluster, port=body.port,
+                                  replica_port=body.replica_port,
+                                  max_restarts=body.max_restarts)
 
     @r.get("/deployments")
     def list_deployments(caller: CallerDep) -> list[DeploymentInfo]:

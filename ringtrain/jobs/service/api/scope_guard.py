@@ -2,9 +2,9 @@
 
 A middleware inside the authenticating guard, so that a rule holds for every route, present and
 future, without each route remembering it: a ``read`` token gets the GET (and HEAD) routes, a
-``submit`` token besides them the few routes of :data:`SUBMIT_ROUTES`, and both get 403 for the
-rest, naming their scope and what it allows. The token routes are the admin's alone, reads
-included (a token list is a map of who may do what).
+``submit`` token besides them the few routes of :data:`SUBMIT_ROUTES`, both those of
+:data:`OWN_ROUTES`, and both get 403 for the rest, naming their scope and what it allows. The
+token routes are the admin's alone, reads included (a token list is a map of who may do what).
 
 A token limited to one experiment does not see other experiments' jobs: a route under
 ``/v1/jobs/{id}`` or ``/v1/deployments/{id}`` of such a job answers 404 with the very message of
@@ -45,6 +45,9 @@ SUBMIT_ROUTES = tuple((method, re.compile(API_PREFIX + path)) for method, path i
     ("POST", f"/jobs/{_ID}/ranks/{_ID}/stack"),
     ("POST", f"/deployments/{_ID}/stop"),
 ))
+#: The routes any scoped token may call besides the reads: they act for the caller alone and
+#: give it nothing it lacks (a login code signs a browser in as the very same token).
+OWN_ROUTES = (("POST", re.compile(API_PREFIX + "/dashboard/login-codes")),)
 _ADMIN_ONLY = re.compile(API_PREFIX + r"/tokens(/.*)?")
 #: A path that names one job: its id is the group.
 _JOB_PATH = re.compile(API_PREFIX + rf"/(?:jobs|deployments)/({_ID})(/.*)?")
@@ -59,7 +62,7 @@ def refusal(caller: Caller, method: str, path: str) -> str | None:
     if _ADMIN_ONLY.fullmatch(path):
         return (f"{caller.describe()}: only the admin token may create, list or revoke tokens "
                 f"({what})")
-    if method in _READS:
+    if method in _READS or any(m == method and r.fullmatch(path) for m, r in OWN_ROUTES):
         return None
     submits = any(m == method and r.fullmatch(path) for m, r in SUBMIT_ROUTES)
     if submits and token.scope == TokenScope.SUBMIT:

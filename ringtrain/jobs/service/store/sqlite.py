@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ringtrain.jobs.models import (
 )
 from ringtrain.jobs.service.store import node_table
 from ringtrain.jobs.service.store.token_table import TOKENS_SCHEMA, TokenTable
+from ringtrain.jobs.service.store.transaction import write_transaction
 
 SCHEMA_VERSION = 7  # 6: node_jobs (jobs share a node's slots); 7: tokens (scoped tokens' hashes)
 _SCHEMA = """
@@ -104,16 +105,19 @@ class SQLiteStore:
 
     Args:
         path: the database file; created with its schema if missing.
+        on_full: called with the database's folder when a write finds its disk full, before
+            the write's DiskFullError is raised (the service gives up its reserve then).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, on_full: Callable[[Path], None] | None = None):
         self.path = Path(path)
+        self.on_full = on_full
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self.changes = ChangeLog()
         #: The scoped tokens' records (in this database, outside the change log).
-        self.tokens = TokenTable(self._conn)
+        self.tokens = TokenTable(self._conn, self._write)
         db = self._conn()
         db.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
         with self._tx() as db:  # one process adds the new columns; the others see them
@@ -147,17 +151,20 @@ class SQLiteStore:
                 self._all.append(conn)
         return conn
 
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (:func:`.transaction.write_transaction`), outside the change
+        log."""
+        return write_transaction(self._conn(), self.path.parent, self.on_full)
+
     @contextmanager
     def _tx(self, job_id: str | None = None) -> Iterator[sqlite3.Connection]:
-        """One write transaction; once committed, :attr:`changes` records it (of ``job_id``)."""
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        """One write transaction; once committed, :attr:`changes` records it (of ``job_id``).
+
+        Raises:
+            DiskFullError: the disk holding the database has no room for it.
+        """
+        with self._write() as db:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         self.changes.touch(job_id)
 
     def revision(self) -> int:

@@ -9,8 +9,8 @@ changed, and a token's "last used" changes with the requests themselves.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ringtrain.jobs.errors import ConflictError, NotFoundError
@@ -38,21 +38,14 @@ class TokenTable:
 
     Args:
         connect: the calling thread's connection to the store's database.
+        transaction: one write transaction on it, the store's own (which turns a full disk
+            into a DiskFullError).
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]):
+    def __init__(self, connect: Callable[[], sqlite3.Connection],
+                 transaction: Callable[[], AbstractContextManager[sqlite3.Connection]]):
         self._connect = connect
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        self._tx = transaction
 
     def add(self, info: TokenInfo, token_hash: str) -> None:
         """Record a new token. Raises ConflictError if its id is taken."""

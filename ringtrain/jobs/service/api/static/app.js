@@ -11,7 +11,7 @@ const LOG_KEEP_NODES = 4000; // lines kept in a log pane; older ones are dropped
 const PHASES = ["data_ms", "h2d_ms", "forward_backward_ms", "communication_ms", "optimizer_ms", "other_ms"];
 const SPLIT_STEPS = 50;
 
-const state = { jobs: new Map(), clusters: [], host: null, connected: false, progress: {} };
+const state = { jobs: new Map(), clusters: [], host: null, connected: false, progress: {}, diskBanner: "" };
 let view = { name: "", cleanup: () => {}, onChange: () => {} };
 
 // -- helpers --------------------------------------------------------------------------------------
@@ -89,6 +89,12 @@ function bytes(n) {
   return `${i ? n.toFixed(1) : n} ${u[i]}`;
 }
 
+// Disk space in MB (10^6 bytes), as the service's messages and `--min-free-mb` count it.
+function megabytes(n) {
+  const mb = n / 1e6;
+  return `${mb < 10 ? mb.toFixed(1) : Math.round(mb).toLocaleString("en")} MB`;
+}
+
 function bar(percent) {
   const p = Math.max(0, Math.min(100, percent || 0));
   const b = el("span", { class: "bar" }, el("span"));
@@ -148,7 +154,15 @@ function renderHost() {
   if (!h) return;
   let text = `${h.host} · CPU ${h.cpu_percent.toFixed(0)}% of ${h.cpus} · mem ${bytes(h.memory_used)} / ${bytes(h.memory_total)}`;
   for (const g of h.gpus || []) text += ` · GPU${g.index} ${g.util_percent.toFixed(0)}%`;
+  const d = h.disk;
+  if (d) text += ` · disk ${megabytes(d.free_bytes)} free`;
   span.textContent = text;
+  // Below its floor the service refuses new jobs (507): say so before a submit finds out.
+  const said = d && d.below_floor ? `The disk holding ${d.path} has ${megabytes(d.free_bytes)} free, under the service's floor of ${megabytes(d.floor_bytes)}: new jobs are refused until space is freed there.` : "";
+  // Another notice (a revoked token, a lost connection) is left as it is.
+  if (said) showBanner(said);
+  else if (state.diskBanner && document.getElementById("banner").textContent === state.diskBanner) showBanner("");
+  state.diskBanner = said;
 }
 
 // -- routing ------------------------------------------------------------------------------------
@@ -755,11 +769,25 @@ function logsPane(id, getJob) {
   }
 }
 
+// Terminal escape sequences: CSI (colours, "\x1b[K" erasing a line), OSC up to BEL or ST (a
+// hyperlink, a window title) and the short ones ("\x1b(B" of tput). A log pane shows its text
+// without them: colour codes shown as raw "[31m" buried the words they coloured.
+const ANSI_ESCAPE = /\x1b(?:\[[0-?]*[ -\/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -\/]*[0-~])/g;
+// The start of an escape a chunk of the stream cut off: kept until its end arrives (an OSC
+// for at most ANSI_HOLD characters, past which its text is shown).
+const ANSI_CUT = /\x1b(?:\[[0-?]*[ -\/]*|\][^\x07\x1b]*\x1b?|[ -\/]+)?$/;
+const ANSI_HOLD = 2048;
+
 // Text appended to `out` as a terminal shows it: one text node per line, and a "\r" returns to
 // the start of its line, whose next text replaces it (a progress bar is one updating line).
+// Escape sequences are dropped (see ANSI_ESCAPE): the text stays text, never markup.
 function terminalText(out, after) {
-  let line = null, returned = false;
-  return text => {
+  let line = null, returned = false, held = "";
+  return chunk => {
+    let text = held + chunk;
+    const cut = ANSI_CUT.exec(text);
+    held = cut && cut[0].length <= ANSI_HOLD ? cut[0] : "";
+    text = text.slice(0, text.length - held.length).replace(ANSI_ESCAPE, "");
     for (const part of text.split(/(\r|\n)/)) {
       if (part === "\r") { returned = true; continue; }
       if (!part) continue;
@@ -861,6 +889,9 @@ function clustersView(root) {
           el("span", { class: "count", text: `${bytes(g.memory_used)} of ${bytes(g.memory_total)}` })));
       }
       if (!(h.gpus || []).length) host.append(el("div", { class: "card" }, el("div", { class: "l", text: "GPUs" }), el("div", { class: "n", text: "none" }), el("span", { class: "count", text: "NVML not available" })));
+      const d = h.disk;
+      if (d) host.append(el("div", { class: "card", title: d.path }, el("div", { class: "l", text: "Disk" }), el("div", { class: "n", text: `${megabytes(d.free_bytes)} free` }), bar(100 - 100 * d.free_bytes / d.total_bytes),
+        el("span", { class: "count", text: `of ${megabytes(d.total_bytes)}; new jobs need ${megabytes(d.floor_bytes)}${d.below_floor ? " (refused now)" : ""}` })));
     }
     list.textContent = "";
     if (!state.clusters.length) list.appendChild(el("div", { class: "panel empty", text: "No clusters: `ringtrain cluster create NAME --nodes N`." }));

@@ -21,14 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain import proc_stat
-from ringtrain.jobs.errors import RecordError
-from ringtrain.jobs.job_folder import WORKING_DIR
+from ringtrain.jobs.disk_space import full_note
+from ringtrain.jobs.errors import JobsError, RecordError
+from ringtrain.jobs.files.safe_open import open_path
+from ringtrain.jobs.job_folder import LAUNCHER, WORKING_DIR
 from ringtrain.jobs.models import JobInfo, NodeInfo
 from ringtrain.jobs.service.executors.base import Observation
 from ringtrain.jobs.service.executors.local import cgroups, procs
 from ringtrain.jobs.service.executors.local.records import (
     HOSTS_FILE,
     LAUNCH_FILE,
+    RESERVE_FILE,
     RUNNER_LOG,
     LaunchSpec,
     RunnerHandle,
@@ -127,8 +130,9 @@ class LocalExecutor:
             return Observation(Phase.LOST, message=str(e))
         if seen is not None and seen.phase is Phase.EXITED:
             return seen
-        return Observation(Phase.LOST, message=f"the job runner (pid {launch.pid}) ended without "
-                                               "reporting an exit status")
+        message = f"the job runner (pid {launch.pid}) ended without reporting an exit status"
+        full = full_note(Path(job.job_dir))  # the likely reason it could not
+        return Observation(Phase.LOST, message=f"{full}; {message}" if full else message)
 
     def stop(self, job: JobInfo, launch: RunnerHandle | None, force: bool) -> None:
         group = self._group(job.id, launch)
@@ -152,6 +156,7 @@ class LocalExecutor:
             cgroups.remove(Path(launch.cgroup))
         if left:
             log.warning("job %s: killed %d leftover processes", job.id, left)
+        _remove_reserve(Path(job.job_dir))
         proc = self._children.pop(job.id, None)
         if proc is not None:
             proc.wait()
@@ -190,3 +195,13 @@ class LocalExecutor:
         if launch is not None and self._alive(job_id, launch):
             return launch.pid
         return None
+
+
+def _remove_reserve(job_dir: Path) -> None:
+    """The space reserve of a job runner killed before it removed it itself (the folder is the
+    job's: no link in it is followed)."""
+    try:
+        with open_path(job_dir, LAUNCHER) as launcher:
+            os.unlink(Path(RESERVE_FILE).name, dir_fd=launcher)
+    except (OSError, JobsError):  # none there (the usual case), or not the runner's to remove
+        pass

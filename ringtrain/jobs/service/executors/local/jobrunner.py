@@ -11,6 +11,12 @@ No process may outlive the attempt: the runner first moves itself into the attem
 it has one, becomes a child subreaper (so orphans, even those that left its session, stay below
 it), and kills whatever is left below it before it reports the end.
 
+A job may fill its disk, and the runner must still report how it ended: it holds a reserve of
+space from its start (``launcher/space.reserve``) and gives it up for its final status when the
+disk refuses that; the output of ``ringtrain run`` reaches the log through the runner, which
+keeps its last lines (:mod:`ringtrain.jobs.service.executors.local.runner_output`), and a
+failure on a full disk is reported naming the disk, with those lines.
+
 It imports nothing beyond the standard library and ringtrain's own stdlib-only modules (the
 records it exchanges with the executor), to start quickly.
 """
@@ -24,19 +30,24 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ringtrain.jobs.disk_space import SpaceReserve, full_note, is_disk_full
 from ringtrain.jobs.envvars import NODE_INDEX
 from ringtrain.jobs.errors import RecordError
 from ringtrain.jobs.job_folder import JobFolder, prep_log_path
 from ringtrain.jobs.service.executors.local import cgroups, procs
 from ringtrain.jobs.service.executors.local.records import (
     HOSTS_FILE,
+    RESERVE_FILE,
     RUNNER_LOG,
     LaunchSpec,
     RunnerStatus,
 )
+from ringtrain.jobs.service.executors.local.runner_output import RunnerOutput
 from ringtrain.jobs.service.executors.local.storage_steps import StorageSteps
 from ringtrain.jobs.service.executors.node_launch import (
     EXIT_NOT_STARTED,
@@ -57,6 +68,15 @@ _NODE_HOST_LINE = re.compile(r"^node(\d+)\.localhost:\d+$", re.MULTILINE)
 #: end after the driver did.
 _HOSTS_POLL_S = 0.5
 _FOLLOWER_WAIT_S = 20.0
+#: The reserve for the final status (and what the full disk held back of the log).
+RESERVE_BYTES = 256 * 1024
+#: How long the final status is tried again on a full disk whose reserve something else took.
+_STATUS_RETRY_S = 30.0
+_STATUS_RETRY_EVERY_S = 0.5
+#: How long the runner waits for the output of its ended children (an escaped process may hold
+#: the pipe), and how many of the last lines a failure on a full disk quotes.
+_OUTPUT_WAIT_S = 5.0
+_QUOTED_LINES = 5
 
 
 class JobRunner:
@@ -67,6 +87,10 @@ class JobRunner:
         self.job_dir = Path(launch.job_dir)
         self.stopping = False
         self._children: list[subprocess.Popen] = []
+        self.output = RunnerOutput()
+        self.reserve = SpaceReserve(self.job_dir / RESERVE_FILE, RESERVE_BYTES)
+        #: Whether the disk refused a write of the runner's own (a status, a log file).
+        self.disk_refused = False
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         """Stop: pass the signal to the children (which may sit in sessions of their own)."""
@@ -76,9 +100,27 @@ class JobRunner:
                 child.send_signal(signum)
 
     def status(self, phase: Phase, exit_code: int | None = None, message: str = "") -> None:
-        """Report ``phase`` (and, once exited, how) in the status file."""
-        RunnerStatus(phase, self.launch.attempt, os.getpid(), exit_code, message,
-                     self.stopping).write(self.job_dir)
+        """Report ``phase`` (and, once exited, how) in the status file.
+
+        On a full disk a passing phase goes unreported (the server keeps the last one it
+        read), and the final report gets the reserve's room, tried again for up to
+        :data:`_STATUS_RETRY_S` should something else take that room first.
+        """
+        record = RunnerStatus(phase, self.launch.attempt, os.getpid(), exit_code, message,
+                              self.stopping)
+        deadline = time.monotonic() + _STATUS_RETRY_S
+        while True:
+            try:
+                record.write(self.job_dir)
+                return
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self.disk_refused = True
+                if phase is not Phase.EXITED or time.monotonic() > deadline:
+                    return  # the server finds the runner gone (or still at its last phase)
+            if not self.reserve.release():
+                time.sleep(_STATUS_RETRY_EVERY_S)
 
     def prepare(self) -> tuple[int, str]:
         """Run the preparation command once per node, all nodes at once: ``(0, "")``, or the
@@ -122,13 +164,16 @@ class JobRunner:
         ranks = launch.node_count * launch.process_count_per_node
         # The nodes are host names of this one machine: their ranks reduce through shared
         # memory, as `ringtrain run -np N` does, not over loopback TCP.
-        env = os.environ | machine_threads_environ(ranks) | {SCOPE_VAR: "machine"}
+        env = (os.environ | machine_threads_environ(ranks, self.output.note)
+               | {SCOPE_VAR: "machine"})
         children = []
         for k in range(launch.node_count):
             argv = node_argv(launch.runner, self.job_dir, k, launch.node_count,
                              launch.process_count_per_node, endpoint, launch.command)
+            out = self.output.child_stdout()
             try:
-                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env))
+                children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
+                                                 stdout=out, stderr=out))
             except OSError as e:
                 for child in children:  # the nodes started so far wait for this one
                     child.terminate()
@@ -155,7 +200,8 @@ class JobRunner:
         running: dict[int, subprocess.Popen] = {}  # by cluster node index
         started = 0  # node ranks given so far: a node offered again joins as a new one
         # Sized for the most nodes the attempt may have, so that no number of them oversubscribes.
-        env = os.environ | machine_threads_environ(launch.max_nodes * launch.process_count_per_node)
+        env = os.environ | machine_threads_environ(
+            launch.max_nodes * launch.process_count_per_node, self.output.note)
 
         def start(index: int) -> None:
             nonlocal started
@@ -163,7 +209,9 @@ class JobRunner:
                              launch.process_count_per_node, endpoint, launch.command,
                              node_range, name=NODE_HOST.format(index))
             started += 1
-            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+            out = self.output.child_stdout()
+            running[index] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
+                                              stdout=out, stderr=out)
             self._children = list(running.values())
 
         first = launch.nodes[0]
@@ -210,14 +258,38 @@ class JobRunner:
             try:
                 cgroups.leave_and_remove(Path(self.launch.cgroup))
             except OSError as e:  # the service removes it when it releases the attempt
-                print(f"job runner: cannot remove the cgroup {self.launch.cgroup} "
-                      f"({e.strerror})", file=sys.stderr)
+                self.output.note(f"job runner: cannot remove the cgroup {self.launch.cgroup} "
+                                 f"({e.strerror})")
         return len(left)
 
     def run(self) -> int:
         """Staging and preparation, then the workers, then the uploads; the outcome goes to the
-        status file."""
+        status file, and, when the disk was full, names it with the last output."""
+        self.reserve.make()  # before the job can fill the disk: the final report's room
         self.status(Phase.PREPARING)
+        try:
+            code, message = self._attempt()
+        except OSError as e:  # a log file the runner could not make
+            if not is_disk_full(e):
+                raise
+            self.disk_refused = True
+            code, message = 1, f"the job runner could not write {e.filename}: {e.strerror}"
+        if self.stopping:
+            message = "stopped by the service"
+            code = code or 1  # a stop is never a success
+        left = self.kill_leftovers()
+        if left:
+            self.output.note(f"job runner: killed {left} processes the job left running")
+        self.output.close(_OUTPUT_WAIT_S)
+        if code != 0 and not self.stopping:
+            message = self._with_full_disk(message)
+        self.status(Phase.EXITED, code, message)
+        self.reserve.release()
+        self.output.flush()  # what the full disk held back, into the room the reserve left
+        return code
+
+    def _attempt(self) -> tuple[int, str]:
+        """The attempt's steps: its exit code and message."""
         steps = (StorageSteps(self.launch.storage_plan, self.job_dir, self.launch.node_count)
                  if self.launch.storage_plan else None)
         code, message = 0, ""
@@ -238,27 +310,32 @@ class JobRunner:
             if code == 0 and uploaded != 0:
                 code, message = uploaded, why
             steps.end()
-        if self.stopping:
-            message = "stopped by the service"
-            code = code or 1  # a stop is never a success
-        left = self.kill_leftovers()
-        if left:
-            print(f"job runner: killed {left} processes the job left running", file=sys.stderr)
-        self.status(Phase.EXITED, code, message)
-        return code
+        return code, message
+
+    def _with_full_disk(self, message: str) -> str:
+        """A failure's ``message``, led by the full disk that explains it and followed by the
+        last output, when the job folder's disk is full now or refused a write of the runner's;
+        else as it is."""
+        note = full_note(self.job_dir)
+        if note is None and not (self.disk_refused or self.output.refused):
+            return message
+        if note is None:
+            note = f"the disk holding {self.job_dir} was full during the attempt"
+        tail = " | ".join(self.output.tail()[-_QUOTED_LINES:])
+        return f"{note}; {message}" + (f"; its last output: {tail}" if tail else "")
 
 
-def machine_threads_environ(ranks: int) -> dict[str, str]:
+def machine_threads_environ(ranks: int, note: Callable[[str], None]) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for an attempt whose ``ranks`` all run on this machine, whatever the
     nodes they are split into: the machine's cores shared by all of them (each node's
     ``ringtrain run`` alone would give its few ranks every core, and the nodes together would run
-    more busy threads than there are cores). ``{}`` when the job's environment sets it; a line in
-    the runner's log says what was chosen.
+    more busy threads than there are cores). ``{}`` when the job's environment sets it; a line
+    given to ``note`` (the runner's log) says what was chosen.
     """
     chosen = default_threads_environ({**os.environ, LOCAL_SIZE_VAR: str(ranks)})
     if chosen:
-        print(f"jobrunner: each rank gets OMP_NUM_THREADS={next(iter(chosen.values()))}: this "
-              f"machine's cores / the attempt's {ranks} rank(s) on it", flush=True)
+        note(f"jobrunner: each rank gets OMP_NUM_THREADS={next(iter(chosen.values()))}: this "
+             f"machine's cores / the attempt's {ranks} rank(s) on it")
     return chosen
 
 
@@ -280,23 +357,23 @@ def _not_started(what: str, e: OSError) -> str:
     return f"could not start {what}: {e.strerror}{hint}"
 
 
-def _become_subreaper() -> None:
+def _become_subreaper(note: Callable[[str], None]) -> None:
     """Orphans of the job are re-parented to this process instead of init (Linux 3.4+)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     except (OSError, AttributeError) as e:
-        print(f"job runner: cannot become a child subreaper ({e}); processes that leave the "
-              "job's session may outlive it", file=sys.stderr)
+        note(f"job runner: cannot become a child subreaper ({e}); processes that leave the "
+             "job's session may outlive it")
 
 
-def _enter_cgroup(path: str) -> None:
+def _enter_cgroup(path: str, note: Callable[[str], None]) -> None:
     try:
         cgroups.join(Path(path))
     except OSError as e:
-        print(f"job runner: cannot enter the cgroup {path} ({e.strerror}); processes that "
-              "leave the job's session may outlive it", file=sys.stderr)
+        note(f"job runner: cannot enter the cgroup {path} ({e.strerror}); processes that "
+             "leave the job's session may outlive it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"job runner: {e}", file=sys.stderr)
         return 2
     if runner.launch.cgroup:
-        _enter_cgroup(runner.launch.cgroup)
-    _become_subreaper()
+        _enter_cgroup(runner.launch.cgroup, runner.output.note)
+    _become_subreaper(runner.output.note)
     signal.signal(signal.SIGTERM, runner.on_signal)
     signal.signal(signal.SIGINT, runner.on_signal)
     return runner.run()

@@ -27,6 +27,8 @@ LAUNCH_FILE = f"{LAUNCHER}/launch.json"
 STATUS_FILE = f"{LAUNCHER}/status.json"
 #: The job runner's own stdout and stderr (and ``ringtrain run``'s, which it does not redirect).
 RUNNER_LOG = f"{LAUNCHER}/launcher.log"
+#: Space the job runner holds from its start for its final report, given up when the disk fills.
+RESERVE_FILE = f"{LAUNCHER}/space.reserve"
 #: Elastic attempts: the nodes the service offers (the job runner starts a node's
 #: ``ringtrain run`` for each).
 HOSTS_FILE = f"{LAUNCHER}/hosts.txt"
