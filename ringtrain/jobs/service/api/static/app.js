@@ -951,11 +951,18 @@ function deploymentsView(root) {
           el("span", { class: "count", text: ` serves ${d.serves} · ${d.replicas} replica(s)` })),
         d.message ? el("div", { class: "count", text: d.message }) : null,
         d.url && d.replicas > 1 ? el("div", { class: "count mono", text: `front: ${d.url} · round robin over ${d.healthy.length} of ${d.replicas} healthy replica(s)` }) : null,
-        el("table", {}, el("thead", {}, el("tr", {}, ["Replica", "URL", "Requests/s", "p50", "p99", "Mean batch", "Errors"].map(t => el("th", { text: t })))),
-          el("tbody", {}, d.urls.map((u, i) => {
-            const r = m[i] || {};
+        el("table", {}, el("thead", {}, el("tr", {}, ["Replica", "State", "URL", "Requests/s", "p50", "p99", "Mean batch", "Errors"].map(t => el("th", { text: t })))),
+          // One row a replica (its status when the service has one: a restarting replica has
+          // no URL that listens); the metrics are by listening URL.
+          el("tbody", {}, (d.replica_status && d.replica_status.length ? d.replica_status
+                           : d.urls.map((url, index) => ({ index, url }))).map(st => {
+            const u = st.url || "";
+            const r = (u && m[d.urls.indexOf(u)]) || {};
             const ms = v => v === undefined || v === null ? "—" : `${(v * 1000).toFixed(1)} ms`;
-            return el("tr", {}, el("td", { text: String(i) }), el("td", { class: "mono", text: u }),
+            return el("tr", {}, el("td", { text: String(st.index) }),
+              el("td", { title: st.message || "" }, st.state ? badge(st.state) : "—",
+                st.restarts ? el("span", { class: "count", text: ` ${st.restarts} restart(s)` }) : null),
+              el("td", { class: "mono", text: u || "—" }),
               el("td", { text: r.rate === undefined ? "—" : r.rate.toFixed(2) }), el("td", { text: ms(r.p50) }), el("td", { text: ms(r.p99) }),
               el("td", { text: r.mean_batch === undefined || r.mean_batch === null ? "—" : r.mean_batch.toFixed(1) }),
               el("td", { text: r.errors === undefined ? (r.error || "—") : String(r.errors) }));
