@@ -1,6 +1,8 @@
-"""ringtrain.keras: overhead at size 1, and the tutorial example on 1 and 2 processes.
+"""ringtrain.keras: overhead at size 1, and the tutorial example on 1 and 2 processes, on each
+Keras backend (torch, tensorflow, jax).
 
     python benchmarks/keras_overhead.py [--pairs 30] [--limit-train 4096] [--epochs 2]
+        [--backends torch,tensorflow,jax] [--steps 30]
 
 Prints one JSON line:
 
@@ -13,8 +15,16 @@ Prints one JSON line:
   twice the learning rate), on the first ``--limit-train`` Fashion-MNIST images: test accuracy,
   seconds per epoch and images/s (all workers) of each run.
 
-Every process runs one torch thread (OMP_NUM_THREADS=1): Keras on torch slows down badly when
-processes oversubscribe the cores.
+- ``backends``: for each backend, the tutorial CNN (batch 32) under ``ringtrain run -np 2``:
+  the median step, and the median time per step in ringtrain's code (the gradient hand-off out
+  of the compiled step and back, the buckets and the allreduce, which includes waiting for the
+  peer), as a share of the step (goal <= 5 %), also without the allreduce's wait
+  (``without_allreduce_wait_*``: conversions, bucket copies, submission); and the example's
+  scaling efficiency, images/s at 2 processes over twice those at 1 (goal: TensorFlow's and
+  JAX's at least torch's). The size-1 ratio and ``example`` above are the torch backend's.
+
+Every process runs one thread (OMP_NUM_THREADS for torch, TF_NUM_*_THREADS for TensorFlow,
+XLA_FLAGS for JAX): Keras slows down badly when processes oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -32,6 +42,10 @@ from pathlib import Path
 from stats import bootstrap_median_ci
 
 ROOT = Path(__file__).resolve().parents[1]
+#: One compute thread per process, for every backend.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+              "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+              "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
 
 
 def _tutorial_cnn(keras):
@@ -93,11 +107,16 @@ def size1_overhead(pairs: int, block: int = 3) -> dict:
             "pairs": pairs, "steps_per_block": block}
 
 
-def run_example(np_: int, seed: int, args: argparse.Namespace) -> dict:
-    """One launch of the example; rank 0's JSON report plus seconds per epoch."""
+def _env(backend: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "RINGTRAIN_"))}
-    env |= {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
+    return env | ONE_THREAD | {
+        "KERAS_BACKEND": backend, "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
+
+
+def run_example(np_: int, seed: int, args: argparse.Namespace, backend: str = "torch") -> dict:
+    """One launch of the example; rank 0's JSON report plus seconds per epoch."""
+    env = _env(backend)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_),
                sys.executable, str(ROOT / "examples" / "keras_cifar_cnn.py"),
@@ -116,6 +135,109 @@ def run_example(np_: int, seed: int, args: argparse.Namespace) -> dict:
     return report
 
 
+def _timed_handoff(handoff, totals: list[float]) -> None:
+    """Make ``handoff`` add the seconds of each host-side reduction (conversions included) to
+    ``totals[0]``."""
+    from ringtrain.keras import handoff as handoffs
+
+    def timed(fn):
+        def call(*args):
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                totals[0] += time.perf_counter() - start
+        return call
+
+    if isinstance(handoff, handoffs.TorchHandoff):
+        reduce = handoff.reduce
+        handoff.reduce = timed(reduce)  # type: ignore[method-assign]
+    else:
+        host_call = handoff._host_call
+        handoff._host_call = lambda *a: timed(host_call(*a))  # type: ignore[method-assign]
+
+
+def step_worker(steps: int) -> None:
+    """One rank of :func:`step_breakdown`: prints rank 0's medians as a JSON line."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    # isort: off
+    import ringtrain.keras as hvd  # first: KERAS_BACKEND from the environment, else torch
+    import keras
+    # isort: on
+    from ringtrain.keras import gradient_reducer
+    from ringtrain.keras import handoff as handoffs
+
+    hvd.init()
+    totals, waits = [0.0], [0.0]
+    _timed_handoff(handoffs.current(), totals)
+    synchronize = gradient_reducer.ops.synchronize
+
+    def timed_synchronize(handle):
+        start = time.perf_counter()
+        try:
+            return synchronize(handle)
+        finally:
+            waits[0] += time.perf_counter() - start
+
+    gradient_reducer.ops.synchronize = timed_synchronize  # the gradients' allreduce waits
+    keras.utils.set_random_seed(hvd.rank())
+    model = _tutorial_cnn(keras)
+    model.compile(loss="categorical_crossentropy",
+                  optimizer=hvd.DistributedOptimizer(keras.optimizers.RMSprop(1e-4)))
+    rng = np.random.default_rng(hvd.rank())
+    warm = 3
+    n = 32 * (warm + steps)
+    x = rng.random((n, 32, 32, 3), dtype=np.float32)
+    y = keras.utils.to_categorical(rng.integers(0, 10, n), 10)
+    marks: list[tuple[float, float, float]] = []
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self._start, self._inside, self._wait = time.perf_counter(), totals[0], waits[0]
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch >= warm:
+                marks.append((time.perf_counter() - self._start, totals[0] - self._inside,
+                              waits[0] - self._wait))
+
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Steps()])
+    if hvd.rank() == 0:
+        step = statistics.median(m[0] for m in marks)
+        inside = statistics.median(m[1] for m in marks)
+        own = statistics.median(m[1] - m[2] for m in marks)
+        print(json.dumps({"step_ms": round(step * 1e3, 1), "ringtrain_ms": round(inside * 1e3, 2),
+                          "ringtrain_share": round(inside / step, 4),
+                          "without_allreduce_wait_ms": round(own * 1e3, 2),
+                          "without_allreduce_wait_share": round(own / step, 4)}), flush=True)
+    hvd.shutdown()
+
+
+def step_breakdown(backend: str, steps: int) -> dict:
+    """The tutorial CNN on 2 ranks of ``backend``: median step and time in ringtrain's code."""
+    cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", "2", sys.executable, __file__,
+           "--worker-steps", str(steps)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(backend), timeout=1800,
+                          check=False)
+    if done.returncode:
+        raise RuntimeError(f"step breakdown on {backend} exited {done.returncode}:\n"
+                           f"{done.stderr[-3000:]}")
+    line = [ln.partition(":")[2] for ln in done.stdout.splitlines() if '"step_ms"' in ln][-1]
+    return json.loads(line)
+
+
+def backend_figures(backend: str, args: argparse.Namespace) -> dict:
+    """:func:`step_breakdown` and the example's scaling efficiency on ``backend``."""
+    result = {"backend": backend} | step_breakdown(backend, args.steps)
+    ips = {n: run_example(n, 0, args, backend)["images_per_second"] for n in (1, 2)}
+    result |= {"images_per_second_1proc": ips[1], "images_per_second_2proc": ips[2],
+               "scaling_efficiency": round(ips[2] / (2 * ips[1]), 3)}
+    return result
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=30)
@@ -125,7 +247,14 @@ def main() -> int:
     p.add_argument("--limit-val", type=int, default=2000)
     p.add_argument("--skip-size1", action="store_true")
     p.add_argument("--skip-example", action="store_true")
+    p.add_argument("--backends", default="torch,tensorflow,jax",
+                   help="backends of the per-backend figures (comma-separated; empty: none)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps of the step breakdown")
+    p.add_argument("--worker-steps", type=int, help=argparse.SUPPRESS)  # one rank of it
     args = p.parse_args()
+    if args.worker_steps:
+        step_worker(args.worker_steps)
+        return 0
     result: dict = {"benchmark": "keras_overhead", "load_average": os.getloadavg()[0]}
     if not args.skip_size1:
         result |= size1_overhead(args.pairs)
@@ -139,6 +268,7 @@ def main() -> int:
                for n in (1, 2)}
         result["accuracy_1proc"], result["accuracy_2proc"] = acc[1], acc[2]
         result["throughput_2proc_over_1proc"] = round(ips[2] / ips[1], 3)
+    result["backends"] = [backend_figures(b, args) for b in args.backends.split(",") if b]
     result["load_average_end"] = os.getloadavg()[0]
     print(json.dumps(result))
     return 0

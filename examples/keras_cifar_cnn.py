@@ -98,14 +98,15 @@ def image_folders(root: Path):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    # Horovod: import horovod.keras as hvd (ringtrain.keras picks Keras' torch backend)
+    # Horovod: import horovod.keras as hvd (ringtrain.keras picks Keras' torch backend, or
+    # the one KERAS_BACKEND names: tensorflow or jax)
     hvd = importlib.import_module(f"{args.hvd}.keras")
     import keras
 
     # Horovod: initialize Horovod.
     hvd.init()
-    # (Horovod pins a GPU with tf.ConfigProto / K.set_session; Keras 3 on torch needs neither:
-    # see docs/keras.md.)
+    # (Horovod pins a GPU with tf.ConfigProto / K.set_session; Keras 3 needs neither: see
+    # docs/keras.md. torch is there on every backend: it is ringtrain's engine.)
     import torch
 
     if torch.cuda.is_available():

@@ -1,8 +1,9 @@
-"""Horovod's Keras API on Keras 3 (PyTorch backend): ``import ringtrain.keras as hvd``.
+"""Horovod's Keras API on Keras 3 (torch, TensorFlow or JAX backend): ``import ringtrain.keras
+as hvd``.
 
 The names of ``horovod.keras`` / ``horovod.tensorflow.keras`` (docs/keras.md). Importing it makes
-``torch`` Keras' backend if keras is not imported yet, and refuses any other
-(see :mod:`ringtrain.keras.backend`).
+``torch`` Keras' backend if keras is not imported yet and ``KERAS_BACKEND`` is unset, and refuses
+a backend other than the three (see :mod:`ringtrain.keras.backend`).
 """
 
 from ringtrain.keras.backend import KerasBackendError, import_keras

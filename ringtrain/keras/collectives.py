@@ -2,8 +2,9 @@
 Keras variables, each through ringtrain.torch's one submission path.
 
 A numpy array, number or list gives back a numpy array (a number: a numpy scalar, as Horovod's
-session run gives one); a torch tensor or a Keras variable gives back a torch tensor (Keras'
-backend tensor). A scalar stays a scalar: ``hvd.broadcast(resume_from_epoch, 0)`` is usable as
+session run gives one); a torch tensor or a Keras variable on the torch backend gives back a
+torch tensor (Keras' backend tensor); a Keras variable or tensor of TensorFlow or JAX gives back
+a numpy array. A scalar stays a scalar: ``hvd.broadcast(resume_from_epoch, 0)`` is usable as
 ``fit(initial_epoch=...)``.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from ringtrain.errors import TensorMismatchError
+from ringtrain.keras.handoff import current as current_handoff
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops
 from ringtrain.torch.compression import Compression
@@ -144,10 +146,13 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int,
     """
     variables = list(variables)
     check_same_variables(variables, f"{name}.variables", process_set)
-    handles = [ops.broadcast_async_(v.value, root_rank, f"{name}.{i}", process_set)
-               for i, v in enumerate(variables)]
-    for handle in handles:
+    handoff = current_handoff()
+    tensors = [handoff.read(v) for v in variables]
+    handles = [ops.broadcast_async_(t, root_rank, f"{name}.{i}", process_set)
+               for i, t in enumerate(tensors)]
+    for variable, tensor, handle in zip(variables, tensors, handles):
         ops.synchronize(handle)
+        handoff.write(variable, tensor)
 
 
 def broadcast_global_variables(root_rank: int) -> None:

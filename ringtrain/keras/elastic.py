@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ringtrain.keras.backend import import_keras
 from ringtrain.keras.collectives import broadcast_variables, is_seed_state
+from ringtrain.keras.handoff import current as current_handoff
 from ringtrain.torch.elastic import ObjectState, run
 
 if TYPE_CHECKING:  # keras (untyped: Any) as a module, so its classes can be base classes
@@ -39,13 +38,19 @@ class KerasState(ObjectState):
         super().__init__(**kwargs)
 
     def _variables(self) -> tuple[list, list]:
+        # Keras on JAX keeps the state of a running fit outside the variables until asked
+        # (callbacks ask through their `model` property; this state holds the model itself).
+        sync = getattr(self.model, "jax_state_sync", None)
+        if sync is not None:
+            sync()
         optimizer = [] if self.optimizer is None else list(self.optimizer.variables)
         return list(self.model.variables), optimizer
 
     def _save_model(self) -> None:
         model, optimizer = self._variables()
-        self._saved_model_state = [torch.clone(v.value.detach()) for v in model]
-        self._saved_optimizer_state = [torch.clone(v.value.detach()) for v in optimizer]
+        handoff = current_handoff()
+        self._saved_model_state = [handoff.snapshot(v) for v in model]
+        self._saved_optimizer_state = [handoff.snapshot(v) for v in optimizer]
 
     def _load_model(self) -> None:
         model, optimizer = self._variables()

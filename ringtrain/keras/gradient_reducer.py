@@ -17,6 +17,7 @@ import torch
 
 from ringtrain.engine.config import DEFAULT_BUCKET_BYTES
 from ringtrain.keras.collectives import check_same_variables
+from ringtrain.keras.handoff import Handoff
 from ringtrain.op_types import ReduceOp
 from ringtrain.torch import ops, runtime
 from ringtrain.torch.grad_bucket import GradBucket, by_kind, plan_buckets
@@ -37,7 +38,7 @@ class GradientReducer:
 
     def __init__(self, prefix: str, compression: Any, op: ReduceOp,
                  gradient_predivide_factor: float, groups: int | list | None,
-                 process_set: ProcessSet):
+                 process_set: ProcessSet, handoff: Handoff):
         self._prefix = prefix
         self._compression = compression
         self._op = op
@@ -45,6 +46,7 @@ class GradientReducer:
         self._postscale = gradient_predivide_factor if op is ReduceOp.AVERAGE else 1.0
         self._groups = groups
         self._process_set = process_set
+        self._handoff = handoff
         self._key: tuple[int, ...] | None = None
         self._world: runtime.Runtime | None = None  # the world the plan was checked in
         self._units: list[list[tuple[GradBucket, list[int]]]] = []
@@ -57,7 +59,9 @@ class GradientReducer:
             TensorMismatchError: the ranks' variables differ in number, shape or dtype.
         """
         check_same_variables(variables, f"{self._prefix}.variables", self._process_set)
-        self._params = [v.value for v in variables]
+        # Torch tensors of the variables' shapes and dtypes: the buckets' keys and sizes (the
+        # variables themselves hold TensorFlow or JAX values on those backends).
+        self._params = [self._handoff.stand_in(v) for v in variables]
         # Per-variable rows of this rank's timeline only: the paths may differ between ranks.
         names = {p: f"allreduce.{v.path}" for p, v in zip(self._params, variables)}
         index = {id(p): i for i, p in enumerate(self._params)}

@@ -1,9 +1,11 @@
 """``DistributedOptimizer`` for Keras 3: any ``keras.optimizers.Optimizer``, gradients averaged
 across ranks before they are applied.
 
-Keras' torch trainer, and every other path, ends in ``optimizer.apply(grads, variables)``: the
-wrapper is an instance of a subclass of the user's optimizer class whose ``apply`` reduces the
-gradients first (:mod:`ringtrain.keras.gradient_reducer`). The subclass has the wrapped class's
+Every Keras trainer (torch, TensorFlow's ``tf.function`` step, JAX's jitted ``stateless_apply``)
+ends in ``optimizer.apply(grads, variables)``: the wrapper is an instance of a subclass of the
+user's optimizer class whose ``apply`` reduces the gradients first
+(:mod:`ringtrain.keras.gradient_reducer`), through the backend's hand-off
+(:mod:`ringtrain.keras.handoff`) where the step is compiled. The subclass has the wrapped class's
 name and module, so a model saved with it loads in plain Keras (docs/keras.md).
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ringtrain.keras import handoff as handoffs
 from ringtrain.keras.backend import import_keras
 from ringtrain.keras.gradient_reducer import GradientReducer
 from ringtrain.op_types import ReduceOp
@@ -38,9 +41,14 @@ class _DistributedState:
     """What a distributed optimizer adds to the user's: the reducer, local accumulation and
     the rank-local variables."""
 
-    def __init__(self, reducer: GradientReducer, passes: int, average_aggregated: bool,
-                 process_set: ProcessSet, scale_local_gradients: bool):
+    def __init__(self, reducer: GradientReducer, handoff: handoffs.Handoff, passes: int,
+                 average_aggregated: bool, process_set: ProcessSet,
+                 scale_local_gradients: bool):
         self.reducer = reducer
+        self.handoff = handoff
+        # TensorFlow and JAX trace apply() once into a compiled step: what depends on the world
+        # (its size, an elastic reset) is decided at run time, inside the hand-off.
+        self.compiled = not isinstance(handoff, handoffs.TorchHandoff)
         self.passes = passes
         self.average_aggregated = average_aggregated
         self.process_set = process_set
@@ -59,7 +67,7 @@ class _DistributedState:
             self.world, self.accumulated, self.counter = world, [], 0
         if len(grads) == 0:
             return base_apply(list(grads), variables)
-        if self.passes == 1 and self.process_set.size() == 1:
+        if self.passes == 1 and not self.compiled and self.process_set.size() == 1:
             return base_apply(grads, variables)  # nothing to reduce: the plain optimizer's cost
         if variables is None:
             if not optimizer.built:
@@ -76,15 +84,25 @@ class _DistributedState:
                 optimizer._iterations.assign_add(1)
                 return None
             grads, self.accumulated, self.counter = self.accumulated, [], 0
-        if self.process_set.size() > 1:
-            grads = self._reduce(grads, variables)
+        given = grads
+        grads = self.handoff.reduce(lambda host_grads: self._reduce(host_grads, variables),
+                                    grads, variables)
+        if self.compiled:
+            # The compiled hand-off returns a tensor for every variable; a local variable
+            # without a gradient stays without one, so that Keras leaves it alone.
+            grads = [None if g is None and id(v) in self.local_vars else r
+                     for g, r, v in zip(given, grads, variables)]
         if self.passes > 1 and self.average_aggregated:
             grads = [None if g is None else g / self.passes for g in grads]
         return base_apply(grads, variables)
 
     def _reduce(self, grads: list, variables: list) -> list:
         """The gradients reduced across ranks, except those of local variables, which are
-        only divided by the number of ranks (Horovod's ``scale_local_gradients``)."""
+        only divided by the number of ranks (Horovod's ``scale_local_gradients``); run on the
+        host, eagerly, every step (inside the compiled step's hand-off on TensorFlow and JAX).
+        """
+        if self.process_set.size() == 1:
+            return grads
         if not self.local_vars:
             return self.reducer.reduce(grads, variables)
         shared = [i for i, v in enumerate(variables) if id(v) not in self.local_vars]
@@ -172,7 +190,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         gradient_predivide_factor: with ``Average``, divide gradients by this before the sum
             and by ``size / factor`` after.
         backward_passes_per_step: gradients of this many ``apply`` calls are summed locally,
-            then reduced and applied once; the calls in between only count an iteration.
+            then reduced and applied once; the calls in between only count an iteration
+            (Keras' torch backend only).
         num_groups: deprecated form of ``groups=N`` (as in Horovod).
         groups: ``N`` to reduce the variables in ``N`` groups, or a list of lists of
             variables, each list reduced as one unit; other variables go in buckets.
@@ -182,7 +201,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
         ValueError: ``optimizer`` is already distributed, ``op`` is
-            neither Average nor Sum, or another argument is out of range.
+            neither Average nor Sum, ``backward_passes_per_step > 1`` on TensorFlow or JAX, or
+            another argument is out of range.
     """
     keras = import_keras()
     runtime.current()  # hvd.init() first
@@ -195,14 +215,22 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          "optimizer once")
     groups = _checked_groups(op, gradient_predivide_factor, backward_passes_per_step,
                              num_groups, groups)
+    handoff = handoffs.current()
+    if backward_passes_per_step > 1 and not isinstance(handoff, handoffs.TorchHandoff):
+        # Counting passes in Python works where apply() runs eagerly (torch); a compiled step
+        # would count once, when it is traced.
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step} works on Keras' "
+                         f"torch backend only, not on {keras.backend.backend()!r}: use Keras' "
+                         "own gradient_accumulation_steps on the optimizer (the gradients are "
+                         "then reduced every step)")
     cls = _distributed_class(type(optimizer))
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:
         _copy_state(optimizer, wrapped, keras)
     prefix = name or f"Distributed{type(optimizer).__name__}"
     reducer = GradientReducer(prefix, compression, op, gradient_predivide_factor, groups,
-                              process_set)
-    setattr(wrapped, _STATE, _DistributedState(reducer, backward_passes_per_step,
+                              process_set, handoff)
+    setattr(wrapped, _STATE, _DistributedState(reducer, handoff, backward_passes_per_step,
                                                average_aggregated_gradients, process_set,
                                                scale_local_gradients))
     return wrapped
