@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -40,22 +41,16 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model and helpers
 from ringtrain.jobs.client.connection import connect, stop_server
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 from ringtrain.jobs.models.deployment import DeploymentInfo
 from ringtrain.jobs.service.executors.local import procs
+from tests.jobs.test_deploy import INPUT, SAVE_TINY_MODEL  # noqa: E402
+from tests.jobs.test_deploy_front import _server_pid  # noqa: E402
 
-SAVE_TINY_MODEL = (
-    "python -c \"import os, torch; from ringtrain.models.cifar_cnn import CifarCNN; "
-    "from ringtrain.models.saved import ModelInfo, save_model; "
-    "kw = dict(num_classes=3, in_channels=1, image_size=12); torch.manual_seed(0); "
-    "save_model(os.environ['RINGTRAIN_OUTPUT_MODEL'], CifarCNN(**kw), ModelInfo("
-    "arch='cifar_cnn', task='classification', classes=['a', 'b', 'c'], kwargs=kw, "
-    "input_shape=[1, 12, 12]))\"")
-INPUT = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1, 12, 12],
-                     "data": [0.5] * 144}]}
 RETRY_LINE = "failed a request"  # what the front logs for each request it sends elsewhere
 
 
@@ -67,19 +62,6 @@ def _wait(what: str, predicate: Callable[[], Any], timeout_s: float,
             return value
         time.sleep(every_s)
     raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-
-
-def _server_pid(dep_id: str, replica: int) -> int:
-    """The `ringtrain serve` process of one replica (not its keeper)."""
-    for pid in procs.job_pids(dep_id):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in cmdline and f"HOROVOD_RANK={replica}".encode() in environ:
-            return pid
-    raise LookupError(f"no server process of replica {replica} of {dep_id}")
 
 
 @contextmanager

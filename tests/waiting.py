@@ -7,6 +7,8 @@ start with the repository on ``sys.path``.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,3 +28,16 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 60.0,
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s:g} s"
         time.sleep(every_s)
     return value
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM ``proc`` (a server's clean stop), SIGKILL it if it is still there after
+    ``timeout_s``, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)

@@ -4,7 +4,6 @@ of flags that the CLI's background server never gets (``--tls``, ``--host``, ``-
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from ringtrain.jobs.client.connection import running_server
 from ringtrain.jobs.errors import JobsError
 from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
+from tests.waiting import stop_process
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,7 @@ def foreground_server(home: Home, *flags: str, timeout_s: float = 60) -> Iterato
     try:
         yield RunningServer(_answering(home, proc, log_path, timeout_s), log_path)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_process(proc)
 
 
 def _answering(home: Home, proc: subprocess.Popen[bytes], log: Path, timeout_s: float

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from ringtrain.jobs.home import Home
+from tests.waiting import stop_process
 
 from .foreground_server import foreground_server
 from .netns import VethNamespace, namespace_problem, veth_namespace
@@ -173,9 +173,4 @@ def _serve_by_id_there(ns: VethNamespace, env: dict[str, str], job_id: str,
         assert reply["status"] == 200, reply
         assert reply["body"]["outputs"][0]["shape"][0] == 1, reply
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_process(proc)
