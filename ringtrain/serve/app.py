@@ -8,9 +8,10 @@ or PNG body: classes or boxes), ``/metrics`` (Prometheus), ``/docs``. Every inpu
 :class:`~ringtrain.serve.batching.DynamicBatcher`, whose worker thread runs the model: the event
 loop only parses and answers. Errors are JSON ``{"error", "detail"}``: 400 bad input (naming the
 problem), 401 no token, 404 unknown model, 413 body too large, 415 not an image type, 503 with
-``Retry-After`` when the queue is full, the memory budget is in use or the server drains (decided
-before a body is decoded, see :mod:`ringtrain.serve.admission`), 504 past the request timeout, 500
-if the model itself fails (the server stays up).
+``Retry-After`` when the queue is full, the memory budget is in use, the request cannot be
+answered within its timeout or the server drains (decided before a body is decoded, see
+:mod:`ringtrain.serve.admission`; a request that still runs out of time gets the same, never
+504), 500 if the model itself fails (the server stays up).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ringtrain.web.offline_docs import add_offline_docs
 from ringtrain.web.request_timing import RequestTiming
 
 _IMAGE_TYPES = ("image/", "application/octet-stream")
-_ERROR_CODES = (400, 401, 404, 413, 503, 504)
+_ERROR_CODES = (400, 401, 404, 413, 503)
 
 
 def _error(problem: HTTPProblem) -> Response:
@@ -62,10 +63,15 @@ def create_app(predictor: Predictor, config: ServeConfig) -> FastAPI:
     hold the parts); its lifespan starts the batcher and drains it on shutdown."""
     # The gauge reads the batcher at scrape time, after both exist.
     metrics = ServeMetrics(lambda: batcher.depth)
+    admission = Admission(config.queue_size, config.max_memory_bytes,
+                          queued=lambda: batcher.depth)
+
+    def on_batch(size: int, seconds: float) -> None:
+        metrics.observe_batch(size, seconds)
+        admission.times.observe_batch(size, seconds)  # what admission forecasts from
+
     batcher = DynamicBatcher(predictor.predict, config.max_batch_size,
-                             config.max_wait_ms / 1000, config.queue_size,
-                             on_batch=metrics.observe_batch)
-    admission = Admission(config.queue_size, config.max_memory_bytes)
+                             config.max_wait_ms / 1000, config.queue_size, on_batch=on_batch)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -192,10 +198,11 @@ def _image_route(predictor: Predictor, config: ServeConfig, batcher: DynamicBatc
                 if not data:
                     raise InputError("the body is empty: send the image file's bytes")
                 ticket.reserve(predictor.decode_cost(data))
-                item = await admission.decode(partial(predictor.decode_image, data))
+                item = await admission.decode(partial(predictor.decode_image, data), "image",
+                                              ticket.bytes, started + config.timeout_s)
                 del data
                 ticket.shrink_to(item.element_size() * item.nelement())
-            (result,) = await run_inputs(batcher, config, [item], started)
+            (result,) = await run_inputs(batcher, admission, config, [item], started)
         answer = predictor.describe(result, top_k, min_score)
         if predictor.detection:  # boxes are in these pixels
             answer = {"width": int(item.shape[-1]), "height": int(item.shape[-2]), **answer}

@@ -50,7 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=d.queue_size,
                    help=f"inputs waiting at most; beyond: 503 (default {d.queue_size})")
     p.add_argument("--timeout", type=float, default=d.timeout_s,
-                   help=f"seconds before a request gets 504 (default {d.timeout_s:g})")
+                   help=f"seconds a request may take: one forecast to take longer is refused at "
+                        f"once with 503 and Retry-After (default {d.timeout_s:g})")
     p.add_argument("--max-body-mib", type=float, default=d.max_body_bytes / (1 << 20),
                    help="largest request body in MiB (default 16)")
     p.add_argument("--max-memory-mib", type=float, default=d.max_memory_bytes / (1 << 20),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ringtrain.errors import ConfigError
+from ringtrain.web.connection_limits import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,9 @@ class ServeConfig:
         max_batch_size: Most inputs run together; 1 turns batching off.
         max_wait_ms: How long the first input of a batch waits for others to join it.
         queue_size: Inputs waiting at most; beyond it requests are refused with 503.
-        timeout_s: A request not answered by then gets 504 (its input is dropped if not begun).
+        timeout_s: How long a request may take from its arrival: one forecast to take longer is
+            refused at once with 503 and ``Retry-After``, as is, as a last resort, one still
+            unanswered by then (its input is dropped if not begun).
         max_body_bytes: Larger request bodies get 413 unread.
         max_memory_bytes: What the requests admitted may hold decoded (images, tensors); a
             request that would exceed it gets 503 before it is decoded.
@@ -30,6 +33,8 @@ class ServeConfig:
             runs instead of fighting torch's threads for it.
         cert_file: A certificate (PEM) to serve HTTPS with; with ``key_file``, its key.
         key_file: The certificate's private key (PEM, no passphrase).
+        connections: The request header timeout and the caps on connections, overall and per
+            client address (:mod:`ringtrain.web.connection_limits`).
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +52,7 @@ class ServeConfig:
     threads: int | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         bad = []

@@ -70,21 +70,25 @@ class RouteName:
 _ROUTE = RouteName(INFER_PATH)
 
 
-async def run_inputs(batcher: DynamicBatcher, config: ServeConfig, items: list[torch.Tensor],
-                     started: float) -> list[Any]:
+async def run_inputs(batcher: DynamicBatcher, admission: Admission, config: ServeConfig,
+                     items: list[torch.Tensor], started: float) -> list[Any]:
     """One result per input of a request, run through the batcher within what is left of its
-    timeout (``started``: ``time.perf_counter()`` when the request arrived).
+    timeout (``started``: ``time.perf_counter()`` when the request arrived), if ``admission``
+    forecasts they can be.
 
     Raises:
-        HTTPProblem: 400 more inputs than the queue holds, 503 queue full or draining, 504 past
-            the timeout, 500 the model failed.
+        HTTPProblem: 400 more inputs than the queue holds; 503 with ``Retry-After`` when the
+            queue is full or draining, when they are forecast to be answered too late, and as
+            a last resort when the timeout passes before they are (never 504: a client told to
+            come back knows more than one left waiting); 500 the model failed.
     """
     if len(items) > config.queue_size:
         raise HTTPProblem(400, f"{len(items)} inputs in one request exceed the queue of "
                                f"{config.queue_size}; send at most {config.queue_size}")
-    left = config.timeout_s - (time.perf_counter() - started)
+    deadline = started + config.timeout_s
+    admission.check_time(deadline, len(items))
     try:
-        return await batcher.run(items, max(left, 0.001))
+        return await batcher.run(items, max(deadline - time.perf_counter(), 0.001))
     except Exception as e:  # noqa: BLE001 - every failure becomes an answer, the server stays up
         raise problem_of(e, config.timeout_s) from None
 
@@ -139,13 +143,15 @@ class InferRoute:
                 ticket.reserve(_decode_cost(data, length))
                 if large:
                     request, items = await self.admission.decode(
-                        partial(self._inputs, data, length))
+                        partial(self._inputs, data, length), "tensor", ticket.bytes,
+                        started + self.config.timeout_s)
                 else:
                     request, items = self._inputs(data, length)
                 del data
                 ticket.shrink_to(sum(i.element_size() * i.nelement() for i in items))
             # No await until run_inputs has queued them.
-            results = await run_inputs(self.batcher, self.config, items, started)
+            results = await run_inputs(self.batcher, self.admission, self.config, items,
+                                       started)
             binary = wants_binary_output(request)
             if large:
                 return await asyncio.to_thread(self._encode, request, name, results, binary)

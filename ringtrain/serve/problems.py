@@ -57,8 +57,10 @@ def check_model(config: ServeConfig, name: str) -> None:
 
 def problem_of(error: Exception, timeout_s: float) -> HTTPProblem:
     """The answer to what :meth:`~ringtrain.serve.batching.DynamicBatcher.run` or a request's
-    own checks raised: 400 for bad input, 503 with ``Retry-After`` for a full or draining queue,
-    504 past ``timeout_s``, 500 if the model failed (that request fails, not the server)."""
+    own checks raised: 400 for bad input, 503 with ``Retry-After`` for a full or draining queue
+    and for a request not answered within ``timeout_s`` (a last resort: admission refuses at
+    once what it forecasts to end later), 500 if the model failed (that request fails, not the
+    server)."""
     if isinstance(error, HTTPProblem):
         return error
     if isinstance(error, InputError):
@@ -66,6 +68,7 @@ def problem_of(error: Exception, timeout_s: float) -> HTTPProblem:
     if isinstance(error, (QueueFullError, ClosedError)):
         return HTTPProblem(503, str(error), {"Retry-After": RETRY_AFTER_S})
     if isinstance(error, TimeoutError):
-        return HTTPProblem(504, f"no answer within {timeout_s:g} s: the server is overloaded; "
-                                "try again or lower the load")
+        return HTTPProblem(503, f"not answered within the {timeout_s:g} s timeout: the server "
+                                "is overloaded; try again shortly",
+                           {"Retry-After": RETRY_AFTER_S})
     return HTTPProblem(500, f"inference failed: {type(error).__name__}: {error}")

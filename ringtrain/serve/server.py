@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ringtrain.errors import ConfigError
 from ringtrain.serve.config import ServeConfig
+from ringtrain.web.connection_limits import limited_server
 from ringtrain.web.exposure import bind_socket, check_bind, client_url
 from ringtrain.web.tls_files import tls_files
 
@@ -36,13 +37,13 @@ def serve(model: Path, config: ServeConfig,
     and serve it until a stop signal; ``on_ready`` gets the server's URL once it listens.
 
     Raises:
-        ConfigError: A non-loopback host without a token, a port in use, or a certificate
-            and key that cannot serve HTTPS.
+        ConfigError: A non-loopback host without a token, a port in use, a certificate
+            and key that cannot serve HTTPS, or connection limits that leave the server too few
+            open files.
         SavedModelError: The model cannot be loaded.
         OSError: The address cannot be bound.
     """
     import torch
-    import uvicorn
 
     from ringtrain.serve.app import create_app
     from ringtrain.serve.predictor import Predictor
@@ -50,6 +51,7 @@ def serve(model: Path, config: ServeConfig,
     check_bind(config.host, config.token, "the model server",
                "anyone could then spend this host's processors on it")
     tls = tls_files(config.cert_file, config.key_file)  # checked before the model loads
+    budget = config.connections.resolved()
     torch.set_num_threads(model_threads(config.threads))
     predictor = Predictor.load(model, config.device)
     app = create_app(predictor, config)
@@ -62,9 +64,9 @@ def serve(model: Path, config: ServeConfig,
                           "listens there): pick another with --port, or --port 0 for a free "
                           "one") from None
     url = client_url(config.host, sock.getsockname()[1], tls=tls is not None)
-    uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.drain_s),
-                        **(tls.uvicorn_options() if tls else {}))
-    server = uvicorn.Server(uv)
+    server = limited_server(app, budget, log_level="warning",
+                            timeout_graceful_shutdown=int(config.drain_s),
+                            **(tls.uvicorn_options() if tls else {}))
     if on_ready is not None:
         startup = server.startup
 

@@ -1,11 +1,13 @@
-"""Admission before work (issue 22): huge images are refused with 503 before they are decoded
-when the memory budget is in use, decoded at most one per core at a time, never answered 504;
-KServe v2 requests naming an unknown input or output get 400."""
+"""Admission before work (issues 22 and 35): huge images are refused with 503 before they are
+decoded when the memory budget is in use, decoded at most one per core at a time; more large
+images than can be decoded before their timeout are refused with 503 and ``Retry-After``, never
+left to time out (504); KServe v2 requests naming an unknown input or output get 400."""
 
 from __future__ import annotations
 
 import io
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +20,7 @@ from ringtrain.serve.batching import QueueFullError
 from ringtrain.serve.config import ServeConfig
 from ringtrain.serve.predictor import Predictor
 from ringtrain.serve.problems import HTTPProblem
+from tests.clock import FakeClock
 
 from .conftest import running
 
@@ -123,6 +126,68 @@ def test_places_and_budget_are_given_back() -> None:
         assert admission.reserved_bytes == 0
         with admission.place(), admission.place():
             pass
+    finally:
+        admission.close()
+
+
+@pytest.fixture(scope="module")
+def large_png() -> bytes:
+    """A 4000x4000 RGB gradient as PNG: a small body that decodes to 48 MB."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.arange(4000, dtype=np.uint8)  # wraps at 256: a gradient repeated
+    pixels = np.broadcast_to(ramp[None, :, None], (4000, 4000, 3))
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_images_that_cannot_be_decoded_in_time_get_503_with_retry_after_never_504(
+        tiny_classifier: Path, large_png: bytes) -> None:
+    predictor = Predictor.load(tiny_classifier)
+    begun = time.perf_counter()
+    predictor.decode_image(large_png)
+    one = time.perf_counter() - begun
+    # The default memory budget admits 16 of these at once, and 2 decoders take 8 rounds of at
+    # least `one` each to decode them: without the time gate the later ones ran past a timeout
+    # of 4 decodes and were answered 504, as in the issue (20 clients, 2 images each).
+    config = ServeConfig(port=0, timeout_s=4 * one)
+    answers: list[httpx.Response] = []
+    with running(predictor, config) as client:
+        def post_twice() -> None:
+            for _ in range(2):
+                answers.append(client.post("/v2/models/model/image", content=large_png,
+                                           headers={"content-type": "image/png"}))
+
+        posters = [threading.Thread(target=post_twice) for _ in range(20)]
+        for t in posters:
+            t.start()
+        for t in posters:
+            t.join(300)
+        admission: Admission = client.app.state.admission  # type: ignore[attr-defined]
+        assert admission.reserved_bytes == 0
+    statuses = sorted(r.status_code for r in answers)
+    assert len(statuses) == 40 and set(statuses) <= {200, 503}, statuses
+    assert 200 in statuses, statuses
+    refused = [r for r in answers if r.status_code == 503]
+    assert refused and all(r.headers.get("retry-after", "").isdigit() for r in refused)
+    assert any("in time" in r.json()["error"] for r in refused), refused[0].text
+
+
+def test_a_request_is_refused_when_the_work_ahead_ends_past_its_deadline() -> None:
+    clock = FakeClock()
+    waiting = [0]
+    admission = Admission(places=8, max_memory_bytes=1 << 30, decoders=1,
+                          queued=lambda: waiting[0], clock=clock)
+    try:
+        admission.times.observe_batch(2, 1.0)  # 0.5 s per input
+        admission.check_time(clock.now + 0.1, 1)  # nothing ahead: tried, whatever its forecast
+        waiting[0] = 9  # 4.5 s of inputs ahead, 5 s with its own
+        admission.check_time(clock.now + 10, 1)
+        with pytest.raises(HTTPProblem, match="too busy to answer this request in time") as e:
+            admission.check_time(clock.now + 6, 1)  # 5 s, with the margin: too late
+        assert e.value.status == 503 and e.value.headers == {"Retry-After": "5"}
     finally:
         admission.close()
 

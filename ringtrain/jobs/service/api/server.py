@@ -31,6 +31,7 @@ from ringtrain.jobs.home import Home
 from ringtrain.jobs.server_info import ServerInfo
 from ringtrain.jobs.service.api.auth import allowed_hosts, home_token, is_wildcard
 from ringtrain.jobs.service.api.server_cert import CertificateSource
+from ringtrain.web.connection_limits import ConnectionLimits, limited_server
 from ringtrain.web.exposure import bind_socket, check_bind, client_url, is_loopback
 
 if TYPE_CHECKING:
@@ -79,7 +80,8 @@ def _lock(home: Home) -> IO[str]:
 
 def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           public_host: str | None = None, options: Mapping[str, Any] | None = None,
-          tls: CertificateSource | None = None, insecure: bool = False) -> None:
+          tls: CertificateSource | None = None, insecure: bool = False,
+          limits: ConnectionLimits | None = None) -> None:
     """Run the service until SIGTERM/SIGINT. Running jobs keep running after it stops.
 
     Args:
@@ -92,19 +94,21 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
             self-signed one, made on the first such start).
         insecure: answer requests from other machines over plain HTTP too (their token
             crosses the network in the clear); without, they get 403 saying why.
+        limits: the request header timeout and the caps on connections (default:
+            :class:`~ringtrain.web.connection_limits.ConnectionLimits`' own).
 
     Raises:
-        ConfigError: as :func:`check_job_service_bind`, or a certificate that cannot serve.
+        ConfigError: as :func:`check_job_service_bind`, a certificate that cannot serve, or
+            ``limits`` that leave the service too few open files.
         ConflictError: another server already serves this home.
         RecordError: the home's token file is unsafe or damaged.
     """
     # Imported here: `ringtrain server stop|status` and the job runner never load the web stack.
-    import uvicorn
-
     from ringtrain.jobs.service.api.app import create_app
     from ringtrain.jobs.service.deployments import Deployments
 
     check_job_service_bind(host, token, public_host, tls is not None, insecure)
+    budget = (limits or ConnectionLimits()).resolved()
     home.ensure()
     token = token or home_token(home)
     lock = _lock(home)
@@ -140,10 +144,10 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         # proxy_headers off: a peer's address and scheme are the socket's, never what an
         # X-Forwarded-* header claims (the transport guard decides on them).
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+        server = limited_server(app, budget, log_level="warning", timeout_graceful_shutdown=2,
                                 proxy_headers=False,
                                 **(cert.files.uvicorn_options() if cert else {}))
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         try:
             current = ServerInfo.read(home.server_file)
@@ -156,7 +160,9 @@ def serve(home: Home, host: str = "127.0.0.1", port: int = 0, token: str | None 
 
 
 def _job_service(home: Home, options: Mapping[str, Any]) -> JobService:
-    """The service of ``home``, with every backend of the registry."""
+    """The service of ``home``, with every backend of the registry, refusing new jobs below
+    ``--min-free-mb`` of free space on its disks."""
+    from ringtrain.jobs.service.disk_guard import DiskGuard
     from ringtrain.jobs.service.executors.registry import BackendContext, create_backends
     from ringtrain.jobs.service.job_service import JobService
     from ringtrain.jobs.service.share import Share
@@ -165,7 +171,9 @@ def _job_service(home: Home, options: Mapping[str, Any]) -> JobService:
     from ringtrain.storage.secrets import SecretStore
     from ringtrain.storage.transfers import DEFAULT_CONCURRENCY
 
-    store = SQLiteStore(home.db_path)
+    disk = DiskGuard([home.root, home.share_root], options.get("min_free_mb"),
+                     reserve=home.reserve_file)
+    store = SQLiteStore(home.db_path, on_full=disk.on_full)
     share = Share(home.share_root)
     storage = StorageSettings(
         SecretStore(home.secrets_folder), Path(options.get("cache_dir") or home.cache_folder),
@@ -177,7 +185,8 @@ def _job_service(home: Home, options: Mapping[str, Any]) -> JobService:
         return BackendContext(share, home.root / name,
                               lambda cluster: store.get_cluster(cluster).address or "", storage)
 
-    return JobService(store, share, create_backends(context, options), storage=storage)
+    return JobService(store, share, create_backends(context, options), storage=storage,
+                      disk=disk)
 
 
 def _lifespan(service: JobService, deployments: Deployments
