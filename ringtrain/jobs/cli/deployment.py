@@ -115,10 +115,9 @@ def _logs(args: argparse.Namespace) -> int:
 def _front(args: argparse.Namespace) -> int:
     import socket
 
-    import uvicorn
-
     from ringtrain.jobs.service.api.server_cert import given_certificate
     from ringtrain.jobs.service.front_proxy import Backends, create_front
+    from ringtrain.web.connection_limits import ConnectionLimits, limited_server
 
     # Checked first: a certificate that cannot serve ends the command before anything else.
     cert = given_certificate(args.cert, args.key) if args.cert or args.key else None
@@ -138,9 +137,8 @@ def _front(args: argparse.Namespace) -> int:
     print(f"front of deployment {info.id} at {where} -> "
           f"{len(info.urls)} replica(s), round robin; Ctrl-C stops it"
           + (f"; certificate {cert.fingerprint}" if cert else ""), flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning",
-                                  **(cert.files.uvicorn_options() if cert else {}))
-                   ).run(sockets=[sock])
+    limited_server(app, ConnectionLimits().resolved(), log_level="warning",
+                   **(cert.files.uvicorn_options() if cert else {})).run(sockets=[sock])
     return 0
 
 

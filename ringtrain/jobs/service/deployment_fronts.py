@@ -7,7 +7,9 @@ made) starts one for every live deployment of several replicas that has none, or
 died, and stops those whose deployment is stopping or over. A front's URL goes into its
 deployment's record, so that a restarted service binds the same port again (another one, then
 recorded, where that port was taken meanwhile); a port asked for at deploy time is recorded the
-same way (:meth:`Fronts.place`).
+same way (:meth:`Fronts.place`). Each front has the connection limits of the service's own
+server (:mod:`ringtrain.web.connection_limits`), sized for its share of the process's
+descriptors: :data:`FRONT_SHARE`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ringtrain.jobs.errors import ConflictError, JobsError
 from ringtrain.jobs.models import JobInfo, JobState
 from ringtrain.jobs.service.front_proxy import Backends, create_front
 from ringtrain.jobs.service.store import Store
+from ringtrain.web.connection_limits import Budget, ConnectionLimits, limited_server
 from ringtrain.web.exposure import bind_socket, client_url
 
 if TYPE_CHECKING:
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 #: Seconds a stopped front lets requests in flight finish.
 DRAIN_S = 5.0
+#: The part of the process's open-file limit each front's connections may hold: the fronts live
+#: in the job service's process, whose own server keeps a quarter of the limit free.
+FRONT_SHARE = 16
 #: The states of a deployment that has a front.
 _LIVE = (JobState.STAGING, JobState.QUEUED, JobState.PREPARING, JobState.RUNNING,
          JobState.UPLOADING)
@@ -131,8 +137,6 @@ class Fronts:
             self.close()
 
     def _start(self, job: JobInfo) -> None:
-        import uvicorn  # the web stack: loaded by the server only
-
         sock = _bind(job)
         url = front_url(sock.getsockname()[1])
         job_id = job.id
@@ -143,8 +147,8 @@ class Fronts:
         backends = Backends(self.replica_urls(job))
         app = create_front(backends, refresh=refresh, health_every_s=self.health_every_s,
                            refresh_s=self.refresh_s)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
-                                               timeout_graceful_shutdown=int(DRAIN_S)))
+        server = limited_server(app, _front_budget(), log_level="warning",
+                                timeout_graceful_shutdown=int(DRAIN_S))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                   name=f"front-{job_id}", daemon=True)
         thread.start()
@@ -177,6 +181,14 @@ def check_port(port: int) -> None:
         raise ConflictError(f"the front cannot listen on port {port} of {HOST}: {e.strerror}; "
                             "choose another (`ringtrain job deploy --port`), or none for a "
                             "free one") from None
+
+
+def _front_budget() -> Budget:
+    """One front's connection limits: the service's, on a :data:`FRONT_SHARE` th of the
+    process's descriptors."""
+    whole = ConnectionLimits().resolved()
+    return ConnectionLimits(max_connections=max(16, whole.max_connections // FRONT_SHARE)
+                            ).resolved()
 
 
 def _bind(job: JobInfo) -> socket.socket:
