@@ -101,7 +101,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                          "jobs.files", "jobs.errors", "storage", "web", "leaf"),
     # `ringtrain server` runs the service; every other command goes through the client
     "jobs.cli": ("jobs.client", "jobs.service.api", "jobs.service", "jobs", "jobs.files",
-                 "jobs.errors", "storage", "leaf"),
+                 "jobs.errors", "storage", "web", "leaf"),
     "data": ("torch", "models", "leaf"),
     "doctor": ("data", "torch", "models", "contract", "leaf"),
     "models": ("leaf",),
