@@ -51,9 +51,11 @@ class ShmGroup:
         self.n = segment.n
         self.me = segment.me
         self._small: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+        self._scratches: dict[torch.dtype, torch.Tensor] = {}
 
     def close(self, aborted: bool = False) -> None:
         self._small.clear()
+        self._scratches.clear()
         self.segment.close(aborted)
 
     def choose_step(self, candidates: Sequence[int], trials: int = 2) -> int:
@@ -85,6 +87,15 @@ class ShmGroup:
                 self._small.clear()
             pieces = self._small[key] = [s[:m] for s in self.segment.slots(dtype, buffer)]
         return pieces
+
+    def _scratch(self, dtype: torch.dtype, m: int) -> torch.Tensor:
+        """``m`` elements of a buffer of this group's own, kept for the next call: a fused
+        small allreduce reduces into it before scattering to its tensors, every round (at most
+        :data:`ONE_STEP_READ_BYTES`, as a one-wait allreduce is no larger)."""
+        scratch = self._scratches.get(dtype)
+        if scratch is None or scratch.numel() < m:
+            scratch = self._scratches[dtype] = torch.empty(m, dtype=dtype)
+        return scratch[:m]
 
     # -- allreduce and reducescatter -------------------------------------------------------------
 
@@ -144,7 +155,7 @@ class ShmGroup:
                 torch.cat(flats.views(0, total), out=slots[me][:total])
             seg.publish(step, 1)
             seg.wait_all(3 * step + 1, "allreduce")
-            reduced = torch.empty(total, dtype=dtype)
+            reduced = self._scratch(dtype, total)
             _reduce_into(reduced, slots[0][:total], [slot[:total] for slot in slots[1:]], op)
             flats.scatter(reduced, 0)
             seg.publish(step, 3)

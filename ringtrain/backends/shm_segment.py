@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ringtrain.backends import futex
+from ringtrain.backends import futex, spin
 from ringtrain.errors import ConfigError, RingtrainError
 from ringtrain.proc_stat import is_alive
 
@@ -40,13 +40,12 @@ _LINE = 64
 _LINE_WORDS = _LINE // 8
 _SEQ, _SLEEPS_ON = 0, 2
 _OK, _ABORTED, _CLOSED = 0, 1, 2
-#: Pure spinning this long before sleeping: a peer already in the collective arrives within
-#: microseconds. Then the waiter sleeps on the futex of the member it waits for, which that
-#: member's next publish wakes: a waiter that spun or napped instead would use up its share of
-#: a loaded machine's cores and be scheduled late when its peer is done.
-_SPIN_S = 20e-6
-#: Then yielding the core (sched_yield) this long before sleeping: measured on 2 loaded cores, a
-#: waiter that went to sleep at once made a back-to-back 4 KiB allreduce 5x slower.
+#: A waiter spins first (as long as :func:`spin.spin_s` allows: a peer already in the collective
+#: arrives within microseconds), then yields the core (sched_yield) until this long has passed,
+#: then sleeps on the futex of the member it waits for, which that member's next publish wakes: a
+#: waiter that spun or napped instead would use up its share of a loaded machine's cores and be
+#: scheduled late when its peer is done. Measured on 2 loaded cores, a waiter that went to sleep
+#: at once made a back-to-back 4 KiB allreduce 5x slower.
 _YIELD_S = 2e-4
 #: How often a waiting member checks that the members it waits for still live.
 _CHECK_S = 0.1
@@ -332,10 +331,11 @@ class Segment:
 
     def _wait(self, ready, among: Sequence[int], target: int, what: str) -> None:
         start = last_check = time.monotonic()
+        spin_s = spin.spin_s()
         while (waited := time.monotonic() - start) < _YIELD_S:
             if ready():
                 return
-            if waited >= _SPIN_S:
+            if waited >= spin_s:
                 os.sched_yield()
         while True:
             # Sleep on the first late member's number: its next publish wakes this waiter.

@@ -37,15 +37,15 @@ def find(metas_by_rank: Sequence[Sequence[RequestMeta]], decision: Decision,
         blocked: the ranks known to be blocked (see the module docstring).
 
     Returns:
-        An error response for every operation a deadlocked rank waits for, in name order; empty
-        when no rank is deadlocked.
+        An error response for every operation a deadlocked rank waits for, in name order (then
+        process set); empty when no rank is deadlocked.
     """
     world = len(metas_by_rank)
     blocked = set(blocked) | {r for r, metas in enumerate(metas_by_rank)
                               if any(m.op is OpType.JOIN and m.waited for m in metas)}
     if not blocked or decision.join_done is not None:
         return []
-    decided = {response.name for response in decision.responses}
+    decided = {response.key for response in decision.responses}
     joined = {r for r, metas in enumerate(metas_by_rank)
               if any(m.op is OpType.JOIN for m in metas)}
     awaited = {r: [m for m in metas_by_rank[r] if m.waited] for r in blocked}
@@ -53,9 +53,9 @@ def find(metas_by_rank: Sequence[Sequence[RequestMeta]], decision: Decision,
     def missing(meta: RequestMeta) -> set[int]:
         if meta.op is OpType.JOIN:
             return set(range(world)) - joined
-        if meta.name in decided:
+        if meta.key in decided:
             return set()
-        waiting = decision.waiting.get(meta.name)
+        waiting = decision.waiting.get(meta.key)
         return set(waiting.missing) if waiting is not None else set()
 
     live = set(range(world)) - set(blocked)
@@ -70,12 +70,13 @@ def find(metas_by_rank: Sequence[Sequence[RequestMeta]], decision: Decision,
     if not stuck:
         return []
     message = _report(metas_by_rank, stuck, missing)
-    names = sorted({m.name for rank in stuck for m in awaited[rank]})
+    keys = sorted({m.key for rank in stuck for m in awaited[rank]})
     responses = []
-    for name in names:
-        subs = {r: m for r, metas in enumerate(metas_by_rank) for m in metas if m.name == name}
+    for key in keys:
+        subs = {r: m for r, metas in enumerate(metas_by_rank) for m in metas if m.key == key}
         first = subs[min(subs)]
-        responses.append(Response(name, first.op, subs, error=message, failure=DeadlockError))
+        responses.append(Response(key.name, first.op, subs, error=message,
+                                  failure=DeadlockError))
     return responses
 
 

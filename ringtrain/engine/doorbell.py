@@ -67,6 +67,11 @@ class Doorbell(Protocol):
         a thread that rings while holding a lock the woken engine needs at once lets it go
         first, instead of waking an engine that would only block on that lock."""
 
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose doorbell calls by this thread share one hold of the doorbell's lock
+        (re-entrant; its rings wake the waiters when it ends): a count and the ring it completes
+        then cost one lock round trip, not two. Other threads' calls wait for the block."""
+
     def claim(self, round_: int, key: str) -> None:
         """A caller of this rank runs round ``round_`` itself if its bell is a submission of
         the unit counted under ``key``: a ring of such a bell need not wake this rank's engine
@@ -118,6 +123,9 @@ class StoreDoorbell:
     def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # the store server wakes its waiters itself
 
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # each call is a round trip of its own anyway
+
     def claim(self, round_: int, key: str) -> None:
         """Nothing to record: every ring wakes every waiter."""
 
@@ -160,6 +168,9 @@ class LocalDoorbell:
 
     def deferring_wakes(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # each call takes the condition's lock, cheaply
 
     def claim(self, round_: int, key: str) -> None:
         """Nothing to record: every ring wakes every waiter."""

@@ -66,7 +66,8 @@ class Engine:
         cached request may run in this thread, during this call (see :mod:`ringtrain.engine.turn`).
 
         Raises:
-            ValueError: an operation of the same name is already in flight on this rank.
+            ValueError: an operation of the same name and process set is already in flight on
+                this rank.
             HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
         """
         claimed = None
@@ -80,7 +81,7 @@ class Engine:
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
                 return
-            if not backlog.queue and request.name not in backlog.wanted_by_peers:
+            if not backlog.queue and request.key not in backlog.wanted_by_peers:
                 # Most likely a lone operation: counted as a unit of one (docs/engine.md, "A
                 # lone request is a unit of one").
                 claimed = self._claim_locked(request) if synchronous else None
@@ -93,7 +94,7 @@ class Engine:
                 backlog.submitted += 1
                 # The rest of a burst, gathered and fused by a negotiation round; so is a name a
                 # peer offered uncounted (counted alone here, its counter would never complete).
-                backlog.wanted_by_peers.discard(request.name)
+                backlog.wanted_by_peers.discard(request.key)
                 self._rounds.ring(NEGOTIATE)
         if claimed is not None:
             self._run_claimed(request, claimed)
@@ -167,19 +168,21 @@ class Engine:
     def _queue_unit_locked(self, batch: list[Request]) -> None:
         backlog = self._backlog
         if backlog.failure is not None:
-            backlog.names.difference_update(r.name for r in batch)
+            backlog.keys.difference_update(r.key for r in batch)
             for request in batch:
                 request.handle.set_error(backlog.failure)
             return
         # Counted before the engine can see it: a queued request has always been counted, so a
-        # unit's tag rings only once every member's requests are in its queue.
-        ring = self._readiness.count(batch)
-        backlog.queue.extend(batch)
-        backlog.submitted += len(batch)
-        if backlog.peers_joined:  # counters cannot complete while a rank submits nothing
-            ring = NEGOTIATE
-        if ring is not None:
-            self._rounds.ring(ring)
+        # unit's tag rings only once every member's requests are in its queue. The count and
+        # the ring it may complete share one hold of the doorbell's lock.
+        with self._doorbell.holding():
+            ring = self._readiness.count(batch)
+            backlog.queue.extend(batch)
+            backlog.submitted += len(batch)
+            if backlog.peers_joined:  # counters cannot complete while a rank submits nothing
+                ring = NEGOTIATE
+            if ring is not None:
+                self._rounds.ring(ring)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""

@@ -16,7 +16,7 @@ import torch
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import Request, TensorMeta
+from ringtrain.engine.request import OpKey, Request, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.op_types import OpType, ReduceOp
 
@@ -45,44 +45,49 @@ class Executor:
         self._timeline = timeline
         self._backend_name = backend_name
 
-    def run(self, responses: list[Response], local: dict[str, Request]) -> None:
-        """Execute ``responses``; ``local`` maps names to this rank's own requests."""
-        runnable = []
+    def run(self, responses: list[Response], local: dict[OpKey, Request]) -> None:
+        """Execute ``responses``; ``local`` maps their keys to this rank's own requests."""
+        allreduces: list[Response] = []
+        others: list[Response] = []
         for response in responses:
-            request = local.get(response.name)
             if response.error:
+                request = local.get(response.key)
                 if request is not None:
                     request.handle.set_error(response.failure(response.error))
             elif self._rank in response.set_ranks:
-                runnable.append(response)
-        allreduces = [r for r in runnable
-                      if r.op is OpType.ALLREDUCE and r.meta.reduce_op is not ReduceOp.ADASUM]
-        in_place: dict[tuple[tuple[int, ...], str], bool] = {}
+                fused = (response.op is OpType.ALLREDUCE
+                         and response.meta.reduce_op is not ReduceOp.ADASUM)
+                (allreduces if fused else others).append(response)
+        if len(allreduces) == 1:  # a lone allreduce (a synchronous call's round): no planning
+            self._allreduce_batches([allreduces], local, self._in_place)
+        elif allreduces:
+            in_place: dict[tuple[tuple[int, ...], str], bool] = {}
 
-        def unbuffered(response: Response) -> bool:
-            key = (response.meta.set_ranks, response.meta.tensors[0].device)
-            known = in_place.get(key)
-            if known is None:
-                known = in_place[key] = self._backend.allreduces_in_place(*key)
-            return known
+            def unbuffered(response: Response) -> bool:
+                key = (response.meta.set_ranks, response.meta.tensors[0].device)
+                known = in_place.get(key)
+                if known is None:
+                    known = in_place[key] = self._backend.allreduces_in_place(*key)
+                return known
 
-        # A lone allreduce (a synchronous call's round) is its own batch.
-        batches = ([allreduces] if len(allreduces) == 1
-                   else fusion.plan(allreduces, self._threshold, unbuffered))
-        self._allreduce_batches(batches, local, unbuffered)
-        for response in runnable:
-            if response.op is OpType.ALLREDUCE and response.meta.reduce_op is not ReduceOp.ADASUM:
-                continue
-            request = local.get(response.name)
+            self._allreduce_batches(fusion.plan(allreduces, self._threshold, unbuffered), local,
+                                    unbuffered)
+        for response in others:
+            request = local.get(response.key)
             start = time.monotonic()
             result = _RUNNERS[response.op](self, response, request)
             if request is not None:
                 self._trace(response, start)
                 request.handle.set_result(result)
 
+    def _in_place(self, response: Response) -> bool:
+        """Whether the backend reduces ``response``'s tensors where they lie."""
+        return self._backend.allreduces_in_place(response.meta.set_ranks,
+                                                 response.meta.tensors[0].device)
+
     # -- allreduce ----------------------------------------------------------------------------
 
-    def _allreduce_batches(self, batches: list[list[Response]], local: dict[str, Request],
+    def _allreduce_batches(self, batches: list[list[Response]], local: dict[OpKey, Request],
                            in_place: Callable[[Response], bool]) -> None:
         """Start every batch's collective, then finish them in order: copying a batch into its
         buffer overlaps the transfer of the batches started before it."""
@@ -90,13 +95,13 @@ class Executor:
         for inflight in started:
             self._finish_allreduce(inflight, local)
 
-    def _start_allreduce(self, batch: list[Response], local: dict[str, Request],
+    def _start_allreduce(self, batch: list[Response], local: dict[OpKey, Request],
                          in_place: bool) -> _Inflight:
         first = batch[0].meta
         start = time.monotonic()
         tensors: list[torch.Tensor] = []
         for response in batch:
-            request = local.get(response.name)
+            request = local.get(response.key)
             if request is None:  # a joined rank contributes zeros
                 tensors += [_zeros(t) for t in response.meta.tensors]
             else:
@@ -123,7 +128,7 @@ class Executor:
         wait = self._backend.start_allreduce(buf, wire_op, first.set_ranks)
         return _Inflight(batch, tensors, buf, wait, start, copied_in)
 
-    def _finish_allreduce(self, inflight: _Inflight, local: dict[str, Request]) -> None:
+    def _finish_allreduce(self, inflight: _Inflight, local: dict[OpKey, Request]) -> None:
         batch, tensors, buf = inflight.batch, inflight.tensors, inflight.buf
         first = batch[0].meta
         inflight.wait()
@@ -135,7 +140,7 @@ class Executor:
             self._buffers.release(buf)
         done = time.monotonic()
         for response in batch:
-            request = local.get(response.name)
+            request = local.get(response.key)
             if request is None:
                 continue
             if self._timeline.active:

@@ -1,8 +1,9 @@
 """Negotiation: from every rank's pending requests, decide which operations run now.
 
 A pure function of the metas gathered from all ranks, so every rank computes the same responses
-in the same order without a coordinator. An operation is ready when every member of its process
-set has submitted it (a joined rank stands in for allreduces); ready operations whose ranks
+in the same order without a coordinator. An operation is a name within a process set
+(:class:`~ringtrain.engine.request.OpKey`); it is ready when every member of its process set has
+submitted it (a joined rank stands in for allreduces); ready operations whose ranks
 disagree become error responses that fail that one operation on every rank.
 """
 
@@ -12,7 +13,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ringtrain.engine.request import RequestMeta
+from ringtrain.engine.request import OpKey, RequestMeta
 from ringtrain.errors import TensorMismatchError
 from ringtrain.op_types import OpType
 
@@ -49,6 +50,10 @@ class Response:
     def set_ranks(self) -> tuple[int, ...]:
         return self.meta.set_ranks
 
+    @property
+    def key(self) -> OpKey:
+        return self.meta.key
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -64,8 +69,8 @@ class Decision:
     """The outcome of one negotiation round."""
 
     responses: list[Response] = field(default_factory=list)
-    #: operations still waiting for some members, by name, for stall reports
-    waiting: dict[str, Waiting] = field(default_factory=dict)
+    #: operations still waiting for some members, for stall reports
+    waiting: dict[OpKey, Waiting] = field(default_factory=dict)
     #: set when every rank has joined: the rank that joined last
     join_done: int | None = None
 
@@ -81,19 +86,19 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
         whether the global join completed.
     """
     world = len(metas_by_rank)
-    by_name: dict[str, dict[int, RequestMeta]] = {}
+    by_key: dict[OpKey, dict[int, RequestMeta]] = {}
     joins: dict[int, RequestMeta] = {}
     for rank, metas in enumerate(metas_by_rank):
         for m in metas:
             if m.op is OpType.JOIN:
                 joins[rank] = m
             else:
-                by_name.setdefault(m.name, {})[rank] = m
+                by_key.setdefault(m.key, {})[rank] = m
 
     decision = Decision()
     joined = frozenset(joins)
-    for name in sorted(by_name):
-        subs = by_name[name]
+    for key in sorted(by_key):
+        name, subs = key.name, by_key[key]
         first = subs[min(subs)]
         members = first.set_ranks
         stand_ins = (joined & set(members)) - set(subs) if first.op in JOINABLE_OPS else set()
@@ -110,8 +115,8 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
                     f"have already called join(), and {first.op.value} needs every member "
                     f"(only allreduce goes on with joined ranks, as in Horovod).{hint}")))
             else:
-                decision.waiting[name] = Waiting(tuple(sorted(subs)), missing,
-                                                 max(m.age_s for m in subs.values()))
+                decision.waiting[key] = Waiting(tuple(sorted(subs)), missing,
+                                                max(m.age_s for m in subs.values()))
             continue
         error = _disagreement(name, subs)
         decision.responses.append(
@@ -126,12 +131,12 @@ def decide(metas_by_rank: Sequence[Sequence[RequestMeta]]) -> Decision:
 
 
 def _disagreement(name: str, subs: dict[int, RequestMeta]) -> str | None:
-    """Why the ranks' requests for ``name`` cannot run together, or None if they agree."""
+    """Why the ranks' requests for ``name`` (in one process set: that is part of what an
+    operation is) cannot run together, or None if they agree."""
     first = subs[min(subs)]
     op = first.op.value
     checks: list[tuple[str, Callable[[RequestMeta], object]]] = [
         ("operation", lambda m: m.op.value),
-        ("process set", lambda m: list(m.set_ranks)),
         ("number of tensors", lambda m: len(m.tensors)),
         ("dtype", lambda m: [t.dtype.removeprefix("torch.") for t in m.tensors]),
         ("device", lambda m: [t.device for t in m.tensors]),

@@ -7,9 +7,9 @@ scheduling decisions are made from metas alone, so every rank reaches the same d
 
 from __future__ import annotations
 
-import time
+import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ringtrain.op_types import OpType, ReduceOp
 
@@ -17,6 +17,20 @@ if TYPE_CHECKING:
     import torch
 
     from ringtrain.engine.handle import Handle
+
+
+class OpKey(NamedTuple):
+    """What tells operations apart: a name within a process set (its ranks).
+
+    Names are Horovod's per process set: ranks 0 and 1, each in a set of its own, may both
+    submit ``"grad"``, and those are two operations, each complete with its one member. Keyed by
+    name alone they met in one negotiation and failed as a disagreement on the process set
+    whenever both were pending in the same round. Ordered by name first, so that responses
+    still come in name order.
+    """
+
+    name: str
+    set_ranks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -33,7 +47,8 @@ class RequestMeta:
     """One rank's description of a pending request: everything peers must agree on.
 
     ``set_ranks`` is carried (rather than a process-set id) so that deciding readiness needs no
-    rank-local registry, which may lag behind on some ranks.
+    rank-local registry, which may lag behind on some ranks; registered sets never share their
+    ranks, so the ranks name the set, and with the name they key the operation (:class:`OpKey`).
     """
 
     name: str
@@ -56,6 +71,11 @@ class RequestMeta:
     #: orders joins by cause, where ages measured on different ranks' clocks cannot.
     offered_round: int = field(default=-1, compare=False)
 
+    @functools.cached_property
+    def key(self) -> OpKey:
+        # Made once: the engine looks a request up by its key several times per operation.
+        return OpKey(self.name, self.set_ranks)
+
 
 @dataclass
 class Request:
@@ -64,7 +84,7 @@ class Request:
     meta: RequestMeta
     outputs: list[torch.Tensor]
     handle: Handle
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = 0.0  # stamped with the engine's clock when queued (Backlog.add)
     ready_event: torch.cuda.Event | None = None  # a CUDA event recorded on the submitting stream
     grouped: bool = False  # complete with a list even when it holds one tensor
     counted: str | None = None  # the readiness counter this submission was added to, if any
@@ -73,3 +93,7 @@ class Request:
     @property
     def name(self) -> str:
         return self.meta.name
+
+    @property
+    def key(self) -> OpKey:
+        return self.meta.key

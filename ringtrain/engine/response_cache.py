@@ -13,7 +13,7 @@ counter starts every rank even (docs/engine.md).
 from __future__ import annotations
 
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import RequestMeta
+from ringtrain.engine.request import OpKey, RequestMeta
 from ringtrain.op_types import OpType
 
 _CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST,
@@ -21,11 +21,12 @@ _CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST,
 
 
 class ResponseCache:
-    """Responses by name with bit indices; mutated identically on every rank."""
+    """Responses by key (name and process set) with bit indices; mutated identically on
+    every rank."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._bits: dict[str, int] = {}
+        self._bits: dict[OpKey, int] = {}
         self._responses: list[Response] = []
         self._generations: list[int] = []
         #: per bit, the last meta found equal to this rank's cached one: the frontend submits
@@ -38,7 +39,7 @@ class ResponseCache:
 
     def lookup(self, meta: RequestMeta) -> int | None:
         """The bit of a request identical to one negotiated before, or None."""
-        bit = self._bits.get(meta.name)
+        bit = self._bits.get(meta.key)
         if bit is None:
             return None
         if self._matched[bit] is meta:
@@ -62,10 +63,10 @@ class ResponseCache:
     def put(self, response: Response) -> None:
         """Record a response decided by a negotiation round.
 
-        A successful, join-free response is remembered (replacing an older one of that name);
-        either way a cached name gets a fresh counter.
+        A successful, join-free response is remembered (replacing an older one of that key);
+        either way a cached key gets a fresh counter.
         """
-        bit = self._bits.get(response.name)
+        bit = self._bits.get(response.key)
         if bit is not None:
             self._generations[bit] += 1
         if response.error or response.joined or response.op not in _CACHEABLE:
@@ -74,7 +75,7 @@ class ResponseCache:
             self._responses[bit] = response
             self._matched[bit] = None
         elif len(self._responses) < self.capacity:
-            self._bits[response.name] = len(self._responses)
+            self._bits[response.key] = len(self._responses)
             self._responses.append(response)
             self._generations.append(0)
             self._matched.append(None)

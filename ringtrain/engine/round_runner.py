@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from ringtrain.backends import spin
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import control, deadlock, negotiation
 from ringtrain.engine.backlog import Backlog
@@ -22,6 +23,7 @@ from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.peers import PeerProcess, Peers
 from ringtrain.engine.readiness import Readiness
+from ringtrain.engine.request import OpKey
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import ROUNDS_ROW, Timeline
@@ -79,6 +81,8 @@ class RoundRunner:
         """The engine thread: wait for each round's bell and run the round, until the engine
         fails or every rank stops."""
         serialize_this_thread()  # see intraop: a team of this thread's own would fight training
+        # It waits beside the training thread, which may be running Python: brief spins only.
+        spin.limit_this_thread(spin.BESIDE_PYTHON_SPIN_S)
         bell_wait_s = _CALLERS_BELL_WAIT_S if self.turn.callers_may_run else _BELL_WAIT_S
         try:
             while self.backlog.failure is None:
@@ -197,7 +201,7 @@ class RoundRunner:
         return True
 
     def _offer(self, shutting_down: bool, wait_state: int,
-               awaited: set[str]) -> tuple[ControlVector, set[int]]:
+               awaited: set[OpKey]) -> tuple[ControlVector, set[int]]:
         """This rank's control vector, and the cached responses it offers."""
         pending = self.backlog.pending
         bits, missed, joined = control.offers(pending.values(), self.cache)
@@ -211,18 +215,18 @@ class RoundRunner:
     def _note_wanted(self, decision: Decision, offered: Sequence[int], mine: set[int]) -> None:
         """Remember the operations peers offered in this round that this rank has not submitted:
         submitted here later, each must ring for a negotiation, as its readiness counter can no
-        longer complete (one submitted while this round ran rings now). A name leaves the set
+        longer complete (one submitted while this round ran rings now). One leaves the set
         when its operation runs here (:meth:`Backlog.take_decided`) or with the next negotiation.
         """
         if decision.waiting:  # a full exchange says who is missing
-            wanted = {name for name, w in decision.waiting.items() if self.rank in w.missing}
+            wanted = {key for key, w in decision.waiting.items() if self.rank in w.missing}
         else:  # the counts do: offered by some members, not by this rank
-            wanted = {self.cache.response(bit).name for bit, n in enumerate(offered)
+            wanted = {self.cache.response(bit).key for bit, n in enumerate(offered)
                       if n and bit not in mine and n < self.cache.members(bit)}
         backlog = self.backlog
         with backlog.lock:
             backlog.wanted_by_peers = wanted
-            if wanted and any(r.name in wanted and not self.readiness.completed(r)
+            if wanted and any(r.key in wanted and not self.readiness.completed(r)
                               for r in backlog.queue):
                 self.rounds.ring(NEGOTIATE)
 
@@ -243,9 +247,9 @@ class RoundRunner:
         if decision.responses and len(decision.responses[0].set_ranks) == self.size:
             self.rounds.forget()  # every rank took part in the collective: all are past the bell
 
-    def _full_exchange(self, awaited: set[str], blocked: list[int]) -> Decision:
+    def _full_exchange(self, awaited: set[OpKey], blocked: list[int]) -> Decision:
         now = self._clock()
-        metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.name in awaited,
+        metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.key in awaited,
                          offered_round=r.offered_round)
                  for r in self.backlog.pending.values()]
         gathered = self._backend.control_allgather(metas)
@@ -255,7 +259,7 @@ class RoundRunner:
             log.error("rank %d: %s", self.rank, failed[0].error)
             decision.responses.extend(failed)
             for response in failed:
-                decision.waiting.pop(response.name, None)
+                decision.waiting.pop(response.key, None)
         self._renew_counters(decision)
         stall_error = self._stall.inspect(decision)
         if stall_error is not None:
@@ -263,17 +267,17 @@ class RoundRunner:
         return decision
 
     def _renew_counters(self, decision: Decision) -> None:
-        """Record a negotiation round's responses in the cache, which gives their names fresh
+        """Record a negotiation round's responses in the cache, which gives their keys fresh
         readiness counters (on every rank alike: the decision is); waiting requests whose unit's
-        counter changed count again. Before the handles complete: a name submitted again must
+        counter changed count again. Before the handles complete: a key submitted again must
         count on its new counter."""
         backlog = self.backlog
         with backlog.lock:
             for response in decision.responses:
                 self.cache.put(response)
-            decided = {response.name for response in decision.responses}
+            decided = {response.key for response in decision.responses}
             waiting = [r for r in (*backlog.pending.values(), *backlog.queue)
-                       if r.name not in decided]
+                       if r.key not in decided]
             for ring in self.readiness.recount(waiting):
                 self.rounds.ring(ring)
 
@@ -301,8 +305,8 @@ class RoundRunner:
     def _complete_joins(self, last_rank: int) -> None:
         backlog = self.backlog
         with backlog.lock:
-            joins = [n for n, r in backlog.pending.items() if r.meta.op is OpType.JOIN]
-            requests = [backlog.pending.pop(n) for n in joins]
-            backlog.names.difference_update(joins)
+            joins = [k for k, r in backlog.pending.items() if r.meta.op is OpType.JOIN]
+            requests = [backlog.pending.pop(k) for k in joins]
+            backlog.keys.difference_update(joins)
         for request in requests:
             request.handle.set_result(last_rank)

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from ringtrain.backends import futex
+from ringtrain.backends import futex, spin
 from ringtrain.backends.shm_segment import Segment, align
 from ringtrain.engine.doorbell import Doorbell
 from ringtrain.errors import HorovodInternalError
@@ -50,9 +50,6 @@ _COUNTERS = 16384
 _COUNTER_ENTRY = 32  # two uint64 of digest, the value, padding
 _COUNTER_WORDS = _COUNTER_ENTRY // 8
 _COUNTERS_USED_MAX = _COUNTERS * 3 // 4
-#: How long a waiting engine polls the ring word before it sleeps on it: a peer that rings at
-#: once is seen without a system call, and the core is soon given back.
-_SPIN_S = 2e-5
 #: A rank waiting for the lock yields its core this long before it naps: the lock is held for
 #: microseconds, and a nap (a timer's slack on top) costs a lone operation more than the whole
 #: collective.
@@ -134,6 +131,7 @@ class ShmDoorbell:
         self._lock_free_reads = platform.machine().lower() in STORES_IN_ORDER
         self._locked = _TableLock(self)  # the tables' lock
         self._deferring = _DeferredWakes(self)
+        self._holding = _Holding(self)
         self._entries: dict[str, int] = {}  # counter keys found in the table (never moved)
         self._digests: dict[bytes, int] = {}
 
@@ -178,7 +176,7 @@ class ShmDoorbell:
                     f"rank {self._segment.members[self._me].rank} cannot ring round {round_}: "
                     f"rank(s) {slow} have not finished round {held} within "
                     f"{_REUSE_TIMEOUT_S:g} s, {_ROUNDS} rounds earlier")
-            time.sleep(1e-3)
+            self._locked.pause(1e-3)  # a holding block of this thread's lets peers in
         if getattr(self._deferred, "depth", 0):
             self._deferred.owed = True
             self._deferred.engines = getattr(self._deferred, "engines", False) or engines
@@ -243,6 +241,9 @@ class ShmDoorbell:
     def deferring_wakes(self) -> _DeferredWakes:
         return self._deferring
 
+    def holding(self) -> _Holding:
+        return self._holding
+
     def _wake_owed(self) -> None:
         """Make the wakes this thread's rings owe, at the end of its outermost deferring
         block."""
@@ -278,7 +279,8 @@ class ShmDoorbell:
                     # ago; the engine must look up the round it is at.
                     return None
                 seen = int(word[0])
-            spin_until = time.monotonic() + _SPIN_S
+            # A peer about to ring is met without a system call (how long: backends/spin.py).
+            spin_until = time.monotonic() + spin.spin_s()
             while int(word[0]) == seen and time.monotonic() < spin_until:
                 pass
             if int(word[0]) != seen:
@@ -346,15 +348,22 @@ class ShmDoorbell:
 
 class _TableLock:
     """The tables' lock (see the module's docstring): this process's threads, then ``flock``
-    between processes; the holder's rank + 1 in the header while held. A class rather than a
-    generator: it is taken several times per operation."""
+    between processes; the holder's rank + 1 in the header while held. Re-entrant, so that a
+    count and the ring it completes take it once (:meth:`ShmDoorbell.holding`). A class rather
+    than a generator: it is taken several times per operation."""
 
-    __slots__ = ("_bell",)
+    __slots__ = ("_bell", "_depth", "_owner")
 
     def __init__(self, bell: ShmDoorbell):
         self._bell = bell
+        self._owner: int | None = None  # the holding thread: only it ever reads its own id here
+        self._depth = 0
 
     def __enter__(self) -> None:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return
         bell = self._bell
         bell._thread_lock.acquire()
         try:
@@ -363,14 +372,34 @@ class _TableLock:
             bell._thread_lock.release()
             raise
         bell._header[1] = bell._me + 1
+        self._owner, self._depth = me, 1
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        self._owner = None
         bell = self._bell
         try:
             bell._header[1] = 0
             fcntl.flock(bell._fd, fcntl.LOCK_UN)
         finally:
             bell._thread_lock.release()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` with the lock let go, however deep this thread holds it (a ring
+        waiting for a peer that needs the lock to move on), then hold it as deep again."""
+        if self._owner != threading.get_ident():
+            time.sleep(seconds)
+            return
+        depth = self._depth
+        self._depth = 1
+        self.__exit__()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.__enter__()
+            self._depth = depth
 
     def _flock(self) -> None:
         fd = self._bell._fd
@@ -433,3 +462,28 @@ class _DeferredWakes:
         deferred.depth -= 1
         if not deferred.depth:
             self._bell._wake_owed()
+
+
+class _Holding:
+    """What :meth:`ShmDoorbell.holding` returns: the tables' lock held, and the wakes of the
+    block's rings deferred to its end, when the lock is let go (a wake reads the sleepers
+    table only after the lock's release orders the ring before it: see ``ShmDoorbell._wake``)."""
+
+    __slots__ = ("_bell",)
+
+    def __init__(self, bell: ShmDoorbell):
+        self._bell = bell
+
+    def __enter__(self) -> None:
+        self._bell._deferring.__enter__()
+        try:
+            self._bell._locked.__enter__()
+        except BaseException:
+            self._bell._deferring.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._bell._locked.__exit__()
+        finally:
+            self._bell._deferring.__exit__()

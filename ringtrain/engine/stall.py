@@ -50,11 +50,12 @@ class StallInspector:
         """Log stalled operations; return the error to stop with once past the shutdown time."""
         if not self._enabled:
             return None
-        stalled = {n: w for n, w in decision.waiting.items() if w.age_s >= self._warning_s}
+        stalled = {k: w for k, w in decision.waiting.items() if w.age_s >= self._warning_s}
         if not stalled:
             return None
-        lines = [f"  {name}: submitted by ranks {list(w.submitted)}, waiting for ranks "
-                 f"{list(w.missing)} for {w.age_s:.1f} s" for name, w in sorted(stalled.items())]
+        # The ranks listed are the process set's: the name alone tells the operation.
+        lines = [f"  {key.name}: submitted by ranks {list(w.submitted)}, waiting for ranks "
+                 f"{list(w.missing)} for {w.age_s:.1f} s" for key, w in sorted(stalled.items())]
         report = ("some ranks submitted operations that others have not (a rank may be stuck, "
                   "or ranks take different code paths):\n" + "\n".join(lines))
         oldest = max(w.age_s for w in stalled.values())

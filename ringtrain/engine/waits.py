@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ringtrain.engine.handle import Handle
-from ringtrain.engine.request import Request
+from ringtrain.engine.request import OpKey, Request
 
 #: A rank blocked in the same wait since the previous round asks for a deadlock check at least
 #: this often, even when the members it waits for do not all look blocked.
@@ -79,10 +79,10 @@ class WaitTracker:
                 table.pop(key, None)
         self._changes += 1
 
-    def state(self, pending: Mapping[str, Request]) -> tuple[int, set[str]]:
-        """This rank's wait state, and the names of the ``pending`` requests its threads wait
+    def state(self, pending: Mapping[OpKey, Request]) -> tuple[int, set[OpKey]]:
+        """This rank's wait state, and the keys of the ``pending`` requests its threads wait
         for. Forgets submitters that have ended."""
-        awaited = {r.name for r in pending.values() if r.handle in self._awaited}
+        awaited = {r.key for r in pending.values() if r.handle in self._awaited}
         if not awaited or not self._enabled:
             return 0, awaited
         for ident, thread in list(self._submitters.items()):
@@ -92,7 +92,8 @@ class WaitTracker:
                 return 0, awaited
         return (self._changes & 0x3FFFFFFF) + 1, awaited  # never 0
 
-    def wants_check(self, state: int, awaited: set[str], pending: Mapping[str, Request]) -> bool:
+    def wants_check(self, state: int, awaited: set[OpKey],
+                    pending: Mapping[OpKey, Request]) -> bool:
         """Whether this rank asks this round for a deadlock check: it is blocked in the same
         wait as in the previous round, and every member of a set it waits on was blocked then
         too (or it has not asked for :data:`DEADLOCK_CHECK_S`)."""
@@ -100,7 +101,7 @@ class WaitTracker:
         if not state or previous is None or previous[self._rank] != state:
             return False
         now = self._clock()
-        members = [pending[name].meta.set_ranks for name in awaited]
+        members = [pending[key].meta.set_ranks for key in awaited]
         if (any(all(previous[m] for m in ranks) for ranks in members)
                 or now - self._last_check >= DEADLOCK_CHECK_S):
             self._last_check = now

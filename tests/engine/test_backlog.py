@@ -7,7 +7,7 @@ import pytest
 
 from ringtrain.engine.backlog import Backlog
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import Request
+from ringtrain.engine.request import OpKey, Request
 from ringtrain.errors import HorovodInternalError
 from tests.engine.calls import request
 
@@ -29,9 +29,10 @@ def test_a_name_in_flight_is_refused_and_free_again_once_decided():
     with pytest.raises(ValueError, match="'a' is already in flight"):
         backlog.add(request(0, (0, 1), "a"), 6.0)
     backlog.take_queue(3)
-    backlog.wanted_by_peers.add("a")
+    backlog.wanted_by_peers.add(first.key)
     local = backlog.take_decided([Response("a", first.meta.op, {0: first.meta})])
-    assert local == {"a": first} and not backlog.pending and not backlog.wanted_by_peers
+    assert local == {OpKey("a", (0, 1)): first} and not backlog.pending
+    assert not backlog.wanted_by_peers
     backlog.add(request(0, (0, 1), "a"), 7.0)
 
 
@@ -39,7 +40,7 @@ def test_a_negotiation_round_takes_the_whole_queue_and_stamps_its_round():
     backlog = Backlog()
     made = _added(backlog, "a", "b")
     backlog.take_queue(4)
-    assert not backlog.queue and list(backlog.pending) == ["a", "b"]
+    assert not backlog.queue and [k.name for k in backlog.pending] == ["a", "b"]
     assert [r.offered_round for r in made] == [4, 4]
 
 
@@ -70,13 +71,13 @@ def test_a_lone_unit_round_clears_the_blocked_caller_once_the_queue_is_empty():
 def test_a_failure_fails_every_request_held_and_every_later_submission_with_the_first_error():
     backlog = Backlog()
     queued, pending = _added(backlog, "q", "p")
-    backlog.pending["p"] = backlog.queue.pop()
+    backlog.pending[pending.key] = backlog.queue.pop()
     first, later = HorovodInternalError("first"), HorovodInternalError("later")
     backlog.fail(first)
     backlog.fail(later)
     for made in (queued, pending):
         with pytest.raises(HorovodInternalError, match="first"):
             made.handle.wait(0)
-    assert not backlog.names and not backlog.queue and not backlog.pending
+    assert not backlog.keys and not backlog.queue and not backlog.pending
     with pytest.raises(HorovodInternalError, match="first"):
         backlog.add(request(0, (0, 1), "new"), 1.0)

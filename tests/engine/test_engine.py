@@ -15,6 +15,7 @@ import torch
 
 from ringtrain.engine import round_runner
 from ringtrain.engine.doorbell import NEGOTIATE
+from ringtrain.engine.request import OpKey
 from ringtrain.errors import HorovodInternalError, StallError, TensorMismatchError
 from ringtrain.op_types import OpType, ReduceOp
 from tests.engine.calls import (
@@ -74,6 +75,28 @@ def test_a_lone_cached_operation_runs_in_a_unit_round_with_its_collective_alone(
     assert len(new_bells) == 4 and NEGOTIATE not in new_bells
     assert world.completed["control_allreduce"] == negotiations
     assert world.completed["allreduce"] == 5
+
+
+def test_the_same_name_in_disjoint_process_sets_is_two_operations(start_engines):
+    # Issue 35 (Horovod's test_async_sparse_allreduce_process_sets): ranks 0 and 1, each in a
+    # set of its own, submit the same names. Keyed by name alone, two such requests taken by one
+    # negotiation round failed as "ranks disagree on the process set"; holding both engines'
+    # turns while the ranks submit makes that round certain. Later steps run from the cache.
+    world, engines = start_engines(2)
+    for engine in engines:
+        world.backend(engine.rank).add_set((engine.rank,))
+    names = ("0.indices", "0.values")
+    for i in range(3):
+        turns = [e._turn.lock for e in engines]
+        for turn in turns:
+            turn.acquire()
+        try:
+            handles = [submit(e, name, torch.full((2,), 10.0 * e.rank + i), op=OpType.ALLGATHER,
+                              ranks=(e.rank,)) for e in engines for name in names]
+        finally:
+            for turn in turns:
+                turn.release()
+        assert results(handles) == [[10.0 * r + i] * 2 for r in (0, 1) for _ in names], i
 
 
 def test_a_lone_cached_operation_on_a_process_set_leaves_the_other_ranks_idle(start_engines):
@@ -141,11 +164,12 @@ def test_an_operation_a_peer_negotiated_before_this_rank_submitted_it_is_not_cou
     # would ring for it (the pending watch is off here). Rank 1 must ring a negotiation for it.
     _, engines = start_engines(2)
     sum_ones(engines, ("burst.x", "burst.y"))
+    burst_y = OpKey("burst.y", (0, 1))
     for i in range(3):
         first = [submit(engines[0], "burst.x", torch.full((1,), float(i))),
                  submit(engines[0], "burst.y", torch.full((1,), float(i)))]
         backlog = engines[0]._backlog
-        wait_until(lambda: "burst.y" in backlog.pending and not backlog.queue,  # noqa: B023
+        wait_until(lambda: burst_y in backlog.pending and not backlog.queue,  # noqa: B023
                    "rank 0's negotiation round took its burst")
         x = submit(engines[1], "burst.x", torch.ones(1))
         assert results([first[0], x]) == [[i + 1.0]] * 2
@@ -185,7 +209,7 @@ def test_the_watch_rings_no_round_for_requests_a_negotiation_in_progress_took(
     def holding(counts, _original=backend.control_allreduce):
         # A round rung by rank 0's submission may start here before "held.y" is submitted to
         # rank 1: that one runs on, and the next takes it.
-        if "held.y" in engines[1]._backlog.pending and not entered.is_set():
+        if OpKey("held.y", (0, 1)) in engines[1]._backlog.pending and not entered.is_set():
             at_hold.append((len(world.doorbell.bells()), world.completed["control_allreduce"]))
             entered.set()
             assert held.wait(WAIT_S), "the test never released the round"

@@ -45,7 +45,7 @@ def test_a_negotiation_round_runs_a_new_operation_and_a_unit_round_runs_it_once_
     assert world.doorbell.bells() == [NEGOTIATE]  # the cache does not know it yet
     assert _next_round(world, runner)
     assert first.handle.wait(0).tolist() == [3.0, 3.0]
-    assert runner.rounds.current == 1 and not runner.backlog.names
+    assert runner.rounds.current == 1 and not runner.backlog.keys
 
     second = _queued(runner, "x", 4.0)
     assert world.doorbell.bells()[-1] != NEGOTIATE  # counted: its unit's tag

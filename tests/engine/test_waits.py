@@ -4,6 +4,7 @@ check."""
 
 from __future__ import annotations
 
+from ringtrain.engine.request import OpKey, Request
 from ringtrain.engine.waits import DEADLOCK_CHECK_S, WaitTracker
 from tests.clock import FakeClock
 from tests.engine.calls import request
@@ -20,8 +21,11 @@ class _Thread:
         return self.alive
 
 
-def _pending(*names: str, ranks: tuple[int, ...] = (0, 1)) -> dict:
-    return {name: request(0, ranks, name) for name in names}
+A, B = OpKey("a", (0, 1)), OpKey("b", (0, 1))
+
+
+def _pending(*names: str, ranks: tuple[int, ...] = (0, 1)) -> dict[OpKey, Request]:
+    return {OpKey(name, ranks): request(0, ranks, name) for name in names}
 
 
 def test_a_rank_is_blocked_once_every_thread_that_submitted_waits_with_no_timeout():
@@ -32,13 +36,13 @@ def test_a_rank_is_blocked_once_every_thread_that_submitted_waits_with_no_timeou
     tracker.submitted(second)
     assert tracker.state(pending) == (0, set())
 
-    tracker.began(pending["a"].handle, first.ident)
+    tracker.began(pending[A].handle, first.ident)
     state, awaited = tracker.state(pending)
-    assert (state, awaited) == (0, {"a"})  # the second thread may still submit anything
+    assert (state, awaited) == (0, {A})  # the second thread may still submit anything
 
-    tracker.began(pending["b"].handle, second.ident)
+    tracker.began(pending[B].handle, second.ident)
     state, awaited = tracker.state(pending)
-    assert state > 0 and awaited == {"a", "b"}
+    assert state > 0 and awaited == {A, B}
 
 
 def test_the_wait_state_changes_with_every_submission_and_every_wait():
@@ -46,11 +50,11 @@ def test_the_wait_state_changes_with_every_submission_and_every_wait():
     pending = _pending("a")
     thread = _Thread(1)
     tracker.submitted(thread)
-    tracker.began(pending["a"].handle, thread.ident)
+    tracker.began(pending[A].handle, thread.ident)
     before, _ = tracker.state(pending)
-    tracker.ended(pending["a"].handle, thread.ident)
+    tracker.ended(pending[A].handle, thread.ident)
     assert tracker.state(pending) == (0, set())  # nobody waits now
-    tracker.began(pending["a"].handle, thread.ident)
+    tracker.began(pending[A].handle, thread.ident)
     after, _ = tracker.state(pending)
     assert before and after and before != after  # blocked again, but not all along
 
@@ -63,7 +67,7 @@ def test_ended_threads_and_autograd_hooks_leave_the_rank_blocked():
     tracker.submitted(ended)  # submitted, then its thread ended
     with tracker.submitting_for_autograd():
         tracker.submitted(hooks)  # submits on behalf of a thread in backward()
-    tracker.began(pending["a"].handle, waiter.ident)
+    tracker.began(pending[A].handle, waiter.ident)
     assert tracker.state(pending)[0] > 0
 
 
@@ -73,10 +77,10 @@ def test_a_thread_with_several_waits_on_one_handle_waits_until_the_last_ends():
     thread = _Thread(1)
     tracker.submitted(thread)
     for _ in range(2):
-        tracker.began(pending["a"].handle, thread.ident)
-    tracker.ended(pending["a"].handle, thread.ident)
-    assert tracker.state(pending)[1] == {"a"}
-    tracker.ended(pending["a"].handle, thread.ident)
+        tracker.began(pending[A].handle, thread.ident)
+    tracker.ended(pending[A].handle, thread.ident)
+    assert tracker.state(pending)[1] == {A}
+    tracker.ended(pending[A].handle, thread.ident)
     assert tracker.state(pending) == (0, set())
 
 
@@ -85,8 +89,8 @@ def test_tracking_turned_off_never_blocks_but_still_names_what_threads_wait_for(
     pending = _pending("a")
     thread = _Thread(1)
     tracker.submitted(thread)
-    tracker.began(pending["a"].handle, thread.ident)
-    assert tracker.state(pending) == (0, {"a"})
+    tracker.began(pending[A].handle, thread.ident)
+    assert tracker.state(pending) == (0, {A})
 
 
 def test_ranks_count_as_blocked_with_the_same_state_in_two_consecutive_rounds():
@@ -103,7 +107,7 @@ def test_a_blocked_rank_asks_for_a_check_when_its_peers_were_blocked_or_now_and_
     pending = _pending("a")
     thread = _Thread(1)
     tracker.submitted(thread)
-    tracker.began(pending["a"].handle, thread.ident)
+    tracker.began(pending[A].handle, thread.ident)
     state, awaited = tracker.state(pending)
     assert not tracker.wants_check(state, awaited, pending)  # no previous round yet
 

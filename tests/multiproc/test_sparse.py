@@ -1,14 +1,19 @@
 """Sparse gradients on real multi-rank Gloo worlds: ``sparse_allreduce_async`` as Horovod
-returns it (a handle to call), over the world and a process set, and ``DistributedOptimizer``
+returns it (a handle to call), over the world and a process set (the same names in disjoint
+sets being separate operations), and ``DistributedOptimizer``
 reducing an ``nn.Embedding(sparse=True)`` gradient as sparse, to the same parameters as the
 dense equivalent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import ringtrain.torch as hvd
+from ringtrain.torch import runtime
+from tests.waiting import wait_until
 
 
 def _rows(r: int) -> torch.Tensor:
@@ -50,6 +55,42 @@ def test_sparse_allreduce_returns_a_handle_to_call_for_the_reduced_sparse_tensor
         if r in evens:  # Average divides by the size of the set
             torch.testing.assert_close(torch.tensor(out["evens"]),
                                        sum(dense[i] for i in evens) / len(evens))
+
+
+def _own_sets_same_names(folder: str) -> list[list]:
+    """Horovod's test_async_sparse_allreduce_process_sets on two ranks: each rank in a process
+    set of its own, both submitting the same names. Both engines are held (each rank holds its
+    engine's turn) from before either rank submits until both have: every round then takes both
+    ranks' requests, which, keyed by name alone, met as one operation and failed (issue 35: one
+    run in three, by timing)."""
+    r = hvd.rank()
+    sets = [hvd.add_process_set([0]), hvd.add_process_set([1])]
+    turn = runtime.current().engine._turn.lock
+
+    def both(what: str) -> None:  # a barrier outside the engines, which are held
+        Path(folder, f"{what}.{r}").touch()
+        wait_until(Path(folder, f"{what}.{1 - r}").exists, f"the other rank: {what}")
+
+    out = []
+    try:
+        for step in range(3):  # negotiated, then from the cache
+            with turn:  # between rounds: nothing is pending on either rank
+                both(f"held.{step}")
+                handles = [hvd.sparse_allreduce_async(_rows(r) * (step + 1.0), name=str(i),
+                                                      op=hvd.Sum, process_set=sets[r])
+                           for i in range(4)]
+                both(f"submitted.{step}")
+            out.append([h().to_dense().tolist() for h in handles])
+    finally:
+        for process_set in sets:
+            hvd.remove_process_set(process_set)
+    return out
+
+
+def test_the_same_names_in_disjoint_process_sets_are_separate_operations(world2, tmp_path):
+    for r, out in enumerate(world2.run(_own_sets_same_names, str(tmp_path))):
+        for step, reduced in enumerate(out):
+            assert reduced == [((step + 1.0) * _rows(r).to_dense()).tolist()] * 4, (r, step)
 
 
 def _model(sparse: bool) -> torch.nn.Module:

@@ -314,3 +314,47 @@ def test_a_killed_holder_does_not_block_the_shared_memory_lock(tmp_path):
         child.wait(10)
     assert first.ring(0, NEGOTIATE) == NEGOTIATE  # the kernel dropped the dead holder's lock
     assert second.wait(0, 1.0) == NEGOTIATE
+
+
+def test_a_holding_block_counts_and_rings_under_one_lock_and_wakes_at_its_end(tmp_path,
+                                                                               monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    wakes = _recorded_wakes(monkeypatch)
+    waiter, woke = _waiting(first, 0)
+    flocks: list[int] = []
+    real_flock = shm_doorbell.fcntl.flock
+    monkeypatch.setattr(shm_doorbell.fcntl, "flock",
+                        lambda fd, op: (flocks.append(op), real_flock(fd, op))[1])
+    with second.holding():
+        assert second.count("unit") == 1
+        assert second.ring(0, b"unit@1") == b"unit@1"
+        assert wakes == []  # the lock is still held: the wake waits for the block's end
+    assert wakes == [second._word_address]
+    taken = [op for op in flocks if op != shm_doorbell.fcntl.LOCK_UN]
+    assert len(taken) == 1  # the count and the ring shared one hold
+    waiter.join(10.0)
+    assert woke == [b"unit@1"]
+    assert first.count("unit") == 2  # the lock was let go: the peer counts
+
+
+def test_a_ring_that_waits_for_a_lagging_peer_lets_it_in_from_a_holding_block(tmp_path,
+                                                                              monkeypatch):
+    first, second = shm_doorbells(tmp_path)
+    monkeypatch.setattr(shm_doorbell, "_ROUNDS", 2)  # entries reused every other round
+    assert first.ring(0, NEGOTIATE) == NEGOTIATE
+    assert first.wait(0, 1.0) == second.wait(0, 1.0) == NEGOTIATE
+    assert first.wait(1, 0.0) is None  # rank 0 waits for round 1: past round 0
+    # Round 2 reuses round 0's entry, which waits for rank 1 to wait for a later round: rank 1
+    # must take the lock that rank 0's holding block holds to say so.
+    ringer = threading.Thread(target=lambda: _ring_held(first, 2))
+    ringer.start()
+    time.sleep(0.01)
+    assert second.wait(1, 0.01) is None  # under the lock, between the ringer's naps
+    ringer.join(10.0)
+    assert not ringer.is_alive()
+    assert second.wait(2, 1.0) == b"later@1"
+
+
+def _ring_held(bell: ShmDoorbell, round_: int) -> None:
+    with bell.holding():
+        bell.ring(round_, b"later@1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ringtrain.engine import fusion
 from ringtrain.engine.negotiation import decide
-from ringtrain.engine.request import RequestMeta, TensorMeta
+from ringtrain.engine.request import OpKey, RequestMeta, TensorMeta
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch.topology import from_hostnames
@@ -20,7 +20,8 @@ def meta(name, rank, shape=(4,), op=OpType.ALLREDUCE, ranks=(0, 1), dtype="torch
 def test_ready_only_when_every_member_submitted():
     d = decide([[meta("a", 0), meta("b", 0)], [meta("b", 1)]])
     assert [r.name for r in d.responses] == ["b"]
-    assert d.waiting["a"].submitted == (0,) and d.waiting["a"].missing == (1,)
+    waiting = d.waiting[OpKey("a", (0, 1))]
+    assert waiting.submitted == (0,) and waiting.missing == (1,)
 
 
 def test_shape_mismatch_becomes_an_error_response_naming_each_rank():

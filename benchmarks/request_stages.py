@@ -1,0 +1,112 @@
+"""Where a lone synchronous allreduce's time goes: the request path, stage by stage.
+
+    python benchmarks/request_stages.py [--np 2] [--bytes 4096] [--calls 2000]
+
+launches itself with `ringtrain run -np N` and prints one JSON line: rank 0's median and mean
+time in each stage of ``--calls`` back-to-back ``hvd.allreduce_`` calls of one float32 tensor
+(after a warm-up that puts its name in the response cache), and the Python-level function calls
+per operation outside spin and wait loops (from cProfile, over separate calls: a count that the
+machine's load does not change). The stages nest (the round runs inside the submission, which
+runs the claimed round on one host); docs/engine.md, "Where the time goes", explains them.
+Stamps are ``time.perf_counter_ns`` around the stage's function, a few hundred nanoseconds each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import json
+import pstats
+import statistics
+import sys
+import time
+
+from launch import run_under_launcher
+
+#: (module, owner, function, stage): the functions timed, outermost first.
+_STAGES = [
+    ("ringtrain.torch.ops", None, "allreduce_", "total"),
+    ("ringtrain.engine.engine", "Engine", "submit", "engine submit (with the claimed round)"),
+    ("ringtrain.engine.engine", "Engine", "_claim_locked", "claim"),
+    ("ringtrain.engine.readiness", "Readiness", "count", "count"),
+    ("ringtrain.engine.shm_doorbell", "ShmDoorbell", "ring", "ring"),
+    ("ringtrain.engine.turn", "Turn", "_bell_is", "wait for the bell"),
+    ("ringtrain.engine.round_runner", "RoundRunner", "run_round", "round"),
+    ("ringtrain.engine.execute", "Executor", "run", "executor"),
+    ("ringtrain.backends.shm", "ShmGroup", "allreduce_", "shared-memory allreduce"),
+    ("ringtrain.engine.handle", "Handle", "wait", "handle wait"),
+]
+#: What the names of the functions of spin and wait loops contain (builtins included, as
+#: "<built-in method time.monotonic>"): their call counts measure waiting rather than work.
+_WAITS = ("wait", "ready", "monotonic", "sched_yield", "_bell_is", "_bell_locked", "spin_s")
+
+
+def _stamp(stamps: dict[str, list[int]], stage: str, fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stamps.setdefault(stage, []).append(time.perf_counter_ns() - start)
+    return timed
+
+
+def worker(nbytes: int, calls: int) -> None:
+    import importlib
+
+    import torch
+
+    import ringtrain.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    tensor = torch.ones(max(nbytes // 4, 1))
+    for _ in range(200):
+        hvd.allreduce_(tensor, op=hvd.Sum, name="stages")
+    profile = cProfile.Profile()
+    hvd.barrier()
+    profile.enable()
+    for _ in range(calls // 4):
+        hvd.allreduce_(tensor, op=hvd.Sum, name="stages")
+    profile.disable()
+    counted = sum(v[1] for k, v in pstats.Stats(profile).stats.items()
+                  if not any(w in k[2] for w in _WAITS))
+    stamps: dict[str, list[int]] = {}
+    for module, owner, name, stage in _STAGES:
+        target = importlib.import_module(module)
+        target = getattr(target, owner) if owner else target
+        setattr(target, name, _stamp(stamps, stage, getattr(target, name)))
+    ops = importlib.import_module("ringtrain.torch.ops")  # hvd.allreduce_ is the unpatched one
+    hvd.barrier()
+    for _ in range(calls):
+        ops.allreduce_(tensor, op=hvd.Sum, name="stages")
+    if hvd.rank() == 0:
+        print(json.dumps({
+            "benchmark": "request_stages", "world_size": hvd.size(), "bytes": nbytes,
+            "calls": calls, "python_calls_per_op": counted / (calls // 4),
+            "stages_us": {stage: {"median": statistics.median(stamps[stage]) / 1e3,
+                                  "mean": statistics.fmean(stamps[stage]) / 1e3,
+                                  "count": len(stamps[stage])}
+                          for *_, stage in _STAGES if stage in stamps},
+        }), flush=True)
+    hvd.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument("--bytes", type=int, default=4096, help="tensor size (default 4 KiB)")
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls (default 2000)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.bytes, args.calls)
+        return 0
+    return run_under_launcher(__file__, args.np, ["--bytes", str(args.bytes),
+                                                  "--calls", str(args.calls)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
