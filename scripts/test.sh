@@ -21,6 +21,9 @@ if [ "${1:-}" = "--fast" ]; then
   args+=(-m fast -p no:schemathesis -p no:hypothesispytest)
 fi
 if [ "${RINGTRAIN_TEST_WORKERS:-2}" != 0 ]; then
-  args+=(-n "${RINGTRAIN_TEST_WORKERS:-2}" --dist loadfile)
+  # In collection order (tests/conftest.py starts the longest modules first), not xdist's
+  # default of the modules with the most tests first, which left minutes-long modules of a few
+  # tests to the end, on one worker.
+  args+=(-n "${RINGTRAIN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 fi
 exec .venv/bin/python -m pytest "${args[@]}" "$@"

@@ -21,7 +21,8 @@ BACKENDS = {"tensorflow": "tensorflow", "jax": "jax"}  # backend: the library it
 def backend_world(request):
     backend = request.param
     if importlib.util.find_spec(BACKENDS[backend]) is None:
-        pytest.skip(f"{BACKENDS[backend]} is not installed (pip install 'ringtrain[test]')")
+        pytest.skip(f"{BACKENDS[backend]} is not installed "
+                    "(pip install -e '.[test,keras-tf,keras-jax]')")
     world = World(2, env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
     yield backend, world
     world.close()
