@@ -108,7 +108,18 @@ def create_front(backends: Backends, *, refresh: Callable[[], Sequence[str]] | N
             finally:
                 task.cancel()
 
+    refreshed = {"at": float("-inf")}
+
     async def proxy(request: Request) -> Response:
+        # A front started before its replicas listened knows none: read them at once rather
+        # than answer 503 until the next refresh (at most once a second, however many ask).
+        now = asyncio.get_running_loop().time()
+        if refresh is not None and not backends.urls() and now - refreshed["at"] >= 1.0:
+            refreshed["at"] = now
+            try:
+                backends.set_urls(await asyncio.to_thread(refresh))
+            except (JobsError, httpx.HTTPError, OSError) as e:
+                log.warning("front: could not read the replicas: %s", e)
         return await _proxy(request, backends, state["client"])
 
     methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
@@ -143,13 +154,20 @@ async def _watch(backends: Backends, client: httpx.AsyncClient,
 _REPLICA_DOWN = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
+def _last_resort(backends: Backends, tried: set[str]) -> str | None:
+    """With no healthy replica left to try, one taken out and not tried yet, as nginx tries its
+    servers marked down when all are: a replica out since its last check (taken out while it
+    started, or restarted since) may serve again, and a refused connection costs little."""
+    return next((u for u in backends.out_urls() if u not in tried), None)
+
+
 async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient) -> Response:
     """Send ``request`` to the next healthy replica (the one after, if that one is down: see
     the module's docstring)."""
     body = await request.body()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
     tried: set[str] = set()
-    while (url := backends.pick(tried)) is not None:
+    while (url := backends.pick(tried) or _last_resort(backends, tried)) is not None:
         try:
             answer = await client.request(request.method, url + request.url.path,
                                           params=request.url.query, content=body, headers=headers)
@@ -161,6 +179,8 @@ async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient
             continue
         except httpx.HTTPError as e:
             return JSONResponse({"error": f"replica {url} did not answer: {e!r}"}, 502)
+        if answer.status_code < 500:  # a replica taken out that answers is back
+            backends.mark(url, True)
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROPPED
                 and k.lower() != "content-encoding"}
         return Response(answer.content, answer.status_code, kept)
