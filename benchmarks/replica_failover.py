@@ -42,13 +42,11 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model and helpers
-from ringtrain.jobs.client.connection import connect, stop_server
+from ringtrain.jobs.client.connection import connect
 from ringtrain.jobs.client.jobs_client import JobsClient
 from ringtrain.jobs.home import Home
-from ringtrain.jobs.models import ClusterSpec, parse_job_spec
 from ringtrain.jobs.models.deployment import DeploymentInfo
-from ringtrain.jobs.service.executors.local import procs
-from tests.jobs.test_deploy import INPUT, SAVE_TINY_MODEL  # noqa: E402
+from tests.jobs.test_deploy import INPUT, trained_job  # noqa: E402
 from tests.jobs.test_deploy_front import _server_pid  # noqa: E402
 
 RETRY_LINE = "failed a request"  # what the front logs for each request it sends elsewhere
@@ -67,27 +65,15 @@ def _wait(what: str, predicate: Callable[[], Any], timeout_s: float,
 @contextmanager
 def deployment(root: Path) -> Iterator[tuple[Home, JobsClient, DeploymentInfo]]:
     """A service under ``root`` and a ready deployment of 2 replicas: (home, client, info)."""
-    home = Home(root / "home")
-    client = connect(home=home)
-    try:
-        client.create_cluster(ClusterSpec(name="local", nodes=2, slots=1))
-        job = client.submit("local", parse_job_spec({"name": "tiny", "node_count": 1,
-                                                     "command": SAVE_TINY_MODEL,
-                                                     "outputs": ["model"]}))
-        done = _wait("the model's job", lambda: (j := client.get_job(job.id)).state
-                     .is_terminal() and j, 300)
-        if done.state.value != "succeeded":
-            raise RuntimeError(f"the model's job {done.state.value}: {done.message}")
-        info = client.deploy(job.id, replicas=2)
-        _wait("the deployment", lambda: client.get_deployment(info.id).state.value == "ready",
-              300)
-        yield home, client, client.get_deployment(info.id)
-    finally:
-        client.close()
-        stop_server(home)
-        for job_dir in (home.share_root / "jobs").iterdir():
-            for pid in procs.job_pids(job_dir.name):
-                os.kill(pid, signal.SIGKILL)
+    with trained_job(root, nodes=2) as (home, job_id):
+        client = connect(home=home)
+        try:
+            info = client.deploy(job_id, replicas=2)
+            _wait("the deployment",
+                  lambda: client.get_deployment(info.id).state.value == "ready", 300)
+            yield home, client, client.get_deployment(info.id)
+        finally:
+            client.close()
 
 
 def drive(url: str, clients: int, duration_s: float,
