@@ -100,13 +100,20 @@ class Fronts:
             front = self._running.get(job_id)
         return front.url if front is not None else None
 
-    def out(self, job_id: str) -> list[str]:
-        """The replicas ``job_id``'s front took out of its turns (none without a front). Not
-        the healthy ones: a replica that announced itself since the front last read the
-        replicas is not known to it yet, and not out."""
+    def follow(self, job_id: str, serving: list[str]) -> list[str]:
+        """Give ``job_id``'s front the replicas that serve now, as the caller just read them,
+        and return those it took out of its turns (none without a front).
+
+        The deployment's state and health are read from the same records the front follows:
+        whoever reads them passes them on, so that a replica said to be healthy is one the
+        front sends requests to, not one it learns of at its next refresh (a client told
+        ``ready`` then had every request go to the replica the front knew)."""
         with self._lock:
             front = self._running.get(job_id)
-        return front.backends.out_urls() if front is not None else []
+        if front is None:
+            return []
+        front.backends.set_urls(serving)
+        return front.backends.out_urls()
 
     def place(self, job_id: str, port: int) -> None:
         """Put ``job_id``'s front on ``port``: recorded, and moved there if a pass of

@@ -158,7 +158,8 @@ class Deployments:
         # A stopped deployment's records say nothing more; a failed one's say why.
         ended_by_itself = job.state in (JobState.SUCCEEDED, JobState.FAILED)
         records = self._records(job) if live or ended_by_itself else []
-        out = self.fronts.out(job.id) if self.fronts is not None else []
+        out = self.fronts.follow(job.id, _serving(records)) if self.fronts is not None and live \
+            else []
         statuses = replica_statuses(records, out) if live else []
         urls = [r.url for r in statuses if r.url and r.state is ReplicaState.SERVING]
         state = deployment_state(job, statuses)
@@ -189,8 +190,12 @@ class Deployments:
 
     def _urls(self, job: JobInfo) -> builtins.list[str]:
         """The URLs of the replicas that serve now, by replica (what the front sends to)."""
-        return [r.url for r in self._records(job)
-                if r is not None and r.url and r.state is ReplicaState.SERVING]
+        return _serving(self._records(job))
+
+
+def _serving(records: list[ReplicaRecord | None]) -> list[str]:
+    """The URLs of the replicas whose records say they serve, by replica."""
+    return [r.url for r in records if r is not None and r.url and r.state is ReplicaState.SERVING]
 
 
 def _model_of(job: JobInfo) -> str:

@@ -134,18 +134,21 @@ async def _watch(backends: Backends, client: httpx.AsyncClient,
     loop = asyncio.get_running_loop()
     last_refresh = loop.time()
     while True:
-        for url in backends.urls():
-            try:
-                ok = (await client.get(url + HEALTH_PATH, timeout=2.0)).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            backends.mark(url, ok)
-        if refresh is not None and loop.time() - last_refresh >= refresh_s:
-            last_refresh = loop.time()
-            try:
-                backends.set_urls(await asyncio.to_thread(refresh))
-            except (JobsError, httpx.HTTPError, OSError) as e:  # the service is away: go on
-                log.warning("front: could not refresh the replicas: %s", e)
+        try:
+            for url in backends.urls():
+                try:
+                    ok = (await client.get(url + HEALTH_PATH, timeout=2.0)).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                backends.mark(url, ok)
+            if refresh is not None and loop.time() - last_refresh >= refresh_s:
+                last_refresh = loop.time()
+                try:
+                    backends.set_urls(await asyncio.to_thread(refresh))
+                except (JobsError, httpx.HTTPError, OSError) as e:  # the service is away
+                    log.warning("front: could not refresh the replicas: %s", e)
+        except Exception:  # a task that died would leave the replicas unchecked, silently
+            log.exception("front: a round of health checks failed; the next one follows")
         await asyncio.sleep(health_every_s)
 
 
@@ -184,5 +187,8 @@ async def _proxy(request: Request, backends: Backends, client: httpx.AsyncClient
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROPPED
                 and k.lower() != "content-encoding"}
         return Response(answer.content, answer.status_code, kept)
+    log.warning("front: no replica to send a request to (replicas: %s; out of the turns: %s; "
+                "failed it: %s): answered 503", backends.urls() or "none known",
+                backends.out_urls() or "none", sorted(tried) or "none")
     return JSONResponse({"error": "no replica is healthy: see `ringtrain deployment show`"},
                         503, {"Retry-After": "2"})
