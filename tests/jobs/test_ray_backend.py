@@ -5,8 +5,8 @@ another node fails), GPUs per process on a raylet that declares GPUs, the README
 backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
-only, so every Ray test runs inside a network namespace that has only ``lo``: the two
-``test_..._in_a_loopback_namespace`` tests re-run this module under ``unshare -n`` (as root) with
+only, so every Ray test runs inside a network namespace that has only ``lo``:
+``test_ray_scenarios_in_a_loopback_namespace`` re-runs this module under ``unshare -n`` (as root) with
 ``RINGTRAIN_TEST_NETNS=1``, where the scenario tests run; outside it they skip. The Ray cluster
 (``ray.cluster_utils.Cluster``: a head and one worker node, two CPUs each, node address
 127.0.0.1) is shared by the module; the service is the real one (SQLite store, share, routing
@@ -75,34 +75,27 @@ def _namespace_problem() -> str | None:
     return None
 
 
-def _run_inside(marks: str) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_scenarios_in_a_loopback_namespace() -> None:
+    """Every scenario below, in one pytest run inside the namespace: one Ray cluster for all
+    (starting a second cost half a minute of the suite)."""
+    if IN_NAMESPACE:
+        pytest.skip("this is the namespace already")
     pytest.importorskip("ray", reason="the ray extra is not installed")
     problem = _namespace_problem()
     if problem:
         pytest.skip(problem)
     env = {**os.environ, "RINGTRAIN_TEST_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks,
+    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                    "-k", "not in_a_loopback_namespace", str(Path(__file__))]
     proc = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
                            *pytest_argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=280)
+                          timeout=560)
     report = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"the Ray scenarios failed inside the namespace:\n{report}"
     assert " passed" in proc.stdout and " skipped" not in proc.stdout, report
-
-
-def test_ray_scenarios_in_a_loopback_namespace() -> None:
-    if IN_NAMESPACE:
-        pytest.skip("this is the namespace already")
-    _run_inside("not slow")
-
-
-@pytest.mark.slow
-def test_slow_ray_scenarios_in_a_loopback_namespace() -> None:
-    if IN_NAMESPACE:
-        pytest.skip("this is the namespace already")
-    _run_inside("slow")
 
 
 def test_each_backend_checks_the_address_of_its_clusters(tmp_path: Path) -> None:
