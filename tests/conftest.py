@@ -25,11 +25,12 @@ import pytest
 _FAST_DIRS = ("unit", "engine")
 _TESTS = Path(__file__).parent
 #: Modules of a minute or more of tests, longest first (2-core machine, whole suite).
-LONGEST_FIRST = ("integration/test_examples_vision.py", "jobs/test_ray_backend.py",
-                 "storage/test_storage_jobs.py", "integration/test_keras_example.py",
-                 "integration/test_readme_walk.py", "integration/test_doctor_wrapped_steps.py",
-                 "integration/test_doctor_script_repeats.py", "integration/test_node_launch.py",
-                 "jobs/test_deploy_front.py", "jobs/test_elastic_jobs.py",
+LONGEST_FIRST = ("jobs/test_ray_backend.py", "integration/test_doctor.py",
+                 "storage/test_storage_jobs.py", "integration/test_doctor_wrapped_steps.py",
+                 "integration/test_keras_example.py", "integration/test_ssh_launch.py",
+                 "multiproc/test_shm.py", "integration/test_node_launch.py",
+                 "integration/test_examples.py", "integration/test_readme_walk.py",
+                 "multiproc/test_no_hang.py", "jobs/test_attempts.py",
                  "integration/test_elastic_one_rank.py")
 
 

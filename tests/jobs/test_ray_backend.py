@@ -6,8 +6,8 @@ backends, a lost node (failed and retried).
 
 Ray binds the machine's network address unless told otherwise, and here servers may use loopback
 only, so every Ray test runs inside a network namespace that has only ``lo``:
-``test_ray_scenarios_in_a_loopback_namespace`` re-runs this module under ``unshare -n`` (as root) with
-``RINGTRAIN_TEST_NETNS=1``, where the scenario tests run; outside it they skip. The Ray cluster
+``test_ray_scenarios_in_a_loopback_namespace`` re-runs this module under ``unshare -n`` (as root)
+with ``RINGTRAIN_TEST_NETNS=1``, where the scenario tests run; outside it they skip. The Ray cluster
 (``ray.cluster_utils.Cluster``: a head and one worker node, two CPUs each, node address
 127.0.0.1) is shared by the module; the service is the real one (SQLite store, share, routing
 executor) ticked by the test, without HTTP.
