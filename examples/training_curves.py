@@ -1,6 +1,7 @@
 """Training curves the job service's dashboard plots: rank 0's scalars as TensorBoard events.
 
-``torch.utils.tensorboard.SummaryWriter`` writes them under ``<output dir>/tb``, inside the
+``torch.utils.tensorboard.SummaryWriter`` (through :mod:`ringtrain.summary_writer`, which
+never imports TensorFlow) writes them under ``<output dir>/tb``, inside the
 job's outputs, where the service finds and reads them as they grow (``ringtrain job metrics
 ID`` prints them; ``tensorboard --logdir`` reads them too). Per step (every ``every`` steps):
 ``train/loss``, ``train/lr`` and ``train/images_per_s`` over all ranks; per epoch, whatever the
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ringtrain.torch as hvd
+from ringtrain.summary_writer import summary_writer
 
 
 class TrainingCurves:
@@ -34,11 +36,9 @@ class TrainingCurves:
         if hvd.rank() != 0:
             return
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            self.writer = summary_writer(str(Path(output_dir) / "tb"))
         except ImportError:  # the tensorboard package is missing: no curves, training goes on
             print("training curves off: `pip install tensorboard` to log them", flush=True)
-            return
-        self.writer = SummaryWriter(str(Path(output_dir) / "tb"), flush_secs=2)
 
     def step(self, loss: Any, optimizer: Any, images: int) -> None:
         """After one optimizer step on ``images`` images of this rank."""

@@ -12,6 +12,7 @@ import torch
 
 from ringtrain.keras.backend import import_keras
 from ringtrain.keras.collectives import broadcast_variables, is_seed_state
+from ringtrain.summary_writer import summary_writer
 from ringtrain.torch import ops, runtime
 
 if TYPE_CHECKING:  # keras (untyped: Any) as a module, so its classes can be base classes
@@ -235,8 +236,10 @@ class TensorBoard(keras.callbacks.Callback):
     """Rank 0 writes ``fit``'s metrics to TensorBoard event files in ``log_dir`` (created; in a
     job, under its outputs, where the dashboard finds them).
 
-    Keras' own callback writes through TensorFlow, which Keras 3 on torch does not have; this
-    one writes through ``torch.utils.tensorboard`` (``pip install 'ringtrain[tensorboard]'``).
+    Keras' own callback writes through TensorFlow, which Keras 3 on torch or JAX does not have;
+    this one writes through ``torch.utils.tensorboard`` (``pip install
+    'ringtrain[tensorboard]'``), without TensorFlow on every backend
+    (:mod:`ringtrain.summary_writer`).
     Every epoch's logs go to ``epoch/<name>`` at the epoch's number, and every ``update_freq``
     batches (0: never) the batch's logs to ``train/<name>`` at the step, with the learning rate
     as ``train/lr``.
@@ -254,9 +257,7 @@ class TensorBoard(keras.callbacks.Callback):
         self._step = 0
         self._writer: Any = None
         if runtime.rank() == 0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir, flush_secs=2)
+            self._writer = summary_writer(log_dir)
 
     def _scalars(self, prefix: str, logs: dict[str, Any] | None, step: int) -> None:
         for name, value in (logs or {}).items():
