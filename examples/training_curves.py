@@ -1,6 +1,6 @@
 """Training curves the job service's dashboard plots: rank 0's scalars as TensorBoard events.
 
-``torch.utils.tensorboard.SummaryWriter`` (through :mod:`ringtrain.summary_writer`, which
+``torch.utils.tensorboard.SummaryWriter`` (through :mod:`ringtrain.torch.summary_writer`, which
 never imports TensorFlow) writes them under ``<output dir>/tb``, inside the
 job's outputs, where the service finds and reads them as they grow (``ringtrain job metrics
 ID`` prints them; ``tensorboard --logdir`` reads them too). Per step (every ``every`` steps):
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ringtrain.torch as hvd
-from ringtrain.summary_writer import summary_writer
+from ringtrain.torch.summary_writer import summary_writer
 
 
 class TrainingCurves:

@@ -12,8 +12,8 @@ import torch
 
 from ringtrain.keras.backend import import_keras
 from ringtrain.keras.collectives import broadcast_variables, is_seed_state
-from ringtrain.summary_writer import summary_writer
 from ringtrain.torch import ops, runtime
+from ringtrain.torch.summary_writer import summary_writer
 
 if TYPE_CHECKING:  # keras (untyped: Any) as a module, so its classes can be base classes
     import keras
@@ -239,7 +239,7 @@ class TensorBoard(keras.callbacks.Callback):
     Keras' own callback writes through TensorFlow, which Keras 3 on torch or JAX does not have;
     this one writes through ``torch.utils.tensorboard`` (``pip install
     'ringtrain[tensorboard]'``), without TensorFlow on every backend
-    (:mod:`ringtrain.summary_writer`).
+    (:mod:`ringtrain.torch.summary_writer`).
     Every epoch's logs go to ``epoch/<name>`` at the epoch's number, and every ``update_freq``
     batches (0: never) the batch's logs to ``train/<name>`` at the step, with the learning rate
     as ``train/lr``.

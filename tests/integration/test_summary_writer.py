@@ -16,7 +16,7 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra is not installe
 ROOT = Path(__file__).resolve().parents[2]
 WRITE = """
 import sys
-from ringtrain.summary_writer import summary_writer
+from ringtrain.torch.summary_writer import summary_writer
 w = summary_writer(sys.argv[1])
 w.add_scalar("train/loss", 0.5, 1)
 w.close()

@@ -37,9 +37,7 @@ UNITS: dict[str, tuple[str, ...]] = {
              # the one checker of a record's fields (run files, job runner records, the env)
              "ringtrain.record_fields",
              # threads per rank: the task wrapper's and a Ray node's rule alike
-             "ringtrain.runner.threads",
-             # TensorBoard writers without TensorFlow (the Keras callback, the examples)
-             "ringtrain.summary_writer"),
+             "ringtrain.runner.threads"),
     "backends": ("ringtrain.backends",),
     "engine.config": ("ringtrain.engine.config",),
     "engine": ("ringtrain.engine",),
