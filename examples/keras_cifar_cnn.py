@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if hvd.rank() == 0:
         print("Test loss:", scores[0])
         print("Test accuracy:", scores[1])
-        print(json.dumps({"example": "keras_cifar_cnn", "world_size": hvd.size(),
+        print(json.dumps({"example": "keras_cifar_cnn", "backend": keras.backend.backend(),
+                          "world_size": hvd.size(),
                           "epochs": epochs, "train_images": int(x_train.shape[0]),
                           "test_loss": round(float(scores[0]), 4),
                           "test_accuracy": round(float(scores[1]), 4),

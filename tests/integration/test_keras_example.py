@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -126,3 +127,30 @@ def test_the_job_file_is_a_valid_spec():
     spec = load_job_spec(ROOT / "examples" / "keras_cifar_cnn_job.yaml")
     assert spec.process_count_per_node == 2 and spec.environment["OMP_NUM_THREADS"] == "1"
     assert "examples/keras_cifar_cnn.py" in spec.command and spec.outputs == ["model"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_the_job_files_workers_train_on_every_backend_by_keras_backend_alone(
+        backend, tmp_path, image_folder):
+    # The job file's environment with KERAS_BACKEND changed, its command's script, 2 workers:
+    # the same files and flags on TensorFlow and JAX as on torch.
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed (pip install -e '.[test]' installs it)")
+    from ringtrain.jobs.models.specfile import load_job_spec
+
+    spec = load_job_spec(ROOT / "examples" / "keras_cifar_cnn_job.yaml")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [RINGTRAIN, "run", "-np", "2", sys.executable, str(EXAMPLE), "--data", str(image_folder),
+         "--epochs", "4", "--batch-size", "4", "--lr", "1e-3", "--no-augmentation",
+         "--output-dir", str(out)], capture_output=True, text=True, timeout=400,
+        env=_env() | spec.environment | {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = _report(result.stdout)
+    assert (report["backend"], report["world_size"], report["epochs"]) == (backend, 2, 2)
+    assert {"checkpoint-1.keras", "checkpoint-2.keras", "model.keras", "model.json"} <= {
+        p.name for p in out.iterdir()}
+    (events,) = (out / "tb").glob("*tfevents*")
+    assert ("epoch/val_accuracy", 2) in {(s.tag, s.step) for s in EventFileReader(events).read()}
