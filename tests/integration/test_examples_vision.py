@@ -129,8 +129,8 @@ def test_retinanet_recipes_share_the_batch_or_scale_the_learning_rate() -> None:
         example.work_share("same-steps", 3, 5e-4, 2)
 
 
-# Not in the whole suite (`scripts/test.sh --quality` runs it): 300 s of CPU, an eighth of the
-# suite's, which took it past its 20 minutes on 2 cores.
+# The quality tier (`scripts/test.sh --quality`), not the whole suite: 300 s of CPU, an eighth
+# of the suite's, which took it past its 20 minutes on 2 cores.
 @needs_deepforest
 @needs_vision
 @pytest.mark.quality
@@ -153,7 +153,7 @@ def test_retinanet_default_recipe_on_two_workers_reaches_its_map_floor(tmp_path:
 
 @needs_fashion
 @needs_vision
-@pytest.mark.slow
+@pytest.mark.quality  # 55 s of CPU; the example's other paths are the doctor's tests'
 def test_resnet_two_workers_learn_fashion_folders(tmp_path: Path) -> None:
     folder = tmp_path / "images"
     assert data_main(["fashion-images", str(folder), "--limit", "2000", "--format", "jpeg"]) == 0
