@@ -24,7 +24,7 @@ import pytest
 
 _FAST_DIRS = ("unit", "engine")
 _TESTS = Path(__file__).parent
-#: Modules of a minute or more of tests, longest first (2-core machine, whole suite).
+#: The longest modules, longest first (2-core machine, whole suite, 2026-11-29).
 LONGEST_FIRST = ("jobs/test_ray_backend.py", "integration/test_doctor.py",
                  "storage/test_storage_jobs.py", "integration/test_doctor_wrapped_steps.py",
                  "integration/test_keras_example.py", "integration/test_ssh_launch.py",

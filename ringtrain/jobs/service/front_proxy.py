@@ -116,14 +116,20 @@ def create_front(backends: Backends, *, refresh: Callable[[], Sequence[str]] | N
         now = asyncio.get_running_loop().time()
         if refresh is not None and not backends.urls() and now - refreshed["at"] >= 1.0:
             refreshed["at"] = now
-            try:
-                backends.set_urls(await asyncio.to_thread(refresh))
-            except (JobsError, httpx.HTTPError, OSError) as e:
-                log.warning("front: could not read the replicas: %s", e)
+            await _read_replicas(backends, refresh)
         return await _proxy(request, backends, state["client"])
 
     methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
     return Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
+
+
+async def _read_replicas(backends: Backends, refresh: Callable[[], Sequence[str]]) -> None:
+    """Give ``backends`` the replicas ``refresh`` reads now (in a thread: it reads the store);
+    if the service cannot say, keep those known and go on."""
+    try:
+        backends.set_urls(await asyncio.to_thread(refresh))
+    except (JobsError, httpx.HTTPError, OSError) as e:
+        log.warning("front: could not read the replicas: %s", e)
 
 
 async def _watch(backends: Backends, client: httpx.AsyncClient,
@@ -143,10 +149,7 @@ async def _watch(backends: Backends, client: httpx.AsyncClient,
                 backends.mark(url, ok)
             if refresh is not None and loop.time() - last_refresh >= refresh_s:
                 last_refresh = loop.time()
-                try:
-                    backends.set_urls(await asyncio.to_thread(refresh))
-                except (JobsError, httpx.HTTPError, OSError) as e:  # the service is away
-                    log.warning("front: could not refresh the replicas: %s", e)
+                await _read_replicas(backends, refresh)
         except Exception:  # a task that died would leave the replicas unchecked, silently
             log.exception("front: a round of health checks failed; the next one follows")
         await asyncio.sleep(health_every_s)
