@@ -29,6 +29,8 @@ import torch
 #: The host side of a hand-off: gradients as torch tensors (None: no gradient on this rank),
 #: one per variable, in; reduced gradients, one per variable, out.
 HostFn = Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]]
+#: A host side that may reduce nothing on a call (a pass only accumulated): None then.
+GatedHostFn = Callable[[list[torch.Tensor | None]], list[torch.Tensor | None] | None]
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
@@ -106,12 +108,30 @@ class TorchHandoff:
         return torch.clone(variable.value.detach())
 
 
-class _HostHandoff:
-    """A backend whose tensors are not torch's: values cross as numpy arrays."""
+class HostHandoff:
+    """A backend whose tensors are not torch's, whose train step is compiled: values cross as
+    numpy arrays through a host call in the step."""
 
     def stand_in(self, variable: Any) -> torch.Tensor:
         # One element, expanded: the variable's shape and dtype without its memory.
         return torch.zeros(1, dtype=_torch_dtype(variable.dtype)).expand(tuple(variable.shape))
+
+    def reduce(self, host: HostFn, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+        return self._call(host, grads, variables, gated=False)
+
+    def reduce_when(self, host: GatedHostFn, grads: Sequence[Any],
+                    variables: Sequence[Any]) -> tuple[list, Any]:
+        """:meth:`reduce` for a ``host`` that may return None (nothing reduced on this call):
+        the tensors (zeros then) and a boolean scalar tensor, whether ``host`` returned some;
+        the compiled step always runs the call, so the step decides on the flag."""
+        outputs = self._call(host, grads, variables, gated=True)
+        return outputs[:-1], outputs[-1]
+
+    def _call(self, host: GatedHostFn, grads: Sequence[Any], variables: Sequence[Any],
+              gated: bool) -> list:
+        """The backend's host call of ``host`` inside the compiled step: its outputs, one
+        per variable, and the flag if ``gated``."""
+        raise NotImplementedError
 
     def read(self, variable: Any) -> torch.Tensor:
         import keras
@@ -127,27 +147,31 @@ class _HostHandoff:
         return np.array(keras.ops.convert_to_numpy(variable))
 
     @staticmethod
-    def _host_call(host: HostFn, present: list[bool],
-                   variables: Sequence[Any]) -> Callable[..., list[np.ndarray]]:
+    def _host_call(host: GatedHostFn, present: list[bool], variables: Sequence[Any],
+                   gated: bool) -> Callable[..., list[np.ndarray]]:
         """The function the backend calls with the present gradients as numpy arrays; it
         returns one array per variable (zeros where ``host`` gives None: a variable without a
-        gradient in a world of one)."""
+        gradient in a world of one, or every variable where ``host`` returns None), then, if
+        ``gated``, a boolean scalar: whether ``host`` returned gradients."""
         like = [(tuple(v.shape), str(v.dtype)) for v in variables]
 
         def call(*arrays: np.ndarray) -> list[np.ndarray]:
             given = iter(arrays)
             grads = [to_torch(np.asarray(next(given))) if p else None for p in present]
-            return [to_numpy(g) if g is not None
-                    else np.zeros(shape, keras_dtype(dtype))
-                    for g, (shape, dtype) in zip(host(grads), like)]
+            out = host(grads)
+            reduced = [to_numpy(g) if g is not None
+                       else np.zeros(shape, keras_dtype(dtype))
+                       for g, (shape, dtype) in zip(out or [None] * len(like), like)]
+            return reduced + [np.array(out is not None)] if gated else reduced
 
         return call
 
 
-class TensorFlowHandoff(_HostHandoff):
+class TensorFlowHandoff(HostHandoff):
     """Keras on TensorFlow: ``tf.numpy_function`` inside the ``tf.function`` train step."""
 
-    def reduce(self, host: HostFn, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+    def _call(self, host: GatedHostFn, grads: Sequence[Any], variables: Sequence[Any],
+              gated: bool) -> list:
         import tensorflow as tf
         from tensorflow.python.ops import control_flow_util
 
@@ -159,24 +183,28 @@ class TensorFlowHandoff(_HostHandoff):
         present = [g is not None for g in grads]
         # Sparse gradients (embeddings) travel dense, as Horovod's sparse_as_dense does.
         inputs = [tf.convert_to_tensor(g) for g in grads if g is not None]
-        outputs = tf.numpy_function(self._host_call(host, present, variables), inputs,
-                                    [tf.as_dtype(v.dtype) for v in variables], stateful=True,
-                                    name="ringtrain_allreduce")
-        for out, v in zip(outputs, variables):
-            out.set_shape(v.shape)  # numpy_function's outputs have unknown shapes
+        dtypes = [tf.as_dtype(v.dtype) for v in variables] + ([tf.bool] if gated else [])
+        outputs = tf.numpy_function(self._host_call(host, present, variables, gated), inputs,
+                                    dtypes, stateful=True, name="ringtrain_allreduce")
+        shapes = [v.shape for v in variables] + ([()] if gated else [])
+        for out, shape in zip(outputs, shapes):
+            out.set_shape(shape)  # numpy_function's outputs have unknown shapes
         return list(outputs)
 
 
-class JaxHandoff(_HostHandoff):
+class JaxHandoff(HostHandoff):
     """Keras on JAX: an ordered ``io_callback`` inside the jitted train step."""
 
-    def reduce(self, host: HostFn, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+    def _call(self, host: GatedHostFn, grads: Sequence[Any], variables: Sequence[Any],
+              gated: bool) -> list:
         import jax
         from jax.experimental import io_callback
 
         present = [g is not None for g in grads]
         shapes = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in variables]
-        return list(io_callback(self._host_call(host, present, variables), shapes,
+        if gated:
+            shapes.append(jax.ShapeDtypeStruct((), np.bool_))
+        return list(io_callback(self._host_call(host, present, variables, gated), shapes,
                                 *[g for g in grads if g is not None], ordered=True))
 
 

@@ -76,6 +76,8 @@ class _DistributedState:
             variables = optimizer._trainable_variables
         variables = list(variables)
         grads = list(grads)
+        if self.passes > 1 and self.compiled:
+            return self._apply_passes_compiled(optimizer, grads, variables, base_apply)
         if self.passes > 1:
             self._accumulate(grads)
             self.counter += 1
@@ -95,6 +97,45 @@ class _DistributedState:
         if self.passes > 1 and self.average_aggregated:
             grads = [None if g is None else g / self.passes for g in grads]
         return base_apply(grads, variables)
+
+    def _apply_passes_compiled(self, optimizer: Any, grads: list, variables: list,
+                               base_apply: Callable[[Sequence, Sequence | None], Any]) -> None:
+        """``backward_passes_per_step`` in a compiled step, which does the same on every
+        pass: the host call counts the passes and sums the gradients, reducing the sums on a
+        step's last pass (:meth:`_host_pass`); the step applies an update on every pass and
+        keeps it on that pass only, as Keras' own gradient accumulation does on JAX (a jitted
+        step cannot skip an assignment). The iteration counter counts every pass, as Horovod's.
+        """
+        keras = import_keras()
+        if not optimizer.built:  # its slots must exist before they are kept or restored
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(variables)
+            optimizer.built = True
+        assert isinstance(self.handoff, handoffs.HostHandoff)  # self.compiled
+        reduced, due = self.handoff.reduce_when(
+            lambda host_grads: self._host_pass(host_grads, variables), grads, variables)
+        reduced = [None if g is None and id(v) in self.local_vars else r
+                   for g, r, v in zip(grads, reduced, variables)]
+        if self.average_aggregated:
+            reduced = [None if g is None else g / self.passes for g in reduced]
+        kept = [v for v in (*variables, *optimizer.variables) if v is not optimizer.iterations]
+        before = [keras.ops.copy(v) for v in kept]
+        base_apply(reduced, variables)
+        for v, old in zip(kept, before):
+            v.assign(keras.ops.where(due, v.value, old))
+
+    def _host_pass(self, grads: list, variables: list) -> list | None:
+        """One backward pass on the host, from a compiled step: its gradients added to the
+        sums of this world's passes; on the step's last pass the sums reduced, else None."""
+        world = runtime.current()
+        if world is not self.world:  # an elastic reset: as in apply()
+            self.world, self.accumulated, self.counter = world, [], 0
+        self._accumulate(grads)
+        self.counter += 1
+        if self.counter < self.passes:
+            return None
+        summed, self.accumulated, self.counter = self.accumulated, [], 0
+        return self._reduce(summed, variables)
 
     def _reduce(self, grads: list, variables: list) -> list:
         """The gradients reduced across ranks, except those of local variables, which are
@@ -191,7 +232,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             and by ``size / factor`` after.
         backward_passes_per_step: gradients of this many ``apply`` calls are summed locally,
             then reduced and applied once; the calls in between only count an iteration
-            (Keras' torch backend only).
+            (on TensorFlow and JAX the compiled step computes an update on every call and keeps
+            it on the reducing one: a copy of the variables and slots while it runs).
         num_groups: deprecated form of ``groups=N`` (as in Horovod).
         groups: ``N`` to reduce the variables in ``N`` groups, or a list of lists of
             variables, each list reduced as one unit; other variables go in buckets.
@@ -201,8 +243,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
         ValueError: ``optimizer`` is already distributed, ``op`` is
-            neither Average nor Sum, ``backward_passes_per_step > 1`` on TensorFlow or JAX, or
-            another argument is out of range.
+            neither Average nor Sum, or another argument is out of range.
     """
     keras = import_keras()
     runtime.current()  # hvd.init() first
@@ -216,13 +257,6 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     groups = _checked_groups(op, gradient_predivide_factor, backward_passes_per_step,
                              num_groups, groups)
     handoff = handoffs.current()
-    if backward_passes_per_step > 1 and not isinstance(handoff, handoffs.TorchHandoff):
-        # Counting passes in Python works where apply() runs eagerly (torch); a compiled step
-        # would count once, when it is traced.
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step} works on Keras' "
-                         f"torch backend only, not on {keras.backend.backend()!r}: use Keras' "
-                         "own gradient_accumulation_steps on the optimizer (the gradients are "
-                         "then reduced every step)")
     cls = _distributed_class(type(optimizer))
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:

@@ -143,7 +143,7 @@ def test_load_model_resumes_distributed(backend_world, tmp_path):
     assert r0["final"] == r1["final"]  # same file, reduced gradients: the replicas stay equal
 
 
-def _elastic_state_and_refusals() -> dict:
+def _elastic_state() -> dict:
     import keras
 
     import ringtrain.keras as hvd
@@ -162,15 +162,89 @@ def _elastic_state_and_refusals() -> dict:
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     moved = _digest(model.variables)
     state.restore()
-    with pytest.raises(ValueError, match="backward_passes_per_step"):
-        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
     return {"synced": synced, "committed": committed, "moved": moved,
             "restored": _digest(model.variables), "epoch": state.epoch}
 
 
 def test_elastic_state_commits_restores_and_syncs(backend_world):
     _, world = backend_world
-    r0, r1 = world.run(_elastic_state_and_refusals, timeout=240)
+    r0, r1 = world.run(_elastic_state, timeout=240)
     assert r0["synced"] == r1["synced"] and r0["epoch"] == r1["epoch"] == 0
     assert r0["committed"] == r1["committed"] != r0["synced"]
     assert r0["moved"] != r0["committed"] and r0["restored"] == r0["committed"]
+
+
+def _fit_passes_and_whole_batches() -> dict:
+    """backward_passes_per_step=2: rank r's two passes of each step are rows 16r..16r+16 of
+    every 32, in halves of 8; one process fits the whole batches of 32 with the plain optimizer
+    from the same weights. The sum of a step's passes is twice the whole batch's mean gradient,
+    so the plain optimizer has twice the learning rate, unless the sums are averaged."""
+    import keras
+
+    import ringtrain.keras as hvd
+
+    r = hvd.rank()
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 6), dtype=np.float32), rng.random((64, 3), dtype=np.float32)
+    mine = np.concatenate([np.arange(i + 16 * r, i + 16 * r + 16) for i in range(0, 64, 32)])
+    out: dict = {}
+    for average in (False, True):
+        model = _model(100 + r)
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        # Momentum: an update applied on a pass that only accumulates would move the weights.
+        model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.1, momentum=0.5), backward_passes_per_step=2,
+            average_aggregated_gradients=average))
+        model.fit(x[mine], y[mine], batch_size=8, epochs=2, shuffle=False, verbose=0)
+        alone = _model(100)
+        alone.compile(loss="mse", optimizer=keras.optimizers.SGD(0.1 if average else 0.2,
+                                                                 momentum=0.5))
+        alone.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        out[average] = {
+            "distributed": [keras.ops.convert_to_numpy(v) for v in model.trainable_variables],
+            "alone": [keras.ops.convert_to_numpy(v) for v in alone.trainable_variables],
+            "iterations": int(keras.ops.convert_to_numpy(model.optimizer.iterations))}
+    return out
+
+
+def test_backward_passes_accumulate_inside_the_compiled_step(backend_world):
+    _, world = backend_world
+    for out in world.run(_fit_passes_and_whole_batches, timeout=240):
+        for average in (False, True):
+            assert out[average]["iterations"] == 8  # every pass counts, as in Horovod
+            for d, a in zip(out[average]["distributed"], out[average]["alone"]):
+                np.testing.assert_allclose(d, a, rtol=1e-5, atol=1e-6)
+
+
+def _passes_across_worlds() -> list:
+    """backward_passes_per_step=2 applied eagerly: one pass in a world of 2, then two in a
+    world of one."""
+    import keras
+
+    import ringtrain.keras as hvd
+
+    r = hvd.rank()
+    a = keras.Variable(np.zeros(2, np.float32), name="a")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0),
+                                   backward_passes_per_step=2)
+    grad = np.array([1.0, 2.0], np.float32) * (r + 1)
+    opt.apply([grad * 10], [a])  # half a step, never finished in this world
+    hvd.shutdown()
+    hvd.init(comm=[r])
+    try:
+        opt.apply([grad], [a])
+        after_one = (-keras.ops.convert_to_numpy(a)).tolist()
+        opt.apply([grad], [a])
+        after_two = (-keras.ops.convert_to_numpy(a)).tolist()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    return [after_one, after_two]
+
+
+def test_accumulated_passes_restart_in_a_new_world(backend_world):
+    _, world = backend_world
+    for r, (after_one, after_two) in enumerate(world.run(_passes_across_worlds, timeout=240)):
+        assert after_one == [0.0, 0.0]  # the first pass of the new world: counted only
+        # the two passes of the new world, reduced over its one rank; the old pass dropped
+        assert after_two == [2.0 * (r + 1), 4.0 * (r + 1)]
