@@ -55,4 +55,8 @@ def import_keras() -> ModuleType:
     backend = keras.backend.backend()
     if backend not in BACKENDS:
         raise KerasBackendError(f"keras was imported with the {backend!r} backend. {_HINT}.")
+    if backend == "jax":
+        from ringtrain.keras.jax_threads import ensure_callback_threads
+
+        ensure_callback_threads()
     return keras
