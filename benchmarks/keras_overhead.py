@@ -18,10 +18,14 @@ Prints one JSON line:
 - ``backends``: for each backend, the tutorial CNN (batch 32) under ``ringtrain run -np 2``:
   the median step, and the median time per step in ringtrain's code (the gradient hand-off out
   of the compiled step and back, the buckets and the allreduce, which includes waiting for the
-  peer), as a share of the step (goal <= 5 %), also without the allreduce's wait
+  peer), as a share of the step (goal <= 5 %), also without waiting for a slower peer
+  (``without_peer_wait_*``: each step's wait counted as its smallest over the ranks, which is
+  the last rank's, the transfer alone) and without the allreduce's wait at all
   (``without_allreduce_wait_*``: conversions, bucket copies, submission); and the example's
   scaling efficiency, images/s at 2 processes over twice those at 1 (goal: TensorFlow's and
-  JAX's at least torch's). The size-1 ratio and ``example`` above are the torch backend's.
+  JAX's at least torch's), and with ``--pinned`` (the default) the same with every process
+  pinned to a core of its own (``pinned_*``), the 1-process run too: the figure where the cores
+  are as many as the ranks. The size-1 ratio and ``example`` above are the torch backend's.
 
 Every process runs one thread (OMP_NUM_THREADS for torch, TF_NUM_*_THREADS for TensorFlow,
 XLA_FLAGS for JAX): Keras slows down badly when processes oversubscribe the cores.
@@ -114,11 +118,17 @@ def _env(backend: str) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
 
 
-def run_example(np_: int, seed: int, args: argparse.Namespace, backend: str = "torch") -> dict:
-    """One launch of the example; rank 0's JSON report plus seconds per epoch."""
+def run_example(np_: int, seed: int, args: argparse.Namespace, backend: str = "torch",
+                pin: bool = False) -> dict:
+    """One launch of the example; rank 0's JSON report plus seconds per epoch. ``pin``: each
+    rank on the core of its local rank (``taskset``), the run of one process too."""
     env = _env(backend)
+    # A lone process of TensorFlow or JAX keeps a second core partly busy (its runtime's own
+    # threads) even at one compute thread: unpinned, 2 processes on 2 cores lose that to each
+    # other, which is the machine's share of the scaling, not ringtrain's.
+    pinned = ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$0" "$@"'] if pin else []
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_),
+        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_), *pinned,
                sys.executable, str(ROOT / "examples" / "keras_cifar_cnn.py"),
                "--epochs", str(args.epochs), "--lr", str(args.lr), "--seed", str(seed),
                "--limit-train", str(args.limit_train), "--limit-val", str(args.limit_val),
@@ -205,12 +215,20 @@ def step_worker(steps: int) -> None:
 
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Steps()])
+    # The last rank to reach a step's allreduce waits for the transfer only; the others wait
+    # for it too, and for that rank besides: each step's smallest wait over the ranks is the
+    # transfer, the rest of a rank's wait is a slower peer (load imbalance, not ringtrain's).
+    all_waits = hvd.allgather_object([m[2] for m in marks])
     if hvd.rank() == 0:
         step = statistics.median(m[0] for m in marks)
         inside = statistics.median(m[1] for m in marks)
         own = statistics.median(m[1] - m[2] for m in marks)
+        unskewed = statistics.median(m[1] - m[2] + min(w[i] for w in all_waits)
+                                     for i, m in enumerate(marks))
         print(json.dumps({"step_ms": round(step * 1e3, 1), "ringtrain_ms": round(inside * 1e3, 2),
                           "ringtrain_share": round(inside / step, 4),
+                          "without_peer_wait_ms": round(unskewed * 1e3, 2),
+                          "without_peer_wait_share": round(unskewed / step, 4),
                           "without_allreduce_wait_ms": round(own * 1e3, 2),
                           "without_allreduce_wait_share": round(own / step, 4)}), flush=True)
     hvd.shutdown()
@@ -235,6 +253,12 @@ def backend_figures(backend: str, args: argparse.Namespace) -> dict:
     ips = {n: run_example(n, 0, args, backend)["images_per_second"] for n in (1, 2)}
     result |= {"images_per_second_1proc": ips[1], "images_per_second_2proc": ips[2],
                "scaling_efficiency": round(ips[2] / (2 * ips[1]), 3)}
+    if args.pinned:
+        ips = {n: run_example(n, 0, args, backend, pin=True)["images_per_second"]
+               for n in (1, 2)}
+        result |= {"pinned_images_per_second_1proc": ips[1],
+                   "pinned_images_per_second_2proc": ips[2],
+                   "pinned_scaling_efficiency": round(ips[2] / (2 * ips[1]), 3)}
     return result
 
 
@@ -250,6 +274,8 @@ def main() -> int:
     p.add_argument("--backends", default="torch,tensorflow,jax",
                    help="backends of the per-backend figures (comma-separated; empty: none)")
     p.add_argument("--steps", type=int, default=30, help="timed steps of the step breakdown")
+    p.add_argument("--pinned", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the scaling efficiency with each process on a core of its own")
     p.add_argument("--worker-steps", type=int, help=argparse.SUPPRESS)  # one rank of it
     args = p.parse_args()
     if args.worker_steps:
