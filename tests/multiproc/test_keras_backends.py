@@ -22,7 +22,7 @@ def backend_world(request):
     backend = request.param
     if importlib.util.find_spec(BACKENDS[backend]) is None:
         pytest.skip(f"{BACKENDS[backend]} is not installed "
-                    "(pip install -e '.[test,keras-tf,keras-jax]')")
+                    "(the test extra has it: bash scripts/setup.sh)")
     world = World(2, env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=180)
     yield backend, world
     world.close()
