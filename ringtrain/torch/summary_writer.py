@@ -19,6 +19,12 @@ from typing import Any
 _NO_TENSORFLOW = "tensorboard.compat.notf"
 
 
+def without_tensorflow() -> None:
+    """Make every ``tensorboard`` writer of this process use the stub, not TensorFlow: call it
+    before the first writer (or ``tensorboard.summary.writer``) is imported."""
+    sys.modules.setdefault(_NO_TENSORFLOW, types.ModuleType(_NO_TENSORFLOW))
+
+
 def summary_writer(log_dir: str, flush_secs: int = 2) -> Any:
     """A ``torch.utils.tensorboard.SummaryWriter`` on ``log_dir`` (created) that never imports
     TensorFlow.
@@ -27,7 +33,7 @@ def summary_writer(log_dir: str, flush_secs: int = 2) -> Any:
         ImportError: The ``tensorboard`` package is not installed
             (``pip install 'ringtrain[tensorboard]'``).
     """
-    sys.modules.setdefault(_NO_TENSORFLOW, types.ModuleType(_NO_TENSORFLOW))
+    without_tensorflow()
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(log_dir, flush_secs=flush_secs)

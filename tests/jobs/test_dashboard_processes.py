@@ -106,6 +106,9 @@ def test_one_look_reads_a_bounded_number_of_files_and_the_rest_next_time(tmp_pat
 
 
 def test_progress_reads_tensorboard_steps_and_the_total_steps_tag(tmp_path: Path) -> None:
+    from ringtrain.torch.summary_writer import without_tensorflow
+
+    without_tensorflow()  # the stub writes the same file without TensorFlow's import
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 

@@ -43,9 +43,9 @@ def test_masked_crc32c_matches_tensorboards() -> None:
 
 
 def test_torch_summary_writer_files_are_read_incrementally(tmp_path: Path) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+    from ringtrain.torch.summary_writer import summary_writer
 
-    writer = SummaryWriter(str(tmp_path))
+    writer = summary_writer(str(tmp_path))  # torch's SummaryWriter, without TensorFlow's import
     for step in range(5):
         writer.add_scalar("train/loss", 1.0 / (step + 1), step)
     writer.add_histogram("weights", np.array([0.1, 0.2, 0.3]), 0)  # not a scalar: skipped

@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from ringtrain.torch.summary_writer import without_tensorflow
+
+without_tensorflow()  # TensorFlow's start-up lines would come first on the ranks' stderr
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
 
 rank = int(os.environ["HOROVOD_RANK"])
 job_dir = Path(os.environ["RINGTRAIN_JOB_DIR"])
