@@ -35,8 +35,12 @@ GatedHostFn = Callable[[list[torch.Tensor | None]], list[torch.Tensor | None] | 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
     """``array`` as a torch tensor sharing its memory (bfloat16 through its bits)."""
-    if array.dtype.name == "bfloat16":  # ml_dtypes' type: torch.from_numpy does not know it
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    # Called for every gradient of every step: the cheap tests first (a dtype's name and
+    # catch_warnings cost microseconds each).
+    if array.dtype.kind == "V" and array.dtype.name == "bfloat16":  # ml_dtypes' type, unknown
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)  # to torch
+    if array.flags.writeable:
+        return torch.from_numpy(array)
     with warnings.catch_warnings():
         # JAX hands read-only arrays to callbacks; they are only read (copied into buckets).
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
