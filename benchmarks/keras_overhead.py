@@ -23,9 +23,11 @@ Prints one JSON line:
   the last rank's, the transfer alone) and without the allreduce's wait at all
   (``without_allreduce_wait_*``: conversions, bucket copies, submission); and the example's
   scaling efficiency, images/s at 2 processes over twice those at 1 (goal: TensorFlow's and
-  JAX's at least torch's), and with ``--pinned`` (the default) the same with every process
-  pinned to a core of its own (``pinned_*``), the 1-process run too: the figure where the cores
-  are as many as the ranks. The size-1 ratio and ``example`` above are the torch backend's.
+  JAX's at least torch's); with ``--pinned`` (the default) also the steady-state scaling
+  efficiency, the median step of the tutorial CNN on 1 rank over that on 2 (each rank its
+  batch of 32), every process pinned to a core of its own (``pinned_*``): the figure where the
+  cores are as many as the ranks, without compilation and start-up, which the example's
+  images/s count. The size-1 ratio and ``example`` above are the torch backend's.
 
 Every process runs one thread (OMP_NUM_THREADS for torch, TF_NUM_*_THREADS for TensorFlow,
 XLA_FLAGS for JAX): Keras slows down badly when processes oversubscribe the cores.
@@ -118,17 +120,19 @@ def _env(backend: str) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
 
 
-def run_example(np_: int, seed: int, args: argparse.Namespace, backend: str = "torch",
-                pin: bool = False) -> dict:
-    """One launch of the example; rank 0's JSON report plus seconds per epoch. ``pin``: each
-    rank on the core of its local rank (``taskset``), the run of one process too."""
+def _pinned(pin: bool) -> list[str]:
+    """The prefix of a rank's command that pins it to the core of its local rank. A lone
+    process of TensorFlow or JAX keeps a second core partly busy (its runtime's own threads)
+    even at one compute thread: unpinned, 2 processes on 2 cores lose that to each other, which
+    is the machine's share of the scaling, not ringtrain's."""
+    return ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$0" "$@"'] if pin else []
+
+
+def run_example(np_: int, seed: int, args: argparse.Namespace, backend: str = "torch") -> dict:
+    """One launch of the example; rank 0's JSON report plus seconds per epoch."""
     env = _env(backend)
-    # A lone process of TensorFlow or JAX keeps a second core partly busy (its runtime's own
-    # threads) even at one compute thread: unpinned, 2 processes on 2 cores lose that to each
-    # other, which is the machine's share of the scaling, not ringtrain's.
-    pinned = ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$0" "$@"'] if pin else []
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_), *pinned,
+        cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_),
                sys.executable, str(ROOT / "examples" / "keras_cifar_cnn.py"),
                "--epochs", str(args.epochs), "--lr", str(args.lr), "--seed", str(seed),
                "--limit-train", str(args.limit_train), "--limit-val", str(args.limit_val),
@@ -234,10 +238,11 @@ def step_worker(steps: int) -> None:
     hvd.shutdown()
 
 
-def step_breakdown(backend: str, steps: int) -> dict:
-    """The tutorial CNN on 2 ranks of ``backend``: median step and time in ringtrain's code."""
-    cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", "2", sys.executable, __file__,
-           "--worker-steps", str(steps)]
+def step_breakdown(backend: str, steps: int, np_: int = 2, pin: bool = False) -> dict:
+    """The tutorial CNN on ``np_`` ranks of ``backend``: median step and time in ringtrain's
+    code (``pin``: each rank on the core of its local rank)."""
+    cmd = [sys.executable, "-m", "ringtrain.cli", "run", "-np", str(np_), *_pinned(pin),
+           sys.executable, __file__, "--worker-steps", str(steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(backend), timeout=1800,
                           check=False)
     if done.returncode:
@@ -254,11 +259,11 @@ def backend_figures(backend: str, args: argparse.Namespace) -> dict:
     result |= {"images_per_second_1proc": ips[1], "images_per_second_2proc": ips[2],
                "scaling_efficiency": round(ips[2] / (2 * ips[1]), 3)}
     if args.pinned:
-        ips = {n: run_example(n, 0, args, backend, pin=True)["images_per_second"]
-               for n in (1, 2)}
-        result |= {"pinned_images_per_second_1proc": ips[1],
-                   "pinned_images_per_second_2proc": ips[2],
-                   "pinned_scaling_efficiency": round(ips[2] / (2 * ips[1]), 3)}
+        # Steady steps: the example's images/s count each process's compilation and start,
+        # a larger share of the shorter 2-process run.
+        step = {n: step_breakdown(backend, args.steps, n, pin=True)["step_ms"] for n in (1, 2)}
+        result |= {"pinned_step_ms_1proc": step[1], "pinned_step_ms_2proc": step[2],
+                   "pinned_steady_scaling_efficiency": round(step[1] / step[2], 3)}
     return result
 
 
@@ -275,7 +280,7 @@ def main() -> int:
                    help="backends of the per-backend figures (comma-separated; empty: none)")
     p.add_argument("--steps", type=int, default=30, help="timed steps of the step breakdown")
     p.add_argument("--pinned", action=argparse.BooleanOptionalAction, default=True,
-                   help="also the scaling efficiency with each process on a core of its own")
+                   help="also the steady scaling efficiency, each process on a core of its own")
     p.add_argument("--worker-steps", type=int, help=argparse.SUPPRESS)  # one rank of it
     args = p.parse_args()
     if args.worker_steps:
