@@ -17,6 +17,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
 # A convolutional model: a dense one of the same size did not stop without the fix.
 _TRAIN = """
 import os
+
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU, before JAX starts
 import numpy as np
 import ringtrain.keras as hvd
 import keras
@@ -33,16 +35,12 @@ print("trained", sorted(os.sched_getaffinity(0)), os.environ.get("PJRT_NPROC"))
 """
 
 
-def _one_cpu() -> None:
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-
 def test_a_jax_rank_on_one_cpu_trains_through_its_host_callback():
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}
     env["KERAS_BACKEND"] = "jax"
     try:
         done = subprocess.run([sys.executable, "-c", _TRAIN], env=env, capture_output=True,
-                              text=True, timeout=90, preexec_fn=_one_cpu, check=False)
+                              text=True, timeout=90, check=False)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"a JAX process on one CPU stopped in its first steps:\n{e.stderr}")
     assert done.returncode == 0, done.stderr[-3000:]
