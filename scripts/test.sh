@@ -3,8 +3,8 @@
 # in-process tier (tests marked `fast`: unit, engine and in-process service tests; under two
 # minutes on 2 cores, about 40 s when they are idle), or with --quality only the training runs
 # to a quality floor that are too long for the suite (marked `quality`: the RetinaNet default
-# recipe, 40 epochs, and ResNet on image folders; 2.5 minutes on 2 idle cores). Other arguments
-# go to pytest.
+# recipe, 40 epochs, ResNet on image folders and the Keras example under --horovod-compat;
+# about 3 minutes on 2 idle cores). Other arguments go to pytest.
 #
 # Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). Most of the whole
 # suite's time is spent waiting (servers starting, ranks meeting, timeouts running out), which a
