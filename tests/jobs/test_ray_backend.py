@@ -77,9 +77,12 @@ def _namespace_problem() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ray_scenarios_in_a_loopback_namespace() -> None:
-    """Every scenario below, in one pytest run inside the namespace: one Ray cluster for all
-    (starting a second cost half a minute of the suite)."""
+@pytest.mark.parametrize("tier", ["not quality",
+                                  pytest.param("quality", marks=pytest.mark.quality)])
+def test_ray_scenarios_in_a_loopback_namespace(tier: str) -> None:
+    """Every scenario below of the suite's tier (or of the quality tier), in one pytest run
+    inside the namespace: one Ray cluster for all (starting a second cost half a minute of the
+    suite)."""
     if IN_NAMESPACE:
         pytest.skip("this is the namespace already")
     pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -89,7 +92,7 @@ def test_ray_scenarios_in_a_loopback_namespace() -> None:
     env = {**os.environ, "RINGTRAIN_TEST_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "-k", "not in_a_loopback_namespace", str(Path(__file__))]
+                   "-k", "not in_a_loopback_namespace", "-m", tier, str(Path(__file__))]
     proc = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
                            *pytest_argv], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=560)
@@ -593,7 +596,7 @@ def test_cli_attaches_a_ray_cluster_and_runs_a_job(ray_cluster, home, cli, tmp_p
 
 
 @inside
-@pytest.mark.slow
+@pytest.mark.quality  # 4 ranks of training and a job service: the suite's two-node job trains
 def test_readme_job_reaches_the_same_accuracy_on_ray_as_on_local(rays: RayService) -> None:
     """The README's main job, cut short, on a local and a Ray cluster: the same numbers.
     (benchmarks/jobs_ray_parity.py runs it whole.)"""
