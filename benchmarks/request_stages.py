@@ -32,8 +32,9 @@ _STAGES = [
     ("ringtrain.engine.readiness", "Readiness", "count", "count"),
     ("ringtrain.engine.shm_doorbell", "ShmDoorbell", "ring", "ring"),
     ("ringtrain.engine.turn", "Turn", "_bell_is", "wait for the bell"),
-    ("ringtrain.engine.round_runner", "RoundRunner", "run_round", "round"),
-    ("ringtrain.engine.execute", "Executor", "run", "executor"),
+    # The express round (a cached lone allreduce in its caller's thread, docs/engine.md)
+    ("ringtrain.engine.round_runner", "RoundRunner", "run_lone_claimed", "round"),
+    ("ringtrain.engine.execute", "Executor", "run_lone_allreduce", "executor"),
     ("ringtrain.backends.shm", "ShmGroup", "allreduce_", "shared-memory allreduce"),
     ("ringtrain.engine.handle", "Handle", "wait", "handle wait"),
 ]

@@ -20,6 +20,10 @@ class OpType(enum.Enum):
     BARRIER = "barrier"
     JOIN = "join"
 
+    # Members are singletons: identity is their equality, and hashing by it runs no Python
+    # (Enum's own hashes the name, a Python call per dict lookup of every operation's keys).
+    __hash__ = object.__hash__
+
 
 class ReduceOp(enum.Enum):
     """Reductions, with Horovod's names."""
@@ -30,6 +34,8 @@ class ReduceOp(enum.Enum):
     MAX = "Max"
     PRODUCT = "Product"
     ADASUM = "Adasum"
+
+    __hash__ = object.__hash__  # as OpType's
 
     def __repr__(self) -> str:
         return self.value

@@ -94,6 +94,13 @@ class Backlog:
             self.wanted_by_peers.discard(key)
         return local
 
+    def take_decided_key(self, key: OpKey) -> None:
+        """:meth:`take_decided` for one key whose request is pending here (the express round's
+        own)."""
+        del self.pending[key]
+        self.keys.discard(key)
+        self.wanted_by_peers.discard(key)
+
     def fail(self, error: HorovodInternalError) -> None:
         """Stop: every queued and pending request fails, and so will every later submission,
         with the first error given (takes the lock)."""

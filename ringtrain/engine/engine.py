@@ -5,6 +5,7 @@ other rank, in rounds (see :mod:`ringtrain.engine.round_runner` and docs/engine.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ from ringtrain.engine.peers import PeerProcess
 from ringtrain.engine.request import Request
 from ringtrain.engine.round_runner import RoundRunner
 from ringtrain.engine.watch import PendingWatch
-from ringtrain.op_types import OpType
+from ringtrain.op_types import OpType, ReduceOp
 
 
 class Engine:
@@ -107,7 +108,7 @@ class Engine:
                 or self._rounds.drained or backlog.peers_joined or backlog.failure is not None
                 or request.meta.op is OpType.JOIN
                 # CUDA tensors keep to the engine thread and the streams it set up.
-                or any(t.device != "cpu" for t in request.meta.tensors)):
+                or request.meta.on_cuda):
             return None
         bit = self._cache.lookup(request.meta)
         round_ = self._rounds.current
@@ -117,13 +118,18 @@ class Engine:
 
     def _run_claimed(self, request: Request, round_: int) -> None:
         """Run ``round_`` in this thread if its bell is ``request``'s unit, or leave it to the
-        engine; this thread counts as blocked on the request (deadlock detection) meanwhile."""
-        handle, tag = request.handle, (request.counted or "").encode()  # counted: see the claim
-        self.waiting(handle, True)
-        try:
-            self._turn.run_claimed(round_, tag, self._runner.run_claimed)
-        finally:
-            self.done_waiting(handle, True)
+        engine. Not noted as a wait (deadlock detection): only a round reads that, and none runs
+        on this rank while this thread holds the turn; one that gives the round back waits on
+        the handle, noted, as any caller."""
+        meta = request.meta
+        run: Callable[[bytes], None]
+        if (meta.op is OpType.ALLREDUCE and meta.reduce_op is not ReduceOp.ADASUM
+                and len(request.outputs) == 1):
+            run = functools.partial(self._runner.run_lone_claimed, request)
+        else:
+            run = self._runner.run_claimed
+        # counted: see the claim
+        self._turn.run_claimed(round_, (request.counted or "").encode(), run)
 
     def submitting_for_autograd(self) -> contextlib.AbstractContextManager[None]:
         """Mark this thread's submissions in the block as made by autograd's gradient hooks: on

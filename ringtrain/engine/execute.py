@@ -80,6 +80,27 @@ class Executor:
                 self._trace(response, start)
                 request.handle.set_result(result)
 
+    def run_lone_allreduce(self, response: Response, request: Request) -> None:
+        """Execute a cached lone allreduce of one CPU tensor of this rank's (the express round):
+        what :meth:`run` does for it, without planning, batches or the fusion buffer."""
+        meta = response.meta
+        tensor = request.outputs[0]
+        timeline = self._timeline
+        start = time.monotonic() if timeline.active else 0.0
+        reduce_op = meta.reduce_op
+        assert reduce_op is not None  # every allreduce carries its op
+        _scale_(tensor, meta.prescale, 1)
+        self._backend.start_allreduce(
+            tensor, ReduceOp.SUM if reduce_op is ReduceOp.AVERAGE else reduce_op,
+            meta.set_ranks)()
+        if timeline.active:
+            done = time.monotonic()
+            timeline.span(response.name, "ALLREDUCE", start, done, fused=1)
+            timeline.span(response.name, f"{self._backend_name}_ALLREDUCE", start, done)
+        divisor = len(meta.set_ranks) if reduce_op is ReduceOp.AVERAGE else 1
+        request.handle.set_result([tensor] if request.grouped else tensor,
+                                  then=_scaling(request.outputs, meta.postscale, divisor))
+
     def _in_place(self, response: Response) -> bool:
         """Whether the backend reduces ``response``'s tensors where they lie."""
         return self._backend.allreduces_in_place(response.meta.set_ranks,

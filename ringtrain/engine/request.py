@@ -76,6 +76,11 @@ class RequestMeta:
         # Made once: the engine looks a request up by its key several times per operation.
         return OpKey(self.name, self.set_ranks)
 
+    @functools.cached_property
+    def on_cuda(self) -> bool:
+        """Whether any of its tensors is on a GPU (asked at every submission of the meta)."""
+        return any(t.device == "cuda" for t in self.tensors)
+
 
 @dataclass
 class Request:
@@ -89,11 +94,12 @@ class Request:
     grouped: bool = False  # complete with a list even when it holds one tensor
     counted: str | None = None  # the readiness counter this submission was added to, if any
     offered_round: int = -1  # the round that first took it, once one did
+    #: ``meta.key``, kept: the engine looks a request up by it several times per operation
+    key: OpKey = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = self.meta.key
 
     @property
     def name(self) -> str:
         return self.meta.name
-
-    @property
-    def key(self) -> OpKey:
-        return self.meta.key

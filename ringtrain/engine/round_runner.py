@@ -23,7 +23,7 @@ from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.peers import PeerProcess, Peers
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpKey
+from ringtrain.engine.request import OpKey, Request
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import ROUNDS_ROW, Timeline
@@ -111,6 +111,44 @@ class RoundRunner:
             self.run_round(bell)
         except BaseException as exc:
             self._fail(exc)
+
+    def run_lone_claimed(self, request: Request, bell: bytes) -> None:
+        """Run the claimed unit round whose unit is ``request`` alone, in its caller's thread
+        (holding the turn): :meth:`run_round` for that one unit, a cached lone allreduce,
+        without the general form's choices (docs/engine.md, "The express round")."""
+        try:
+            self._lone_round(request, bell)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _lone_round(self, request: Request, bell: bytes) -> None:
+        rounds, backlog = self.rounds, self.backlog
+        now = self._clock()
+        rounds.start(now, bell)
+        key = request.key
+        with backlog.lock:
+            rounds.drained = True
+            (taken,) = backlog.take_unit(bell.decode(), rounds.current)
+            assert taken is request  # the claimed unit is this request (Engine._claim_locked)
+            backlog.take_decided_key(key)
+        if self.timeline.active:
+            self.timeline.span(request.name, "NEGOTIATE_ALLREDUCE", request.submitted_at, now)
+        bit = self.cache.lookup(request.meta)
+        assert bit is not None  # a request is counted under a tag only once it is cached
+        response = self.cache.response(bit)
+        try:
+            self.executor.run_lone_allreduce(response, request)
+        except BaseException:
+            with backlog.lock:  # as _execute: fails with the rest rather than wait for good
+                if not request.handle.done():
+                    backlog.pending[key] = request
+            raise
+        if len(response.set_ranks) == self.size:
+            rounds.forget()
+        with backlog.lock:
+            rounds.finish()
+            if backlog.peers_joined and backlog.queue:
+                rounds.ring(NEGOTIATE)
 
     def _fail(self, exc: BaseException) -> None:
         """Fail the engine with ``exc``, raised where a round ran, naming the rank that died if

@@ -27,10 +27,8 @@ class Timeline:
         self._rows: dict[str, int] = {}
         self._mark_rounds = False
         self._first = True
-
-    @property
-    def active(self) -> bool:
-        return self._file is not None
+        #: Whether it records (an attribute, not a property: read several times per operation).
+        self.active = False
 
     @property
     def mark_rounds(self) -> bool:
@@ -49,12 +47,14 @@ class Timeline:
             self._mark_rounds = mark_rounds
             self._emit({"name": "process_name", "ph": "M", "pid": self._rank,
                         "args": {"name": f"rank {self._rank}"}})
+            self.active = True
 
     def stop(self) -> None:
         """Finish the JSON document and close the file."""
         with self._lock:
             if self._file is None:
                 return
+            self.active = False
             self._file.write("\n]\n")
             self._file.close()
             self._file = None

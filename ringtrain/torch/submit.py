@@ -64,7 +64,7 @@ def submit(
                           float(postscale), as_ints), inputs)
     handle = Handle(name, finish)
     ready = None
-    if any(t.is_cuda for t in inputs):
+    if meta.on_cuda:
         ready = torch.cuda.Event()
         ready.record()
     request = Request(meta=meta, outputs=list(outputs), handle=handle, ready_event=ready,

@@ -153,6 +153,27 @@ def _die_in_the_middle(kind: str) -> str:
     return outcome_of(lambda: hvd.synchronize(start()))
 
 
+def _die_in_an_express_round() -> tuple[str, int]:
+    """As :func:`_die_in_the_middle`, in a cached lone ``allreduce_``, which its caller's thread
+    runs (the express round, docs/engine.md): rank 0's outcome, and how many express rounds its
+    thread entered for that last call."""
+    t = torch.ones(1000)
+    for _ in range(3):  # the first is negotiated and cached; the others run in this thread
+        hvd.allreduce_(t, name="express")
+    executor = runtime.current().engine._executor
+    run, entered = executor.run_lone_allreduce, []
+
+    def entering(*args):
+        entered.append(threading.current_thread().name)
+        return run(*args)
+
+    executor.run_lone_allreduce = entering  # type: ignore[method-assign]
+    if hvd.rank() == 1:
+        Segment.publish = lambda self, step, phase: os.kill(os.getpid(), signal.SIGKILL)
+    outcome = outcome_of(lambda: hvd.allreduce_(t, name="express"))
+    return outcome, entered.count(threading.current_thread().name)
+
+
 def _doorbell_name() -> str:
     return type(runtime.current().engine._doorbell).__name__
 
@@ -185,15 +206,19 @@ def test_an_operation_waiting_on_the_shared_memory_doorbell_for_a_dead_rank_fail
 def _lone_allreduces_in_the_callers_thread(path: str) -> tuple[list[float], int, int]:
     """Cached lone ``allreduce_`` calls: their sums, and how many of the timed five ran in this
     thread (the rest on the engine's); rank 0 writes their timeline to ``path``."""
-    engine = runtime.current().engine
+    executor = runtime.current().engine._executor
     ran_in: list[str] = []
-    run = engine._executor.run
+    # The general round and the express one (docs/engine.md, "The express round"), recorded.
+    runs = {name: getattr(executor, name) for name in ("run", "run_lone_allreduce")}
 
-    def recording(*args):
-        ran_in.append(threading.current_thread().name)
-        return run(*args)
+    def recording(run):
+        def record(*args):
+            ran_in.append(threading.current_thread().name)
+            return run(*args)
+        return record
 
-    engine._executor.run = recording  # type: ignore[method-assign]
+    for name, run in runs.items():
+        setattr(executor, name, recording(run))
     t = torch.ones(8)
     for _ in range(3):  # the first one is negotiated and cached
         hvd.allreduce_(t, op=hvd.Sum, name="inline.lone")
@@ -202,7 +227,8 @@ def _lone_allreduces_in_the_callers_thread(path: str) -> tuple[list[float], int,
     for _ in range(5):
         hvd.allreduce_(t, op=hvd.Sum, name="inline.lone")
     hvd.stop_timeline()
-    engine._executor.run = run  # type: ignore[method-assign]
+    for name, run in runs.items():
+        setattr(executor, name, run)
     here = threading.current_thread().name
     return t.tolist(), ran_in.count(here), len(ran_in)
 
@@ -265,6 +291,19 @@ def test_a_rank_killed_inside_a_shared_memory_collective_fails_its_peer(kind):
     finally:
         world.close()
     assert _files(token) == []
+    assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
+                              "rank 1 (host "), outcome
+    assert " died (its process is gone: it exited or was killed): " in outcome, outcome
+
+
+@pytest.mark.skipif(os.environ.get("RINGTRAIN_SHM") == "0", reason="shared memory is off")
+def test_a_rank_killed_inside_an_express_round_fails_its_peer_in_the_callers_thread():
+    world = World(2)
+    try:
+        outcome, express = rank_0_after_rank_1_died(world, _die_in_an_express_round)
+    finally:
+        world.close()
+    assert express == 1, "the call did not run in its caller's thread"
     assert outcome.startswith("HorovodInternalError: a collective failed on rank 0, because "
                               "rank 1 (host "), outcome
     assert " died (its process is gone: it exited or was killed): " in outcome, outcome
