@@ -8,10 +8,10 @@
 # minutes on 2 idle cores). Other arguments go to pytest.
 #
 # Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). The whole suite
-# keeps 2 cores busy most of the time (1.7 on average: the CPU of the processes its tests start,
-# each importing torch), so a third worker made it slower (19.4 against 18 minutes); the fast
-# tier's is the CPU of one process running one test at a time, which left the second core
-# idle. Each test file stays on one worker, so a module's server or sshd is started once.
+# keeps 2 cores busy most of the time (the CPU of the processes its tests start, each importing
+# torch), so a third worker made it slower; the fast tier's is the CPU of one process running
+# one test at a time, which left the second core idle. Each test file stays on one worker, so a
+# module's server or sshd is started once.
 #
 # The fast tier loads neither the schemathesis nor the hypothesis plugin: its tests use neither
 # (the API fuzz tests are in the full suite), and loading them cost ~2 s of CPU in every pytest

@@ -16,7 +16,7 @@ import torch
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine import adasum, fusion
 from ringtrain.engine.negotiation import Response
-from ringtrain.engine.request import OpKey, Request, TensorMeta
+from ringtrain.engine.request import OpKey, Request, RequestMeta, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.op_types import OpType, ReduceOp
 
@@ -87,19 +87,13 @@ class Executor:
         tensor = request.outputs[0]
         timeline = self._timeline
         start = time.monotonic() if timeline.active else 0.0
-        reduce_op = meta.reduce_op
-        assert reduce_op is not None  # every allreduce carries its op
         _scale_(tensor, meta.prescale, 1)
-        self._backend.start_allreduce(
-            tensor, ReduceOp.SUM if reduce_op is ReduceOp.AVERAGE else reduce_op,
-            meta.set_ranks)()
+        self._backend.start_allreduce(tensor, _wire_op(meta), meta.set_ranks)()
         if timeline.active:
             done = time.monotonic()
             timeline.span(response.name, "ALLREDUCE", start, done, fused=1)
             timeline.span(response.name, f"{self._backend_name}_ALLREDUCE", start, done)
-        divisor = len(meta.set_ranks) if reduce_op is ReduceOp.AVERAGE else 1
-        request.handle.set_result([tensor] if request.grouped else tensor,
-                                  then=_scaling(request.outputs, meta.postscale, divisor))
+        _hand_over(request, meta)
 
     def _in_place(self, response: Response) -> bool:
         """Whether the backend reduces ``response``'s tensors where they lie."""
@@ -128,8 +122,7 @@ class Executor:
             else:
                 _wait_ready(request)
                 tensors += request.outputs
-        assert first.reduce_op is not None  # every allreduce carries its op
-        wire_op = ReduceOp.SUM if first.reduce_op is ReduceOp.AVERAGE else first.reduce_op
+        wire_op = _wire_op(first)
         if in_place or len(tensors) == 1:
             # The outputs are this operation's own (a copy, or the caller's in-place tensor):
             # scaling them before the collective is what Horovod's prescale does.
@@ -154,7 +147,6 @@ class Executor:
         first = batch[0].meta
         inflight.wait()
         reduced = time.monotonic()
-        divisor = len(first.set_ranks) if first.reduce_op is ReduceOp.AVERAGE else 1
         if buf is not None:
             torch.split_with_sizes_copy(buf, [t.numel() for t in tensors],
                                         out=[t.view(-1) for t in tensors])
@@ -173,9 +165,7 @@ class Executor:
                     self._timeline.span(row, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
                 self._timeline.span(row, f"{self._backend_name}_ALLREDUCE", inflight.copied_in,
                                     reduced)
-            outs = request.outputs
-            request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0],
-                                      then=_scaling(outs, first.postscale, divisor))
+            _hand_over(request, first)
 
     def _adasum(self, response: Response, request: Request | None) -> torch.Tensor:
         if request is None:  # joined: zeros, which Adasum adds as nothing
@@ -291,6 +281,21 @@ def split_rows(rows: int, parts: int) -> list[int]:
     """Horovod's reducescatter split: the first ``rows % parts`` members get one extra row."""
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _wire_op(meta: RequestMeta) -> ReduceOp:
+    """The reduction an allreduce's collective runs: a sum for an average, divided after."""
+    assert meta.reduce_op is not None  # every allreduce carries its op
+    return ReduceOp.SUM if meta.reduce_op is ReduceOp.AVERAGE else meta.reduce_op
+
+
+def _hand_over(request: Request, meta: RequestMeta) -> None:
+    """Complete an allreduced request: its tensor or list, and the postscale and average's
+    division left to the thread that synchronizes it."""
+    outs = request.outputs
+    divisor = len(meta.set_ranks) if meta.reduce_op is ReduceOp.AVERAGE else 1
+    request.handle.set_result(outs if len(outs) > 1 or _grouped(request) else outs[0],
+                              then=_scaling(outs, meta.postscale, divisor))
 
 
 def _grouped(request: Request) -> bool:

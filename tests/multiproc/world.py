@@ -172,11 +172,12 @@ def exited(pid: int) -> bool:
         return True
 
 
-def rank_0_after_rank_1_died(world: World, fn: Callable[..., str], *args: Any,
-                             timeout: float = 60.0) -> str:
-    """Run ``fn`` (which returns :func:`outcome_of`'s text) on a world of 2 in which rank 1
-    dies; rank 0's outcome. The world's collectives never time out (no stall shutdown): a death
-    rank 0 does not notice keeps it waiting past ``timeout``, a bound on the hang, and fails."""
+def rank_0_after_rank_1_died(world: World, fn: Callable[..., Any], *args: Any,
+                             timeout: float = 60.0) -> Any:
+    """Run ``fn`` (which returns :func:`outcome_of`'s text, or a tuple that holds it) on a world
+    of 2 in which rank 1 dies; rank 0's outcome. The world's collectives never time out (no
+    stall shutdown): a death rank 0 does not notice keeps it waiting past ``timeout``, a bound on
+    the hang, and fails."""
     world.send(fn, *args)
     status, survivor = world.receive(0, timeout=timeout)
     assert world.receive(1, timeout=10) == ("err", "the process exited")
