@@ -4,8 +4,10 @@
 # minutes on 2 cores, about 40 s when they are idle), or with --quality only the runs too long
 # for the suite, most to a quality floor (marked `quality`: the RetinaNet default recipe, 40
 # epochs, ResNet on image folders, the Fashion-MNIST and Keras examples on two workers, the
-# README's job on Ray against a local cluster, the doctor on the ResNet examples; about 5
-# minutes on 2 idle cores). Other arguments go to pytest.
+# README's job on Ray against a local cluster, the doctor on the ResNet examples; and runs whose
+# parts the suite covers more cheaply: an elastic job on Ray losing a node, the whole storage
+# path of a job on S3, the Keras job file on JAX; about 6 minutes on 2 idle cores). Other
+# arguments go to pytest.
 #
 # Both run in two pytest workers (RINGTRAIN_TEST_WORKERS, 0 for one process). The whole suite
 # keeps 2 cores busy most of the time (the CPU of the processes its tests start, each importing

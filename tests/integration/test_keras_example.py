@@ -144,8 +144,12 @@ def test_the_job_file_is_a_valid_spec():
     assert "examples/keras_cifar_cnn.py" in spec.command and spec.outputs == ["model"]
 
 
+# JAX's run is the quality tier's (33 s of the suite's CPU-bound 20 minutes): the suite trains
+# Keras on JAX across ranks in tests/multiproc/test_keras_backends.py and
+# test_keras_jax_one_cpu.py.
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow",
+                                     pytest.param("jax", marks=pytest.mark.quality)])
 def test_the_job_files_workers_train_on_every_backend_by_keras_backend_alone(
         backend, tmp_path, image_folder):
     # The job file's environment with KERAS_BACKEND changed, its command's script, 2 workers:

@@ -140,11 +140,16 @@ def test_a_killed_client_resumes_its_upload(svc: tuple[Home, str], tmp_path: Pat
         proc = _submit(env, spec, "--idempotency-key", key, cluster=IDLE)
         wait_for(lambda: _received(url, home, key) > 0 or proc.poll() is not None,  # noqa: B023
                  every_s=0.002)
+        ended_by_itself = proc.poll() is not None
         proc.send_signal(signal.SIGSTOP)
         proc.kill()
-        proc.wait()
-        if _received(url, home, key) < 50 << 20:
+        _, err = proc.communicate(timeout=30)
+        received = _received(url, home, key)
+        if 0 < received < 50 << 20:
             break
+        # A client that ended before any byte came failed: say why, not "no upload" later.
+        assert not (ended_by_itself and received == 0), (
+            f"the client ended (exit {proc.returncode}) before it sent anything:\n{err}")
     else:
         pytest.skip("the upload always finished before the client could be killed")
     had = wait_for(lambda: (r := httpx.get(f"{url}/v1/uploads/{key}", headers=bearer(home),
