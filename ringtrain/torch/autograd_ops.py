@@ -20,12 +20,26 @@ from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import resolve_op, run_synchronously
 
 
+def _allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
+               postscale: float, process_set: ProcessSet) -> torch.Tensor:
+    """The reduced copy of ``tensor``, waited for at once."""
+    return ops.start_allreduce([tensor], in_place=False, grouped=False, average=None, name=name,
+                               op=op, prescale_factor=prescale, postscale_factor=postscale,
+                               process_set=process_set, synchronous=True).wait()
+
+
+def _needs_grad(tensor: torch.Tensor) -> bool:
+    """Whether autograd records an operation on ``tensor``: a metric, a count or a tensor made
+    under ``torch.no_grad()`` skips the ``autograd.Function`` (some 20 Python-level calls of a
+    small operation's ~200), which would return the same tensor."""
+    return tensor.requires_grad and torch.is_grad_enabled()
+
+
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return run_synchronously(lambda: ops.allreduce_async(tensor, None, name, op, prescale,
-                                                             postscale, process_set))
+        return _allreduce(tensor, name, op, prescale, postscale, process_set)
 
     @staticmethod
     def backward(ctx, grad):
@@ -179,8 +193,12 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     op = resolve_op(op, average, ReduceOp.AVERAGE)
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
-                               process_set)
+    if _needs_grad(compressed):
+        reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                   process_set)
+    else:
+        reduced = _allreduce(compressed, name, op, prescale_factor, postscale_factor,
+                             process_set)
     return compression.decompress(reduced, ctx)
 
 

@@ -48,9 +48,18 @@ def synchronize(handle: Handle):
 
 # -- allreduce ---------------------------------------------------------------------------------
 
-def _allreduce_async(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped: bool,
-                     average, name, op, prescale_factor, postscale_factor,
-                     process_set) -> Handle:
+def start_allreduce(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped: bool,
+                    average: bool | None, name: str | None, op: ReduceOp | None,
+                    prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
+                    synchronous: bool = False) -> Handle:
+    """Every allreduce form's one path: ``in_place`` reduces the tensors themselves (else
+    copies), ``grouped`` makes the handle's result a list, and ``synchronous`` says that the
+    caller waits for the result at once (a lone cached one may then run in its thread: see
+    :func:`~ringtrain.torch.submit.submit`).
+
+    Raises:
+        ValueError: as for :func:`~ringtrain.torch.submit.submit`.
+    """
     reduce_op = resolve_op(op, average, ReduceOp.AVERAGE)
     check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
     works = [contiguous_work(t, in_place) for t in tensors]
@@ -64,7 +73,7 @@ def _allreduce_async(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped
             return list(tensors) if grouped else tensors[0]
     return submit(OpType.ALLREDUCE, name, tensors, works, process_set, reduce_op=reduce_op,
                   prescale=prescale_factor, postscale=postscale_factor, grouped=grouped,
-                  finish=finish)
+                  finish=finish, synchronous=synchronous)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -72,9 +81,9 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start an allreduce of ``tensor``; ``synchronize(handle)`` returns a new tensor."""
-    return _allreduce_async([tensor], in_place=False, grouped=False, average=average, name=name,
-                            op=op, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set)
+    return start_allreduce([tensor], in_place=False, grouped=False, average=average, name=name,
+                           op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -82,9 +91,9 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start an in-place allreduce of ``tensor``; ``synchronize`` returns ``tensor``."""
-    return _allreduce_async([tensor], in_place=True, grouped=False, average=average, name=name,
-                            op=op, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set)
+    return start_allreduce([tensor], in_place=True, grouped=False, average=average, name=name,
+                           op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -92,8 +101,10 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Allreduce ``tensor`` in place and return it."""
-    return run_synchronously(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,
-                                                      postscale_factor, process_set))
+    return start_allreduce([tensor], in_place=True, grouped=False, average=average, name=name,
+                           op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set,
+                           synchronous=True).wait()
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -101,9 +112,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start an allreduce of a list of tensors as one unit; returns new tensors."""
-    return _allreduce_async(list(tensors), in_place=False, grouped=True, average=average,
-                            name=name, op=op, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set)
+    return start_allreduce(list(tensors), in_place=False, grouped=True, average=average,
+                           name=name, op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -111,9 +122,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> Handle:
     """Start an in-place allreduce of a list of tensors as one unit."""
-    return _allreduce_async(list(tensors), in_place=True, grouped=True, average=average,
-                            name=name, op=op, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set)
+    return start_allreduce(list(tensors), in_place=True, grouped=True, average=average,
+                           name=name, op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -121,8 +132,10 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Allreduce a list of tensors in place as one unit and return them."""
-    return run_synchronously(lambda: grouped_allreduce_async_(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set))
+    return start_allreduce(list(tensors), in_place=True, grouped=True, average=average,
+                           name=name, op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set,
+                           synchronous=True).wait()
 
 
 class SparseAllreduceHandle(DerivedHandle):

@@ -37,12 +37,14 @@ def submit(
     splits: Sequence[int] | None = None,
     grouped: bool = False,
     finish: Callable[[Any], Any] | None = None,
+    synchronous: bool | None = None,
 ) -> Handle:
     """Queue one named operation on this rank's engine and return its handle.
 
     ``outputs`` are the tensors the engine works in (clones for out-of-place forms, the tensors
     themselves for in-place ones); ``finish`` post-processes the engine's result in the thread
-    that synchronizes.
+    that synchronizes. ``synchronous``: the caller waits for the result at once (None: whether
+    it submits inside :func:`run_synchronously`).
 
     Raises:
         ValueError: the tensors, process set or arguments cannot be used.
@@ -69,7 +71,9 @@ def submit(
         ready.record()
     request = Request(meta=meta, outputs=list(outputs), handle=handle, ready_event=ready,
                       grouped=grouped)
-    rt.engine.submit(request, synchronous=getattr(_synchronous, "active", False))
+    if synchronous is None:
+        synchronous = getattr(_synchronous, "active", False)
+    rt.engine.submit(request, synchronous=synchronous)
     return handle
 
 
