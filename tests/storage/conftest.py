@@ -9,7 +9,6 @@ import pytest
 
 from tests.storage.servers import Store, start_azurite, start_seaweed
 
-
 #: Store runs of a whole job's path that only the quality tier makes (`scripts/test.sh
 #: --quality`): the suite runs that path on Azurite, and the S3 parts it goes through (staging,
 #: uploads in parts, resuming, credentials) on SeaweedFS in test_node_cache.py; the S3 run of the
