@@ -56,9 +56,12 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
     default; as :func:`ringtrain.torch.allreduce` otherwise (``average`` deprecated)."""
     tensor, as_numpy = _as_tensor(value)
     wire, ctx = compression.compress(tensor)
-    result = ops.synchronize(ops.allreduce_async(wire, average=average, name=name, op=op,
-                                                 prescale_factor=prescale_factor,
-                                                 postscale_factor=postscale_factor))
+    # Waited for at once: a lone cached one runs in this thread (docs/engine.md, "The express
+    # round"), not handed to the engine's thread and back.
+    result = ops.start_allreduce([wire], in_place=False, grouped=False, average=average,
+                                 name=name, op=op, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor,
+                                 process_set=global_process_set, synchronous=True).wait()
     return _back(compression.decompress(result, ctx), value, as_numpy)
 
 
