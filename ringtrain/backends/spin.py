@@ -39,7 +39,7 @@ RECHECK_S = 0.1
 #: Spin long only while threads waited for a core less than this share of the last window.
 #: Measured on the 2-core VM (benchmarks/RESULTS.md, "The spin policy"): two ranks calling
 #: allreduce back to back, 3 % of the time in the median window and 6-31 % in the worst tenth;
-#: the same with one busy process beside them, 31-40 %.
+#: the same with one busy process beside them, 31-51 %.
 STALL_LIMIT = 0.25
 #: A thread that waits beside a thread running Python (the engine's thread, beside training)
 #: spins at most this long: a spinning thread holds the GIL, which the other then waits for.
