@@ -69,7 +69,7 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.rows = [tensor.shape[0]]
         ctx.process_set = process_set
-        return ops.synchronize(ops.allgather_async(tensor, name, process_set))
+        return run_synchronously(lambda: ops.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
@@ -81,7 +81,8 @@ class _GroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.rows = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
-        return tuple(ops.synchronize(ops.grouped_allgather_async(tensors, name, process_set)))
+        return tuple(run_synchronously(lambda: ops.grouped_allgather_async(tensors, name,
+                                                                       process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -120,7 +121,8 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        output, received = ops.synchronize(ops.alltoall_async(tensor, splits, name, process_set))
+        output, received = run_synchronously(lambda: ops.alltoall_async(tensor, splits, name,
+                                                                        process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
@@ -136,8 +138,8 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.args = (op, process_set, prescale, postscale)
-        return ops.synchronize(ops.reducescatter_async(tensor, name, op, process_set, prescale,
-                                                       postscale))
+        return run_synchronously(lambda: ops.reducescatter_async(tensor, name, op, process_set,
+                                                                 prescale, postscale))
 
     @staticmethod
     def backward(ctx, grad):
@@ -151,7 +153,7 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.args = (op, process_set, prescale, postscale)
-        return tuple(ops.synchronize(ops.grouped_reducescatter_async(
+        return tuple(run_synchronously(lambda: ops.grouped_reducescatter_async(
             tensors, name, op, process_set, prescale, postscale)))
 
     @staticmethod
