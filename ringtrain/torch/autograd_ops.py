@@ -28,10 +28,27 @@ def _allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: f
                                process_set=process_set, synchronous=True).wait()
 
 
+def _grouped_allreduce(tensors: Sequence[torch.Tensor], name: str | None, op: ReduceOp,
+                       prescale: float, postscale: float,
+                       process_set: ProcessSet) -> list[torch.Tensor]:
+    """The reduced copies of ``tensors``, as one unit, waited for at once."""
+    return ops.start_allreduce(list(tensors), in_place=False, grouped=True, average=None,
+                               name=name, op=op, prescale_factor=prescale,
+                               postscale_factor=postscale, process_set=process_set,
+                               synchronous=True).wait()
+
+
+def _broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,
+               process_set: ProcessSet) -> torch.Tensor:
+    """Rank ``root_rank``'s ``tensor``, a new tensor, waited for at once."""
+    return run_synchronously(lambda: ops.broadcast_async(tensor, root_rank, name, process_set))
+
+
 def _needs_grad(tensor: torch.Tensor) -> bool:
     """Whether autograd records an operation on ``tensor``: a metric, a count or a tensor made
-    under ``torch.no_grad()`` skips the ``autograd.Function`` (some 20 Python-level calls of a
-    small operation's ~200), which would return the same tensor."""
+    under ``torch.no_grad()`` skips the ``autograd.Function`` of ``allreduce``,
+    ``grouped_allreduce`` and ``broadcast`` (some 20 Python-level calls of a small operation's
+    ~200), which would return the same tensors."""
     return tensor.requires_grad and torch.is_grad_enabled()
 
 
@@ -53,8 +70,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(run_synchronously(lambda: ops.grouped_allreduce_async(
-            tensors, None, name, op, prescale, postscale, process_set)))
+        return tuple(_grouped_allreduce(tensors, name, op, prescale, postscale, process_set))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -104,8 +120,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return run_synchronously(lambda: ops.broadcast_async(tensor, root_rank, name,
-                                                             process_set))
+        return _broadcast(tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
@@ -212,8 +227,13 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     """Reduce a list of tensors as one unit; see :func:`allreduce`."""
     op = resolve_op(op, average, ReduceOp.AVERAGE)
     pairs = [compression.compress(t) for t in tensors]
-    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
-                                      *[c for c, _ in pairs])
+    wires = [c for c, _ in pairs]
+    if any(_needs_grad(w) for w in wires):
+        reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                          process_set, *wires)
+    else:
+        reduced = _grouped_allreduce(wires, name, op, prescale_factor, postscale_factor,
+                                     process_set)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
 
 
@@ -232,7 +252,9 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return rank ``root_rank``'s ``tensor`` on every member."""
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    if _needs_grad(tensor):
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return _broadcast(tensor, root_rank, name, process_set)
 
 
 def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,

@@ -240,14 +240,18 @@ def _gradients() -> dict:
     ar = x.grad.tolist()
     with torch.no_grad():  # nothing to record: the same result, and x left as it was
         untracked = hvd.allreduce(x, op=hvd.Sum, name="grad.untracked")
+        grouped = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, name="grad.untracked.group")
+        copied = hvd.broadcast(x, root_rank=0, name="grad.untracked.bc")
     plain = (untracked.tolist(), untracked.requires_grad, x.tolist())
+    plain_more = ([g.tolist() for g in grouped], [g.requires_grad for g in grouped],
+                  copied.tolist(), copied.requires_grad)
     y = torch.full((r + 1,), float(r + 1), requires_grad=True)
     (hvd.allgather(y, name="grad.ag") * 2).sum().backward()
     ag = y.grad.tolist()
     z = torch.full((2,), float(r), requires_grad=True)
     hvd.broadcast(z, root_rank=0, name="grad.bc").sum().backward()
     bc = z.grad.tolist()
-    return {"ar": ar, "ag": ag, "bc": bc, "plain": plain}
+    return {"ar": ar, "ag": ag, "bc": bc, "plain": plain, "plain_more": plain_more}
 
 
 def test_gradients_flow_through_synchronous_collectives(world):
@@ -256,6 +260,8 @@ def test_gradients_flow_through_synchronous_collectives(world):
         assert g["ar"] == [float(n)] * 2  # d/dx of sum over ranks of allreduce-sum
         total = float(sum(range(1, n + 1)))
         assert g["plain"] == ([total] * 2, False, [float(r + 1)] * 2)
+        assert g["plain_more"] == ([[total] * 2, [2 * total] * 2], [False, False], [1.0, 1.0],
+                                   False)
         assert g["ag"] == [2.0] * (r + 1)  # averaged gradient, this rank's slice
         assert g["bc"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
 
