@@ -144,7 +144,7 @@ class ShmGroup:
         if len(tensors) == 1:
             return self.allreduce_(tensors[0], op)
         seg, n, me = self.segment, self.n, self.me
-        flats = _Concatenation([t.view(-1) for t in tensors])
+        flats = _Concatenation([t if t.dim() == 1 else t.view(-1) for t in tensors])
         dtype = tensors[0].dtype
         cap = seg.step_elements(dtype)
         total = flats.numel
@@ -314,14 +314,18 @@ class _Concatenation:
         self.numel = self._offsets[-1]
 
     def views(self, start: int, end: int) -> list[torch.Tensor]:
-        """The pieces of the tensors that hold elements ``start:end``, in order."""
-        offsets = self._offsets
+        """The pieces of the tensors that hold elements ``start:end``, in order: a tensor
+        held whole is itself, not a view (a slice costs a tensor object, microseconds, and a
+        list of small gradients has many)."""
+        offsets, flats = self._offsets, self._flats
         i = bisect.bisect_right(offsets, start) - 1
         pieces = []
         while start < end:
-            stop = min(end, offsets[i + 1])
+            first, last = offsets[i], offsets[i + 1]
+            stop = end if end < last else last
             if stop > start:
-                pieces.append(self._flats[i][start - offsets[i]:stop - offsets[i]])
+                whole = start == first and stop == last
+                pieces.append(flats[i] if whole else flats[i][start - first:stop - first])
             start = stop
             i += 1
         return pieces

@@ -20,6 +20,10 @@ from ringtrain.engine.request import OpKey, Request, RequestMeta, TensorMeta
 from ringtrain.engine.timeline import Timeline
 from ringtrain.op_types import OpType, ReduceOp
 
+#: Fusion plans kept: a training loop's rounds alternate between a few lists of responses (the
+#: first tensor of a burst run alone or with the rest, the last ones left to the next round).
+_PLANS_KEPT = 8
+
 
 @dataclass
 class _Inflight:
@@ -44,6 +48,10 @@ class Executor:
         self._buffers = fusion.FusionBuffers()
         self._timeline = timeline
         self._backend_name = backend_name
+        #: rounds' fusion plans: the responses, their batches and in-place test, by the ids
+        #: of the responses in order
+        self._plans: dict[tuple[int, ...], tuple[list[Response], list[list[Response]],
+                                                 Callable[[Response], bool]]] = {}
 
     def run(self, responses: list[Response], local: dict[OpKey, Request]) -> None:
         """Execute ``responses``; ``local`` maps their keys to this rank's own requests."""
@@ -61,17 +69,8 @@ class Executor:
         if len(allreduces) == 1:  # a lone allreduce (a synchronous call's round): no planning
             self._allreduce_batches([allreduces], local, self._in_place)
         elif allreduces:
-            in_place: dict[tuple[tuple[int, ...], str], bool] = {}
-
-            def unbuffered(response: Response) -> bool:
-                key = (response.meta.set_ranks, response.meta.tensors[0].device)
-                known = in_place.get(key)
-                if known is None:
-                    known = in_place[key] = self._backend.allreduces_in_place(*key)
-                return known
-
-            self._allreduce_batches(fusion.plan(allreduces, self._threshold, unbuffered), local,
-                                    unbuffered)
+            batches, in_place = self._plan(allreduces)
+            self._allreduce_batches(batches, local, in_place)
         for response in others:
             request = local.get(response.key)
             start = time.monotonic()
@@ -94,6 +93,30 @@ class Executor:
             timeline.span(response.name, "ALLREDUCE", start, done, fused=1)
             timeline.span(response.name, f"{self._backend_name}_ALLREDUCE", start, done)
         _hand_over(request, meta)
+
+    def _plan(self, allreduces: list[Response]
+              ) -> tuple[list[list[Response]], Callable[[Response], bool]]:
+        """The fusion plan of ``allreduces`` and which of them the backend reduces where they
+        lie: planned once for the same responses in the same order (a training loop's rounds
+        repeat the cached ones), for the last few such lists."""
+        key = tuple(map(id, allreduces))  # the plans hold the responses: ids stay theirs
+        known = self._plans.get(key)
+        if known is not None:
+            return known[1], known[2]
+        in_place: dict[tuple[tuple[int, ...], str], bool] = {}
+
+        def unbuffered(response: Response) -> bool:
+            key = (response.meta.set_ranks, response.meta.tensors[0].device)
+            known = in_place.get(key)
+            if known is None:
+                known = in_place[key] = self._backend.allreduces_in_place(*key)
+            return known
+
+        batches = fusion.plan(allreduces, self._threshold, unbuffered)
+        if len(self._plans) >= _PLANS_KEPT:
+            self._plans.clear()
+        self._plans[key] = (allreduces, batches, unbuffered)
+        return batches, unbuffered
 
     def _in_place(self, response: Response) -> bool:
         """Whether the backend reduces ``response``'s tensors where they lie."""

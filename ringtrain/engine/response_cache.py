@@ -72,8 +72,12 @@ class ResponseCache:
         if response.error or response.joined or response.op not in _CACHEABLE:
             return
         if bit is not None:
-            self._responses[bit] = response
-            self._matched[bit] = None
+            # A round decided by counts records the cached response itself: the meta matched
+            # before still matches (comparing one field by field costs microseconds, per
+            # tensor, per round).
+            if self._responses[bit] is not response:
+                self._responses[bit] = response
+                self._matched[bit] = None
         elif len(self._responses) < self.capacity:
             self._bits[response.key] = len(self._responses)
             self._responses.append(response)

@@ -75,6 +75,21 @@ def test_cache_hits_only_for_identical_requests():
     assert cache.lookup(meta("c", 0)) is None
 
 
+def test_a_renewed_response_keeps_its_match_and_a_replaced_one_drops_it():
+    cache = ResponseCache(capacity=4)
+    cache.put(decide([[meta("a", 0)], [meta("a", 1)]]).responses[0])
+    submitted = meta("a", 0)
+    assert cache.lookup(submitted) == 0
+    key = cache.counter_key(0)
+    cache.put(cache.response(0))  # a round decided by counts records the cached response
+    assert cache.counter_key(0) != key  # a fresh readiness counter all the same
+    assert cache.lookup(submitted) == 0
+    # Renegotiated with another shape (a full exchange): the meta matched before no longer is.
+    cache.put(decide([[meta("a", 0, shape=(8,))], [meta("a", 1, shape=(8,))]]).responses[0])
+    assert cache.lookup(submitted) is None
+    assert cache.lookup(meta("a", 0, shape=(8,))) == 0
+
+
 def test_fusion_plan_groups_by_kind_and_threshold():
     small = [decide([[meta(n, 0, (256,))], [meta(n, 1, (256,))]]).responses[0]
              for n in ("a", "b", "c")]

@@ -118,6 +118,39 @@ def test_allreduce_every_dtype_and_op_matches_a_local_reduction(tmp_path, n, len
                 assert torch.equal(results[i][dtype, op], want), (dtype, op, i)
 
 
+# Lengths that start, end and straddle steps of 64 float32 elements (the 256-byte slot), some
+# inside one member's part of a step, some 2-D: every piece is a whole tensor or a slice of one.
+_LIST_SHAPES = [(3,), (64,), (5, 7), (1,), (130,), (2, 32), (61,), (200,)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_of_a_list_matches_one_of_each_tensor(tmp_path, n, dtype):
+    groups = [ShmGroup(s) for s in _segments(tmp_path, n)]
+    total = sum(torch.Size(shape).numel() for shape in _LIST_SHAPES)
+
+    def pieces(i: int) -> list[torch.Tensor]:
+        flat = _input(dtype, i, total)
+        return [p.reshape(shape) for p, shape in zip(
+            flat.split([torch.Size(s).numel() for s in _LIST_SHAPES]), _LIST_SHAPES)]
+
+    def work(i: int) -> dict:
+        out = {}
+        for op in (ReduceOp.SUM, ReduceOp.MAX):
+            tensors = [p.clone() for p in pieces(i)]
+            groups[i].allreduce_list_(tensors, op)
+            out[op] = tensors
+        return out
+
+    results = _together(n, work)
+    for op in (ReduceOp.SUM, ReduceOp.MAX):
+        want = _expected(dtype, op, n, total)
+        for i in range(n):
+            got = torch.cat([t.reshape(-1) for t in results[i][op]])
+            assert torch.equal(got, want), (op, i)
+            assert [tuple(t.shape) for t in results[i][op]] == _LIST_SHAPES
+
+
 @pytest.mark.parametrize("n, phases", [(2, [1, 3]), (3, [1, 2, 3])])
 def test_a_few_hundred_kib_take_one_wait_among_few_members(tmp_path, n, phases):
     # 48 Ki elements in slots of 1 MiB: 192 KiB of float32, which two members reduce in one
