@@ -14,8 +14,9 @@ iteration), and their throughput ratio. Then ResNet-50's 161 gradient tensors su
 asynchronous named allreduces against one flat allreduce of the same bytes (raw, and through
 ringtrain), and against raw Gloo running the same fusion plan as ringtrain's engine (the same
 collectives and buffer copies, no engine): what this machine can do with separate tensors at
-all. The ratios to the raw and to ringtrain's flat allreduce are medians of per-iteration
-ratios, with bootstrap 95% intervals.
+all; and the backend's one collective over the 161 against its allreduce of the flat tensor, both
+without the engine (``backend_list_vs_backend_flat``). The ratios to the raw and to ringtrain's
+flat allreduce are medians of per-iteration ratios, with bootstrap 95% intervals.
 
 Ranks that share a host use ringtrain's shared-memory backend (``--no-shm``: Gloo, as
 ``RINGTRAIN_SHM=0``); each size then also times that backend's allreduce alone, without the
@@ -206,7 +207,7 @@ def worker(small_only: bool) -> None:
 
     grads = [torch.ones(p.shape) for p in resnet50().parameters()]
     flat = torch.ones(sum(g.numel() for g in grads))
-    many_t, flat_raw_t, flat_ours_t, plan_t = [], [], [], []
+    many_t, flat_raw_t, flat_ours_t, plan_t, list_t, flat_b_t = [], [], [], [], [], []
     threshold = read_engine_config(os.environ).fusion_threshold_bytes
     raw_plan, collectives = _raw_plan(grads, raw_group, threshold)
 
@@ -226,12 +227,18 @@ def worker(small_only: bool) -> None:
         flat_ours_t.append(_timed(lambda: hvd.allreduce_(flat, op=hvd.Sum, name="flat")))
         dist.barrier(group=raw_group)
         plan_t.append(_timed(raw_plan))
+        # The backend's collective over the 161 without the engine, and over the flat tensor.
+        dist.barrier(group=raw_group)
+        list_t.append(_timed(lambda: backend.start_allreduce_list(grads, ReduceOp.SUM, world)()))
+        dist.barrier(group=raw_group)
+        flat_b_t.append(_timed(lambda: backend.start_allreduce(flat, ReduceOp.SUM, world)()))
     m, fr, fo, rp = (statistics.median(x) for x in (many_t, flat_raw_t, flat_ours_t, plan_t))
     # Ratios of the adjacent measurements of each iteration: the machine's speed drifts between
     # iterations by more than the differences measured here.
     paired = [a / b for a, b in zip(many_t, flat_raw_t)]
     paired_ours = [a / b for a, b in zip(many_t, flat_ours_t)]
     plan_paired = [a / b for a, b in zip(plan_t, flat_raw_t)]
+    list_paired = [a / b for a, b in zip(list_t, flat_b_t)]
     large = [r["throughput_ratio"] for r in results if r["bytes"] >= 16 << 20]
     if hvd.rank() == 0:
         print(json.dumps({
@@ -254,6 +261,7 @@ def worker(small_only: bool) -> None:
                 "raw_same_plan_vs_raw_flat": statistics.median(plan_paired),
                 "raw_same_plan_vs_raw_flat_ci95": bootstrap_median_ci(plan_paired),
                 "ratio_vs_raw_same_plan": m / rp,
+                "backend_list_vs_backend_flat": statistics.median(list_paired),
             },
         }), flush=True)
     hvd.shutdown()
