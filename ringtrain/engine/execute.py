@@ -48,10 +48,9 @@ class Executor:
         self._buffers = fusion.FusionBuffers()
         self._timeline = timeline
         self._backend_name = backend_name
-        #: rounds' fusion plans: the responses, their batches and in-place test, by the ids
-        #: of the responses in order
-        self._plans: dict[tuple[int, ...], tuple[list[Response], list[list[Response]],
-                                                 Callable[[Response], bool]]] = {}
+        #: rounds' fusion plans: the responses and their batches, by the ids of the
+        #: responses in order
+        self._plans: dict[tuple[int, ...], tuple[list[Response], list[list[Response]]]] = {}
 
     def run(self, responses: list[Response], local: dict[OpKey, Request]) -> None:
         """Execute ``responses``; ``local`` maps their keys to this rank's own requests."""
@@ -97,12 +96,9 @@ class Executor:
     def _plan(self, allreduces: list[Response]
               ) -> tuple[list[list[Response]], Callable[[Response], bool]]:
         """The fusion plan of ``allreduces`` and which of them the backend reduces where they
-        lie: planned once for the same responses in the same order (a training loop's rounds
-        repeat the cached ones), for the last few such lists."""
-        key = tuple(map(id, allreduces))  # the plans hold the responses: ids stay theirs
-        known = self._plans.get(key)
-        if known is not None:
-            return known[1], known[2]
+        lie (asked afresh each round: a plan made for another answer stays correct, batches
+        then going through the fusion buffer). Planned once for the same responses in the same
+        order (a training loop's rounds repeat the cached ones), for the last few such lists."""
         in_place: dict[tuple[tuple[int, ...], str], bool] = {}
 
         def unbuffered(response: Response) -> bool:
@@ -112,10 +108,14 @@ class Executor:
                 known = in_place[key] = self._backend.allreduces_in_place(*key)
             return known
 
+        key = tuple(map(id, allreduces))  # the plans hold the responses: ids stay theirs
+        known = self._plans.get(key)
+        if known is not None:
+            return known[1], unbuffered
         batches = fusion.plan(allreduces, self._threshold, unbuffered)
         if len(self._plans) >= _PLANS_KEPT:
             self._plans.clear()
-        self._plans[key] = (allreduces, batches, unbuffered)
+        self._plans[key] = (allreduces, batches)
         return batches, unbuffered
 
     def _in_place(self, response: Response) -> bool:
