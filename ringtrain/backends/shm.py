@@ -315,8 +315,8 @@ class _Concatenation:
 
     def views(self, start: int, end: int) -> list[torch.Tensor]:
         """The pieces of the tensors that hold elements ``start:end``, in order: a tensor
-        held whole is itself, not a view (a slice costs a tensor object, microseconds, and a
-        list of small gradients has many)."""
+        held whole is itself, not a view (a slice costs a tensor object, about a microsecond,
+        and a list of small gradients has many)."""
         offsets, flats = self._offsets, self._flats
         i = bisect.bisect_right(offsets, start) - 1
         pieces = []
