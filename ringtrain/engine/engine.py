@@ -180,15 +180,17 @@ class Engine:
             return
         # Counted before the engine can see it: a queued request has always been counted, so a
         # unit's tag rings only once every member's requests are in its queue. The count and
-        # the ring it may complete share one hold of the doorbell's lock.
+        # the ring it may complete share one hold of the doorbell's lock, which the peers'
+        # counts wait for: what can be worked out before it, is.
+        unit = self._readiness.unit(batch)
         with self._doorbell.holding():
-            ring = self._readiness.count(batch)
-            backlog.queue.extend(batch)
-            backlog.submitted += len(batch)
+            ring = self._readiness.count_unit(batch, unit)
             if backlog.peers_joined:  # counters cannot complete while a rank submits nothing
                 ring = NEGOTIATE
             if ring is not None:
                 self._rounds.ring(ring)
+        backlog.queue.extend(batch)
+        backlog.submitted += len(batch)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine on every rank; pending operations fail. Idempotent."""

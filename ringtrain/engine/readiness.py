@@ -44,7 +44,12 @@ class Readiness:
             request the cache does not know, a join, members that differ) and only a negotiation
             round can decide it. None when peers are still to submit it.
         """
-        unit = self._unit(requests)
+        return self.count_unit(requests, self.unit(requests))
+
+    def count_unit(self, requests: list[Request], unit: tuple[str, int] | None) -> bytes | None:
+        """:meth:`count`, with ``unit`` (what :meth:`unit` says of ``requests``) found already:
+        the engine finds it before it takes the doorbell's lock, which the addition holds and
+        the peers wait for."""
         if unit is None:
             for request in requests:
                 request.counted = None
@@ -76,14 +81,14 @@ class Readiness:
                 units.setdefault(request.counted, []).append(request)
         rings = []
         for counted, group in units.items():
-            unit = self._unit(group)
+            unit = self.unit(group)
             if unit is None or not counted.startswith(unit[0] + "@"):
                 ring = self.count(group)
                 if ring is not None:
                     rings.append(ring)
         return rings
 
-    def _unit(self, requests: list[Request]) -> tuple[str, int] | None:
+    def unit(self, requests: list[Request]) -> tuple[str, int] | None:
         """The counter key and member count of ``requests`` as one unit, or None."""
         keys, members = [], None
         for request in requests:
