@@ -68,8 +68,7 @@ class Executor:
         if len(allreduces) == 1:  # a lone allreduce (a synchronous call's round): no planning
             self._allreduce_batches([allreduces], local, self._in_place)
         elif allreduces:
-            batches, in_place = self._plan(allreduces)
-            self._allreduce_batches(batches, local, in_place)
+            self._allreduce_batches(self._plan(allreduces), local, self._in_place)
         for response in others:
             request = local.get(response.key)
             start = time.monotonic()
@@ -93,30 +92,20 @@ class Executor:
             timeline.span(response.name, f"{self._backend_name}_ALLREDUCE", start, done)
         _hand_over(request, meta)
 
-    def _plan(self, allreduces: list[Response]
-              ) -> tuple[list[list[Response]], Callable[[Response], bool]]:
-        """The fusion plan of ``allreduces`` and which of them the backend reduces where they
-        lie (asked afresh each round: a plan made for another answer stays correct, batches
-        then going through the fusion buffer). Planned once for the same responses in the same
-        order (a training loop's rounds repeat the cached ones), for the last few such lists."""
-        in_place: dict[tuple[tuple[int, ...], str], bool] = {}
-
-        def unbuffered(response: Response) -> bool:
-            key = (response.meta.set_ranks, response.meta.tensors[0].device)
-            known = in_place.get(key)
-            if known is None:
-                known = in_place[key] = self._backend.allreduces_in_place(*key)
-            return known
-
+    def _plan(self, allreduces: list[Response]) -> list[list[Response]]:
+        """The fusion plan of ``allreduces``, made once for the same responses in the same order
+        (a training loop's rounds repeat the cached ones), for the last few such lists. Whether
+        the backend reduces a batch where it lies is asked again when the batch runs: a plan made
+        for another answer stays correct, its batches then going through the fusion buffer."""
         key = tuple(map(id, allreduces))  # the plans hold the responses: ids stay theirs
         known = self._plans.get(key)
         if known is not None:
-            return known[1], unbuffered
-        batches = fusion.plan(allreduces, self._threshold, unbuffered)
+            return known[1]
+        batches = fusion.plan(allreduces, self._threshold, self._in_place)
         if len(self._plans) >= _PLANS_KEPT:
             self._plans.clear()
         self._plans[key] = (allreduces, batches)
-        return batches, unbuffered
+        return batches
 
     def _in_place(self, response: Response) -> bool:
         """Whether the backend reduces ``response``'s tensors where they lie."""
