@@ -37,13 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-from launch import launch_json
+from launch import launch_json, mpirun_command
 from stats import bootstrap_median_ci
 
 SMALL_SIZES = [4, 1 << 10, 4 << 10, 64 << 10]
@@ -55,7 +54,7 @@ def _iterations(nbytes: int) -> int:
     return max(7, min(50, (64 << 20) // max(nbytes, 1)))
 
 
-def _calls_in_a_row(nbytes: int) -> int:
+def calls_in_a_row(nbytes: int) -> int:
     """Calls per round of the back-to-back measurement: rounds of about the same length."""
     return max(3, min(200, (16 << 20) // max(nbytes, 1)))
 
@@ -66,7 +65,7 @@ BACK_TO_BACK_ROUNDS = 15
 def _back_to_back(fn, nbytes: int, barrier) -> float:
     """Median over rounds of the time per call of ``fn`` called in a row (see the module's
     docstring); every round starts after ``barrier``."""
-    calls = _calls_in_a_row(nbytes)
+    calls = calls_in_a_row(nbytes)
     per_call = []
     for _ in range(BACK_TO_BACK_ROUNDS):
         barrier()
@@ -297,16 +296,9 @@ def mpi_worker() -> None:
 def _openmpi(np_: int) -> dict | None:
     """Open MPI's times by size (``barrier_each`` and ``back_to_back``), or None where mpi4py
     or mpirun is missing."""
-    mpirun = shutil.which("mpirun") or os.path.join(os.path.dirname(sys.executable), "mpirun")
-    try:
-        import mpi4py  # noqa: F401 - only whether it is installed
-    except ImportError:
+    cmd = mpirun_command(np_)
+    if cmd is None:
         return None
-    if not os.path.exists(mpirun):
-        return None
-    cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
     done = subprocess.run([*cmd, sys.executable, os.path.abspath(__file__), "--mpi-worker"],
                           capture_output=True, text=True, timeout=1800, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

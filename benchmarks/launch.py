@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,3 +41,19 @@ def run_under_launcher(script: str, np: int, worker_args: list[str]) -> int:
         sys.stderr.write(f"{exc}\n")
         return 1
     return 0
+
+
+def mpirun_command(np: int) -> list[str] | None:
+    """Open MPI's ``mpirun`` for ``np`` ranks of this host, or None where it or mpi4py is not
+    installed (``pip install ringtrain[bench]``)."""
+    mpirun = shutil.which("mpirun") or os.path.join(os.path.dirname(sys.executable), "mpirun")
+    try:
+        import mpi4py  # noqa: F401 - only whether it is installed
+    except ImportError:
+        return None
+    if not os.path.exists(mpirun):
+        return None
+    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd

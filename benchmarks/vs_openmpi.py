@@ -21,22 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from allreduce import OPENMPI_GOALS, calls_in_a_row
+from launch import mpirun_command
 from stats import bootstrap_median_ci
-
-#: Sizes and issue 39's goals: ringtrain's time / Open MPI's, at most.
-GOALS = {4 << 10: 7.0, 64 << 10: 3.0, 1 << 20: 1.0, 64 << 20: 0.5}
-
-
-def _calls_per_round(nbytes: int) -> int:
-    """Calls per round: rounds of about the same length at every size."""
-    return max(3, min(200, (16 << 20) // nbytes))
 
 
 def _round(fn, calls: int, barrier) -> float:
@@ -59,14 +52,14 @@ def worker(rounds: int) -> None:
     comm = MPI.COMM_WORLD
     hvd.init()
     results = {}
-    for nbytes, goal in GOALS.items():
+    for nbytes, goal in OPENMPI_GOALS.items():
         tensor = torch.ones(nbytes // 4)
         a = np.ones(nbytes // 4, dtype=np.float32)
         b = np.empty_like(a)
         name = f"vs_openmpi.{nbytes}"
         hvd.allreduce_(tensor, op=hvd.Sum, name=name)  # warm-up: the name in the cache
         comm.Allreduce(a, b, op=MPI.SUM)
-        calls = _calls_per_round(nbytes)
+        calls = calls_in_a_row(nbytes)
         ours, theirs = [], []
         for _ in range(rounds):
             # Each closure is called at once, in this iteration (B023 does not apply).
@@ -102,22 +95,14 @@ def main() -> int:
     if args.worker:
         worker(args.rounds)
         return 0
-    mpirun = shutil.which("mpirun") or os.path.join(os.path.dirname(sys.executable), "mpirun")
-    try:
-        import mpi4py  # noqa: F401 - only whether it is installed
-    except ImportError:
-        mpirun = ""
-    if not os.path.exists(mpirun):
+    cmd = mpirun_command(args.np)
+    if cmd is None:
         sys.stderr.write("vs_openmpi.py needs Open MPI's mpirun and mpi4py: "
                          "pip install 'ringtrain[bench]'\n")
         return 1
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    cmd = [mpirun, "--oversubscribe", "-np", str(args.np), "-x", "MASTER_ADDR", "-x",
-           "MASTER_PORT"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    done = subprocess.run([*cmd, sys.executable, os.path.abspath(__file__), "--worker",
-                           "--rounds", str(args.rounds)],
+    done = subprocess.run([*cmd, "-x", "MASTER_ADDR", "-x", "MASTER_PORT", sys.executable,
+                           os.path.abspath(__file__), "--worker", "--rounds", str(args.rounds)],
                           capture_output=True, text=True, env=env, timeout=1800, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
