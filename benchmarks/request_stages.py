@@ -28,12 +28,12 @@ from launch import run_under_launcher
 _STAGES = [
     ("ringtrain.torch.ops", None, "allreduce_", "total"),
     ("ringtrain.engine.engine", "Engine", "submit", "engine submit (with the claimed round)"),
-    ("ringtrain.engine.engine", "Engine", "_claim_locked", "claim"),
-    ("ringtrain.engine.readiness", "Readiness", "count", "count"),
+    # The express round (a cached lone allreduce in its caller's thread, docs/engine.md)
+    ("ringtrain.engine.express", "Express", "_queue", "checks, claim, count (+ ring), queue"),
+    ("ringtrain.engine.readiness", "Readiness", "count_unit", "count"),
     ("ringtrain.engine.shm_doorbell", "ShmDoorbell", "ring", "ring"),
     ("ringtrain.engine.turn", "Turn", "_bell_is", "wait for the bell"),
-    # The express round (a cached lone allreduce in its caller's thread, docs/engine.md)
-    ("ringtrain.engine.round_runner", "RoundRunner", "run_lone_claimed", "round"),
+    ("ringtrain.engine.express", "Express", "_round", "round"),
     ("ringtrain.engine.execute", "Executor", "run_lone_allreduce", "executor"),
     ("ringtrain.backends.shm", "ShmGroup", "allreduce_", "shared-memory allreduce"),
     ("ringtrain.engine.handle", "Handle", "wait", "handle wait"),

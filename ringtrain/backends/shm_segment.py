@@ -311,6 +311,11 @@ class Segment:
     def wait_all(self, target: int, what: str) -> None:
         """Wait until every member's sequence number reaches ``target``."""
         words, lines = self._words, self._lines
+        for line in lines:  # most often every member is there: no closure made for the wait
+            if words[line + _SEQ] < target:
+                break
+        else:
+            return
 
         def ready() -> bool:
             for line in lines:
@@ -318,8 +323,6 @@ class Segment:
                     return False
             return True
 
-        if ready():
-            return
         self._wait(ready, range(self.n), target, what)
 
     def wait_one(self, member: int, target: int, what: str) -> None:

@@ -94,12 +94,19 @@ class Backlog:
             self.wanted_by_peers.discard(key)
         return local
 
-    def take_decided_key(self, key: OpKey) -> None:
-        """:meth:`take_decided` for one key whose request is pending here (the express round's
-        own)."""
-        del self.pending[key]
-        self.keys.discard(key)
-        self.wanted_by_peers.discard(key)
+    def take_running(self, request: Request) -> None:
+        """The express round takes its own request, which it runs at once: out of the queue
+        (where it was alone when counted; others may have come since), and no longer in
+        flight."""
+        queue = self.queue
+        if queue[0] is request:
+            queue.popleft()
+        else:
+            queue.remove(request)
+        self.keys.discard(request.key)
+        self.wanted_by_peers.discard(request.key)
+        if not queue and self.caller_blocked.is_set():
+            self.caller_blocked.clear()  # as take_unit
 
     def fail(self, error: HorovodInternalError) -> None:
         """Stop: every queued and pending request fails, and so will every later submission,

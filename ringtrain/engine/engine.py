@@ -5,7 +5,6 @@ other rank, in rounds (see :mod:`ringtrain.engine.round_runner` and docs/engine.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,13 +12,14 @@ from collections.abc import Callable, Iterator, Sequence
 from ringtrain.backends.base import CollectiveBackend
 from ringtrain.engine.config import EngineConfig
 from ringtrain.engine.doorbell import NEGOTIATE, Doorbell
+from ringtrain.engine.express import Express
 from ringtrain.engine.handle import Handle
 from ringtrain.engine.liveness import Liveness
 from ringtrain.engine.peers import PeerProcess
 from ringtrain.engine.request import Request
 from ringtrain.engine.round_runner import RoundRunner
 from ringtrain.engine.watch import PendingWatch
-from ringtrain.op_types import OpType, ReduceOp
+from ringtrain.op_types import OpType
 
 
 class Engine:
@@ -50,6 +50,7 @@ class Engine:
         self._backlog, self._rounds, self._waits, self._turn = (runner.backlog, runner.rounds,
                                                                 runner.waits, runner.turn)
         self._batch = threading.local()  # requests of this thread's one_round block
+        self._express = Express(runner, self)
         self._watch = PendingWatch(self.rank, self._backlog, self._rounds,
                                    Liveness(self.rank, self.size, doorbell, clock), clock,
                                    config.stall_shutdown_s if config.stall_check_enabled else 0.0,
@@ -71,6 +72,9 @@ class Engine:
                 this rank.
             HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
         """
+        if (synchronous and getattr(self._batch, "requests", None) is None
+                and self._express.run(request)):
+            return
         claimed = None
         backlog = self._backlog
         # The engine woken by a ring here needs the lock first thing: wake it once it is free.
@@ -121,15 +125,8 @@ class Engine:
         engine. Not noted as a wait (deadlock detection): only a round reads that, and none runs
         on this rank while this thread holds the turn; one that gives the round back waits on
         the handle, noted, as any caller."""
-        meta = request.meta
-        run: Callable[[bytes], None]
-        if (meta.op is OpType.ALLREDUCE and meta.reduce_op is not ReduceOp.ADASUM
-                and len(request.outputs) == 1):
-            run = functools.partial(self._runner.run_lone_claimed, request)
-        else:
-            run = self._runner.run_claimed
         # counted: see the claim
-        self._turn.run_claimed(round_, (request.counted or "").encode(), run)
+        self._turn.run_claimed(round_, (request.counted or "").encode(), self._runner.run_claimed)
 
     def submitting_for_autograd(self) -> contextlib.AbstractContextManager[None]:
         """Mark this thread's submissions in the block as made by autograd's gradient hooks: on

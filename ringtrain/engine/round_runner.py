@@ -23,7 +23,7 @@ from ringtrain.engine.intraop import serialize_this_thread
 from ringtrain.engine.negotiation import Decision
 from ringtrain.engine.peers import PeerProcess, Peers
 from ringtrain.engine.readiness import Readiness
-from ringtrain.engine.request import OpKey, Request
+from ringtrain.engine.request import OpKey
 from ringtrain.engine.response_cache import ResponseCache
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.timeline import ROUNDS_ROW, Timeline
@@ -58,8 +58,8 @@ class RoundRunner:
                  inline: bool):
         self.rank, self.size = backend.rank, backend.size
         self._backend = backend
-        self._doorbell = doorbell
-        self._clock = clock
+        self.doorbell = doorbell
+        self.clock = clock
         self.timeline = Timeline(self.rank)
         self.executor = Executor(backend, config.fusion_threshold_bytes, self.timeline,
                                  backend_name)
@@ -89,7 +89,7 @@ class RoundRunner:
                 # Read afresh: callers may have run rounds while this thread slept (their
                 # claims spare it the wake-up), and a bell that old may have been reused.
                 round_ = self.rounds.current
-                bell = self._doorbell.wait(round_, bell_wait_s)
+                bell = self.doorbell.wait(round_, bell_wait_s)
                 if bell is None:
                     continue
                 with self.turn.lock:
@@ -100,7 +100,7 @@ class RoundRunner:
                     if not self.run_round(bell):
                         break
         except BaseException as exc:
-            self._fail(exc)
+            self.fail(exc)
         finally:
             self.stopped.set()
             self.timeline.stop()
@@ -110,47 +110,9 @@ class RoundRunner:
         try:
             self.run_round(bell)
         except BaseException as exc:
-            self._fail(exc)
+            self.fail(exc)
 
-    def run_lone_claimed(self, request: Request, bell: bytes) -> None:
-        """Run the claimed unit round whose unit is ``request`` alone, in its caller's thread
-        (holding the turn): :meth:`run_round` for that one unit, a cached lone allreduce,
-        without the general form's choices (docs/engine.md, "The express round")."""
-        try:
-            self._lone_round(request, bell)
-        except BaseException as exc:
-            self._fail(exc)
-
-    def _lone_round(self, request: Request, bell: bytes) -> None:
-        rounds, backlog = self.rounds, self.backlog
-        now = self._clock()
-        rounds.start(now, bell)
-        key = request.key
-        with backlog.lock:
-            rounds.drained = True
-            (taken,) = backlog.take_unit(bell.decode(), rounds.current)
-            assert taken is request  # the claimed unit is this request (Engine._claim_locked)
-            backlog.take_decided_key(key)
-        if self.timeline.active:
-            self.timeline.span(request.name, "NEGOTIATE_ALLREDUCE", request.submitted_at, now)
-        bit = self.cache.lookup(request.meta)
-        assert bit is not None  # a request is counted under a tag only once it is cached
-        response = self.cache.response(bit)
-        try:
-            self.executor.run_lone_allreduce(response, request)
-        except BaseException:
-            with backlog.lock:  # as _execute: fails with the rest rather than wait for good
-                if not request.handle.done():
-                    backlog.pending[key] = request
-            raise
-        if len(response.set_ranks) == self.size:
-            rounds.forget()
-        with backlog.lock:
-            rounds.finish()
-            if backlog.peers_joined and backlog.queue:
-                rounds.ring(NEGOTIATE)
-
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         """Fail the engine with ``exc``, raised where a round ran, naming the rank that died if
         a collective failed; raise ``exc`` again if it is no ordinary exception."""
         if isinstance(exc, HorovodInternalError):  # the stall inspector gave up; a doorbell's
@@ -170,7 +132,7 @@ class RoundRunner:
         """Run the current round (its bell read) and move on to the next; False once every
         rank must stop. The calling thread holds the turn."""
         rounds = self.rounds
-        rounds.start(self._clock(), bell)
+        rounds.start(self.clock(), bell)
         if bell == NEGOTIATE:
             self._gather()
             if not self._negotiation_round():
@@ -188,9 +150,9 @@ class RoundRunner:
         meanwhile is fused in this round; not once submissions pause, nor once a submitter blocks
         on a result (docs/engine.md, "Rounds and the doorbell")."""
         backlog = self.backlog
-        deadline = self._clock() + self.gather_s
+        deadline = self.clock() + self.gather_s
         seen = backlog.submitted
-        while (remaining := deadline - self._clock()) > 0:
+        while (remaining := deadline - self.clock()) > 0:
             if backlog.caller_blocked.wait(min(_QUIET_S, remaining)):
                 return
             if backlog.submitted == seen:
@@ -286,7 +248,7 @@ class RoundRunner:
             self.rounds.forget()  # every rank took part in the collective: all are past the bell
 
     def _full_exchange(self, awaited: set[OpKey], blocked: list[int]) -> Decision:
-        now = self._clock()
+        now = self.clock()
         metas = [replace(r.meta, age_s=now - r.submitted_at, waited=r.key in awaited,
                          offered_round=r.offered_round)
                  for r in self.backlog.pending.values()]
@@ -320,7 +282,7 @@ class RoundRunner:
                 self.rounds.ring(ring)
 
     def _execute(self, decision: Decision) -> None:
-        decided_at = self._clock()
+        decided_at = self.clock()
         with self.backlog.lock:
             local = self.backlog.take_decided(decision.responses)
         timeline = self.timeline

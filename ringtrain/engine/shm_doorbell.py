@@ -31,8 +31,6 @@ import platform
 import threading
 import time
 
-import numpy as np
-
 from ringtrain.backends import futex, spin
 from ringtrain.backends.shm_segment import Segment, align
 from ringtrain.engine.doorbell import Doorbell
@@ -110,10 +108,12 @@ class ShmDoorbell:
         self._fallback = fallback
         self._thread_lock = threading.Lock()
         self._deferred = threading.local()  # depth of deferring_wakes blocks, a wake owed
-        self._word = data[:4].view(np.uint32)
-        self._word_address = self._word.__array_interface__["data"][0]
-        self._callers_word = data[24:28].view(np.uint32)
-        self._callers_address = self._callers_word.__array_interface__["data"][0]
+        # The two futex words as memoryviews (a ring bumps both: Python ints, without numpy's
+        # per-access cost), and their addresses for the futex calls.
+        self._word = data[:4].data.cast("I")
+        self._word_address = data[:4].__array_interface__["data"][0]
+        self._callers_word = data[24:28].data.cast("I")
+        self._callers_address = data[24:28].__array_interface__["data"][0]
         # The tables as int64 words (Python ints on every access, without numpy's per-call
         # cost): the header's, each rank's progress, each rank's claim (round + 1, key digest),
         # the bells (entry i's round + 1 at word i * _BELL_ENTRY // 8, its length next, then its
@@ -165,8 +165,8 @@ class ShmDoorbell:
                     self._bell_bytes[start:start + len(bell)] = bell
                     words[first + 1] = len(bell)
                     words[first] = round_ + 1
-                    self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
-                    self._callers_word[0] = (int(self._callers_word[0]) + 1) & 0xFFFFFFFF
+                    self._word[0] = (self._word[0] + 1) & 0xFFFFFFFF
+                    self._callers_word[0] = (self._callers_word[0] + 1) & 0xFFFFFFFF
                     engines = not self._all_claimed(round_, bell)
                     break
             if time.monotonic() > deadline:
@@ -260,6 +260,13 @@ class ShmDoorbell:
         while True:
             if self._lock_free_reads:
                 bell = self._bell_locked(round_)
+                if bell is None:
+                    # The peer about to ring holds the lock to count: looked for without it,
+                    # for as long as a waiter spins (backends/spin.py), the bell is met as it
+                    # lands, and the lock is taken only to sleep.
+                    spin_until = time.monotonic() + spin.spin_s()
+                    while bell is None and time.monotonic() < spin_until:
+                        bell = self._bell_locked(round_)
                 if bell is not None:
                     # Only this rank writes its progress; a stale engine's write under the
                     # lock may lower it for a while, which only delays reusing an entry.
@@ -278,12 +285,12 @@ class ShmDoorbell:
                     # Its entry holds a later round: this rank's callers ran that round long
                     # ago; the engine must look up the round it is at.
                     return None
-                seen = int(word[0])
+                seen = word[0]
             # A peer about to ring is met without a system call (how long: backends/spin.py).
             spin_until = time.monotonic() + spin.spin_s()
-            while int(word[0]) == seen and time.monotonic() < spin_until:
+            while word[0] == seen and time.monotonic() < spin_until:
                 pass
-            if int(word[0]) != seen:
+            if word[0] != seen:
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -68,6 +68,20 @@ def test_a_lone_unit_round_clears_the_blocked_caller_once_the_queue_is_empty():
     assert not backlog.queue and not backlog.caller_blocked.is_set()
 
 
+def test_the_express_round_takes_its_request_out_of_flight_and_leaves_later_ones_queued():
+    backlog = Backlog()
+    (lone,) = _added(backlog, "lone", counted="k@1")
+    (later,) = _added(backlog, "later")  # submitted by another thread meanwhile
+    backlog.wanted_by_peers.add(lone.key)
+    backlog.caller_blocked.set()
+    backlog.take_running(lone)
+    assert list(backlog.queue) == [later] and backlog.caller_blocked.is_set()
+    assert lone.key not in backlog.keys and not backlog.wanted_by_peers and not backlog.pending
+    backlog.add(request(0, (0, 1), "lone"), 6.0)  # the name is free again
+    backlog.take_running(later)
+    assert not backlog.queue and not backlog.caller_blocked.is_set()
+
+
 def test_a_failure_fails_every_request_held_and_every_later_submission_with_the_first_error():
     backlog = Backlog()
     queued, pending = _added(backlog, "q", "p")
