@@ -116,7 +116,14 @@ class SpinPolicy:
 
 
 _POLICY: SpinPolicy | None = None
-_THREAD = threading.local()  # a thread's cap on its spins, if it set one
+class _ThreadCap(threading.local):
+    """A thread's cap on its spins, if it set one (a class default: a missing attribute
+    of a thread-local costs an exception on every look)."""
+
+    cap: float | None = None
+
+
+_THREAD = _ThreadCap()
 
 
 def limit_this_thread(seconds: float) -> None:
@@ -132,5 +139,5 @@ def spin_s() -> float:
     if _POLICY is None:
         _POLICY = SpinPolicy()
     allowed = _POLICY.spin_s()
-    cap = getattr(_THREAD, "cap", None)
+    cap = _THREAD.cap
     return allowed if cap is None else min(allowed, cap)

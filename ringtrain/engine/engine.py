@@ -22,6 +22,13 @@ from ringtrain.engine.watch import PendingWatch
 from ringtrain.op_types import OpType
 
 
+class _Batch(threading.local):
+    """The requests of a thread's one_round block, while in one (a class default: a missing
+    attribute of a thread-local costs an exception on every look)."""
+
+    requests: list[Request] | None = None
+
+
 class Engine:
     """Queues named requests and runs them in agreement with every other rank.
 
@@ -49,7 +56,7 @@ class Engine:
                                                          runner.readiness)
         self._backlog, self._rounds, self._waits, self._turn = (runner.backlog, runner.rounds,
                                                                 runner.waits, runner.turn)
-        self._batch = threading.local()  # requests of this thread's one_round block
+        self._batch = _Batch()
         self._express = Express(runner, self)
         self._watch = PendingWatch(self.rank, self._backlog, self._rounds,
                                    Liveness(self.rank, self.size, doorbell, clock), clock,
@@ -72,7 +79,7 @@ class Engine:
                 this rank.
             HorovodInternalError: the engine has stopped (shutdown, peer failure, stall).
         """
-        if (synchronous and getattr(self._batch, "requests", None) is None
+        if (synchronous and self._batch.requests is None
                 and self._express.run(request)):
             return
         claimed = None
@@ -82,7 +89,7 @@ class Engine:
             backlog.add(request, self._clock())  # requests age on the engine's clock
             request.handle.observe(self)
             self._waits.submitted()
-            batch = getattr(self._batch, "requests", None)
+            batch = self._batch.requests
             if batch is not None:
                 batch.append(request)  # queued once counted, see one_round
                 return
@@ -156,7 +163,7 @@ class Engine:
         Peers must submit the same unit (the same names) for it to complete; a nested block
         joins the outer one.
         """
-        if getattr(self._batch, "requests", None) is not None:
+        if self._batch.requests is not None:
             yield
             return
         self._batch.requests = []

@@ -107,7 +107,7 @@ class ShmDoorbell:
         self._me = segment.me
         self._fallback = fallback
         self._thread_lock = threading.Lock()
-        self._deferred = threading.local()  # depth of deferring_wakes blocks, a wake owed
+        self._deferred = _Deferred()
         # The two futex words as memoryviews (a ring bumps both: Python ints, without numpy's
         # per-access cost), and their addresses for the futex calls.
         self._word = data[:4].data.cast("I")
@@ -177,9 +177,9 @@ class ShmDoorbell:
                     f"rank(s) {slow} have not finished round {held} within "
                     f"{_REUSE_TIMEOUT_S:g} s, {_ROUNDS} rounds earlier")
             self._locked.pause(1e-3)  # a holding block of this thread's lets peers in
-        if getattr(self._deferred, "depth", 0):
+        if self._deferred.depth:
             self._deferred.owed = True
-            self._deferred.engines = getattr(self._deferred, "engines", False) or engines
+            self._deferred.engines = self._deferred.engines or engines
         else:
             self._wake(engines)
         return bell
@@ -248,9 +248,9 @@ class ShmDoorbell:
         """Make the wakes this thread's rings owe, at the end of its outermost deferring
         block."""
         deferred = self._deferred
-        if getattr(deferred, "owed", False):
+        if deferred.owed:
             deferred.owed = False
-            engines, deferred.engines = getattr(deferred, "engines", False), False
+            engines, deferred.engines = deferred.engines, False
             self._wake(engines)
 
     def wait(self, round_: int, timeout_s: float, claimed: bool = False) -> bytes | None:
@@ -451,6 +451,15 @@ class _TableLock:
                 f"lock for {waited:.0f} s while rank {me} waited for it: its process is {state}")
 
 
+class _Deferred(threading.local):
+    """A thread's deferring_wakes blocks: how deep, and the wakes its rings owe (class
+    defaults: a missing attribute of a thread-local costs an exception on every look)."""
+
+    depth = 0
+    owed = False
+    engines = False
+
+
 class _DeferredWakes:
     """What :meth:`ShmDoorbell.deferring_wakes` returns: one object for every block (each
     submission enters one), the depth of this thread's blocks kept per thread."""
@@ -462,7 +471,7 @@ class _DeferredWakes:
 
     def __enter__(self) -> None:
         deferred = self._bell._deferred
-        deferred.depth = getattr(deferred, "depth", 0) + 1
+        deferred.depth += 1
 
     def __exit__(self, *exc: object) -> None:
         deferred = self._bell._deferred

@@ -24,6 +24,13 @@ from ringtrain.engine.request import OpKey, Request
 DEADLOCK_CHECK_S = 5.0
 
 
+class _ForAutograd(threading.local):
+    """Set in a thread's submitting_for_autograd block (a class default: a missing attribute
+    of a thread-local costs an exception on every look)."""
+
+    active = False
+
+
 class WaitTracker:
     """Which threads of this rank submit and which wait for what; this rank's wait state.
     ``enabled`` off (``--no-stall-check``), the rank is never blocked, so that nobody waiting for
@@ -36,7 +43,7 @@ class WaitTracker:
         self._waiters: dict[int, int] = {}  # thread id -> its waits with no timeout
         self._awaited: dict[Handle, int] = {}  # handle -> waits with no timeout on it
         self._submitters: dict[int | None, threading.Thread] = {}  # thread id -> thread
-        self._for_autograd = threading.local()
+        self._for_autograd = _ForAutograd()
         self._changes = 0  # bumped by every submission and every start or end of a wait
         self._previous: list[int] | None = None  # every rank's state in the previous round
         self._last_check = float("-inf")
@@ -45,7 +52,7 @@ class WaitTracker:
     def submitting_for_autograd(self) -> Iterator[None]:
         """This thread's submissions in the block are autograd's hooks': they do not make it a
         thread whose waits decide whether the rank is blocked."""
-        previous = getattr(self._for_autograd, "active", False)
+        previous = self._for_autograd.active
         self._for_autograd.active = True
         try:
             yield
@@ -55,7 +62,7 @@ class WaitTracker:
     def submitted(self, thread: threading.Thread | None = None) -> None:
         """``thread`` submitted an operation."""
         self._changes += 1
-        if not getattr(self._for_autograd, "active", False):
+        if not self._for_autograd.active:
             thread = thread or threading.current_thread()
             self._submitters[thread.ident] = thread
 

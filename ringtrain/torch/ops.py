@@ -17,6 +17,7 @@ from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 from ringtrain.torch.submit import (
     check_reduction,
+    check_tensors,
     contiguous_work,
     resolve_op,
     run_synchronously,
@@ -60,6 +61,7 @@ def start_allreduce(tensors: Sequence[torch.Tensor], *, in_place: bool, grouped:
     Raises:
         ValueError: as for :func:`~ringtrain.torch.submit.submit`.
     """
+    check_tensors(tensors, OpType.ALLREDUCE)
     reduce_op = resolve_op(op, average, ReduceOp.AVERAGE)
     check_reduction(tensors, reduce_op, prescale_factor, postscale_factor)
     works = [contiguous_work(t, in_place) for t in tensors]
@@ -187,6 +189,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
 # -- allgather ---------------------------------------------------------------------------------
 
 def _check_gatherable(tensors: Sequence[torch.Tensor]) -> None:
+    check_tensors(tensors, OpType.ALLGATHER)
     for t in tensors:
         if t.dim() == 0:
             raise ValueError("allgather needs tensors with at least one dimension; use "
@@ -222,6 +225,7 @@ def _check_root(root_rank: int) -> None:
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start broadcasting rank ``root_rank``'s ``tensor``; returns a new tensor on every rank."""
+    check_tensors([tensor], OpType.BROADCAST)
     _check_root(root_rank)
     return submit(OpType.BROADCAST, name, [tensor], [contiguous_work(tensor, False)], process_set,
                   root_rank=root_rank)
@@ -230,6 +234,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start broadcasting rank ``root_rank``'s ``tensor`` into ``tensor`` on every rank."""
+    check_tensors([tensor], OpType.BROADCAST)
     _check_root(root_rank)
     work = contiguous_work(tensor, True)
 
@@ -258,6 +263,7 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | 
     Without ``splits`` the first dimension is divided equally. ``synchronize`` returns
     ``(received_tensor, received_splits)``.
     """
+    check_tensors([tensor], OpType.ALLTOALL)
     n = process_set.size()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
@@ -279,6 +285,7 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | 
 
 def _reducescatter_async(tensors, *, grouped, name, op, prescale_factor, postscale_factor,
                          process_set) -> Handle:
+    check_tensors(tensors, OpType.REDUCESCATTER)
     reduce_op = resolve_op(op, None, ReduceOp.AVERAGE)
     if reduce_op is ReduceOp.ADASUM:
         raise UnsupportedOperationError(

@@ -14,8 +14,16 @@ from ringtrain.op_types import OpType, ReduceOp
 from ringtrain.torch import runtime
 from ringtrain.torch.process_sets import ProcessSet, global_process_set
 
-#: Set while :func:`run_synchronously` submits: this thread waits for the result at once.
-_synchronous = threading.local()
+
+class _Synchronous(threading.local):
+    """Set while :func:`run_synchronously` submits: this thread waits for the result at once
+    (a class default: a missing attribute of a thread-local costs an exception on every
+    look)."""
+
+    active = False
+
+
+_synchronous = _Synchronous()
 
 SUPPORTED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -41,6 +49,7 @@ def submit(
 ) -> Handle:
     """Queue one named operation on this rank's engine and return its handle.
 
+    ``inputs`` have passed :func:`check_tensors` (before ``outputs`` were made from them).
     ``outputs`` are the tensors the engine works in (clones for out-of-place forms, the tensors
     themselves for in-place ones); ``finish`` post-processes the engine's result in the thread
     that synchronizes. ``synchronous``: the caller waits for the result at once (None: whether
@@ -55,8 +64,6 @@ def submit(
     if rt.topology.rank not in members:
         raise ValueError(f"rank {rt.topology.rank} is not a member of {process_set!r}; only "
                          "members may submit collectives on it")
-    for t in inputs:
-        _check_tensor(t, op)
     if name is None:
         name = rt.auto_name(op.value, process_set._id())
     elif not isinstance(name, str) or not name:
@@ -72,7 +79,7 @@ def submit(
     request = Request(meta=meta, outputs=list(outputs), handle=handle, ready_event=ready,
                       grouped=grouped)
     if synchronous is None:
-        synchronous = getattr(_synchronous, "active", False)
+        synchronous = _synchronous.active
     rt.engine.submit(request, synchronous=synchronous)
     return handle
 
@@ -109,13 +116,20 @@ def run_synchronously(start: Callable[[], Handle]) -> Any:
         ValueError: as for :func:`submit`.
         RuntimeError: as for :meth:`Handle.wait`.
     """
-    previous = getattr(_synchronous, "active", False)
+    previous = _synchronous.active
     _synchronous.active = True
     try:
         handle = start()
     finally:
         _synchronous.active = previous
     return handle.wait()
+
+
+def check_tensors(tensors: Sequence[torch.Tensor], op: OpType) -> None:
+    """Refuse what no collective takes (not a tensor, a dtype, a layout or a device it does
+    not support), first thing: before a copy or a view is made of it."""
+    for tensor in tensors:
+        _check_tensor(tensor, op)
 
 
 def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
@@ -128,7 +142,7 @@ def _check_tensor(tensor: torch.Tensor, op: OpType) -> None:
     if tensor.is_sparse:
         raise ValueError(f"{op.value} needs a dense tensor; use sparse_allreduce_async for "
                          "sparse ones, or .to_dense()")
-    if tensor.device.type not in ("cpu", "cuda"):
+    if not (tensor.is_cpu or tensor.is_cuda):  # properties: device.type builds a device
         raise ValueError(f"{op.value}: tensors on {tensor.device.type} are not supported; "
                          "use CPU or CUDA tensors")
 

@@ -121,7 +121,12 @@ def _bad_arguments() -> list[str]:
                  lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)),
                  lambda: hvd.broadcast(torch.ones(2), root_rank=99),
                  lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)),
-                 lambda: hvd.alltoall(torch.ones(5), splits=[1, 1])):
+                 lambda: hvd.alltoall(torch.ones(5), splits=[1, 1]),
+                 lambda: hvd.allreduce(torch.ones(2, device="meta")),
+                 lambda: hvd.allreduce(torch.ones(2).to_sparse()),
+                 lambda: hvd.allreduce_([1.0, 2.0]),
+                 lambda: hvd.broadcast(torch.ones(2).to_sparse(), root_rank=0),
+                 lambda: hvd.allgather(torch.ones(2, device="meta"))):
         try:
             call()
             errors.append("no error")
@@ -138,6 +143,11 @@ def test_bad_arguments_are_refused_before_queueing(world2):
         assert "root_rank" in errors[2]
         assert "complex64" in errors[3]
         assert "splits" in errors[4]
+        assert "tensors on meta are not supported" in errors[5]
+        assert "needs a dense tensor" in errors[6]
+        assert "expects torch.Tensor arguments, got list" in errors[7]
+        assert "broadcast needs a dense tensor" in errors[8]
+        assert "allgather: tensors on meta are not supported" in errors[9]
 
 
 def _join_uneven() -> tuple:
