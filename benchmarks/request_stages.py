@@ -9,17 +9,27 @@ per operation outside spin and wait loops (from cProfile, over separate calls: a
 machine's load does not change). The stages nest (the round runs inside the submission, which
 runs the claimed round on one host); docs/engine.md, "Where the time goes", explains them.
 Stamps are ``time.perf_counter_ns`` around the stage's function, a few hundred nanoseconds each.
+
+Two references from the same run, timed over as many calls (medians of per-call times in blocks):
+``frontend_only_us``, the call with the engine's submission replaced by completing the handle (the
+frontend's share), and ``bare_exchange_us``, the same agreement and exchange written bare, with
+none of the engine's guarantees: a counter in a shared file added to under ``flock``, the last
+rank ringing, the bell read by a spin, then the copy in, a flag, the reduction and a second flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import fcntl
 import functools
 import json
+import mmap
+import os
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 
 from launch import run_under_launcher
@@ -54,6 +64,86 @@ def _stamp(stamps: dict[str, list[int]], stage: str, fn):
     return timed
 
 
+def _blocks(fn, calls: int, block: int = 250) -> float:
+    """Median time per call of ``fn`` over blocks of ``block`` calls (µs)."""
+    times = []
+    for _ in range(max(calls // block, 1)):
+        start = time.perf_counter_ns()
+        for _ in range(block):
+            fn()
+        times.append((time.perf_counter_ns() - start) / block / 1e3)
+    return statistics.median(times)
+
+
+def _frontend_only(hvd, tensor, calls: int) -> float:
+    """The call with the engine's submission replaced by completing the handle."""
+    from ringtrain.torch import runtime
+
+    engine = runtime.current().engine
+    engine.submit = lambda request, synchronous=False: request.handle.set_result(
+        request.outputs[0])
+    try:
+        return _blocks(lambda: hvd.allreduce_(tensor, op=hvd.Sum, name="stages"), calls)
+    finally:
+        del engine.submit
+
+
+def _bare_exchange(hvd, tensor, calls: int) -> float:
+    """A lone allreduce's agreement and exchange with nothing else: see the module's docstring."""
+    import torch
+
+    n, me, m = hvd.size(), hvd.rank(), tensor.numel()
+    path = hvd.broadcast_object(tempfile.mktemp(prefix="ringtrain-bare-", dir="/dev/shm"), 0)
+    if me == 0:
+        with open(path, "wb") as f:
+            f.truncate(4096 + 2 * n * m * 4)
+    hvd.barrier()
+    fd = os.open(path, os.O_RDWR)
+    region = mmap.mmap(fd, 4096 + 2 * n * m * 4)
+    words = memoryview(region)[:4096].cast("q")  # [0] counter, [8] bell, [16 + 8 r] rank r's flag
+    data = torch.frombuffer(region, dtype=torch.float32, offset=4096)
+    buffers = [[data[(b * n + r) * m:(b * n + r + 1) * m] for r in range(n)] for b in (0, 1)]
+    work = tensor.clone()
+    epoch = 0
+    # A spin that never yields starves the peer it waits for when ranks outnumber the cores.
+    spin = os.sched_yield if n > (os.cpu_count() or 1) else (lambda: None)
+
+    def op() -> None:
+        nonlocal epoch
+        epoch += 1
+        while True:  # as the engine takes its lock: a yield, not a sleep, while it is held
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                os.sched_yield()
+        words[0] += 1
+        if words[0] == epoch * n:
+            words[8] = epoch
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        while words[8] < epoch:
+            spin()
+        slots = buffers[epoch % 2]  # two buffers: a slot is rewritten two operations later
+        slots[me].copy_(work)
+        words[16 + 8 * me] = 2 * epoch
+        for r in range(n):
+            while words[16 + 8 * r] < 2 * epoch:
+                spin()
+        torch.add(*slots, out=work) if n == 2 else torch.sum(torch.stack(slots), 0, out=work)
+        words[16 + 8 * me] = 2 * epoch + 1
+
+    try:
+        for _ in range(200):
+            op()
+        hvd.barrier()
+        return _blocks(op, calls)
+    finally:  # the mapping stays until the process ends: the tensors hold it
+        os.close(fd)
+        hvd.barrier()
+        if me == 0:
+            os.unlink(path)
+
+
 def worker(nbytes: int, calls: int) -> None:
     import importlib
 
@@ -83,10 +173,14 @@ def worker(nbytes: int, calls: int) -> None:
     hvd.barrier()
     for _ in range(calls):
         ops.allreduce_(tensor, op=hvd.Sum, name="stages")
+    hvd.barrier()
+    frontend = _frontend_only(hvd, tensor, calls)
+    bare = _bare_exchange(hvd, tensor, calls)
     if hvd.rank() == 0:
         print(json.dumps({
             "benchmark": "request_stages", "world_size": hvd.size(), "bytes": nbytes,
             "calls": calls, "python_calls_per_op": counted / (calls // 4),
+            "frontend_only_us": frontend, "bare_exchange_us": bare,
             "stages_us": {stage: {"median": statistics.median(stamps[stage]) / 1e3,
                                   "mean": statistics.fmean(stamps[stage]) / 1e3,
                                   "count": len(stamps[stage])}
