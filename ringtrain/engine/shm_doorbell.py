@@ -260,10 +260,11 @@ class ShmDoorbell:
         while True:
             if self._lock_free_reads:
                 bell = self._bell_locked(round_)
-                if bell is None:
+                if bell is None and claimed:
                     # The peer about to ring holds the lock to count: looked for without it,
                     # for as long as a waiter spins (backends/spin.py), the bell is met as it
-                    # lands, and the lock is taken only to sleep.
+                    # lands, and the lock is taken only to sleep. Not by the engine's thread,
+                    # whose spins hold the interpreter's lock beside the training thread.
                     spin_until = time.monotonic() + spin.spin_s()
                     while bell is None and time.monotonic() < spin_until:
                         bell = self._bell_locked(round_)
