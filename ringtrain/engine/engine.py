@@ -72,7 +72,8 @@ class Engine:
         """Queue a request; its handle completes when every rank has run it.
 
         ``synchronous``: the caller waits for the result at once (``hvd.allreduce_``), so a lone
-        cached request may run in this thread, during this call (see :mod:`ringtrain.engine.turn`).
+        cached request may run in this thread, during this call (see :mod:`ringtrain.engine.turn`;
+        a lone allreduce of one CPU tensor: :mod:`ringtrain.engine.express`).
 
         Raises:
             ValueError: an operation of the same name and process set is already in flight on
