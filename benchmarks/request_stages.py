@@ -14,7 +14,8 @@ Two references from the same run, timed over as many calls (medians of per-call 
 ``frontend_only_us``, the call with the engine's submission replaced by completing the handle (the
 frontend's share), and ``bare_exchange_us``, the same agreement and exchange written bare, with
 none of the engine's guarantees: a counter in a shared file added to under ``flock``, the last
-rank ringing, the bell read by a spin, then the copy in, a flag, the reduction and a second flag.
+rank ringing, the bell read by a spin, then the copy in, a flag and the reduction (two buffers:
+the bell of the operation after next is the sign that every rank is done reading a slot).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def _stamp(stamps: dict[str, list[int]], stage: str, fn):
     return timed
 
 
+#: The bare exchange gives up on a peer that has not moved for this long.
+_BARE_LIMIT_S = 120.0
+
+
 def _blocks(fn, calls: int, block: int = 250) -> float:
     """Median time per call of ``fn`` over blocks of ``block`` calls (µs)."""
     times = []
@@ -93,11 +98,12 @@ def _bare_exchange(hvd, tensor, calls: int) -> float:
     import torch
 
     n, me, m = hvd.size(), hvd.rank(), tensor.numel()
-    path = hvd.broadcast_object(tempfile.mktemp(prefix="ringtrain-bare-", dir="/dev/shm"), 0)
-    if me == 0:
-        with open(path, "wb") as f:
-            f.truncate(4096 + 2 * n * m * 4)
-    hvd.barrier()
+    path = None
+    if me == 0:  # made by rank 0 alone, with a name nobody else can have taken
+        made, path = tempfile.mkstemp(prefix="ringtrain-bare-", dir="/dev/shm")
+        os.ftruncate(made, 4096 + 2 * n * m * 4)
+        os.close(made)
+    path = hvd.broadcast_object(path, 0)
     fd = os.open(path, os.O_RDWR)
     region = mmap.mmap(fd, 4096 + 2 * n * m * 4)
     words = memoryview(region)[:4096].cast("q")  # [0] counter, [8] bell, [16 + 8 r] rank r's flag
@@ -106,7 +112,15 @@ def _bare_exchange(hvd, tensor, calls: int) -> float:
     work = tensor.clone()
     epoch = 0
     # A spin that never yields starves the peer it waits for when ranks outnumber the cores.
-    spin = os.sched_yield if n > (os.cpu_count() or 1) else (lambda: None)
+    crowded = n > (os.cpu_count() or 1)
+    give_up = time.monotonic() + _BARE_LIMIT_S
+
+    def spin() -> None:
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"rank {me}: a peer of the bare exchange did not move for "
+                               f"{_BARE_LIMIT_S:g} s (did it die?)")
+        if crowded:
+            os.sched_yield()
 
     def op() -> None:
         nonlocal epoch
@@ -116,7 +130,7 @@ def _bare_exchange(hvd, tensor, calls: int) -> float:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                os.sched_yield()
+                spin()
         words[0] += 1
         if words[0] == epoch * n:
             words[8] = epoch
@@ -130,7 +144,6 @@ def _bare_exchange(hvd, tensor, calls: int) -> float:
             while words[16 + 8 * r] < 2 * epoch:
                 spin()
         torch.add(*slots, out=work) if n == 2 else torch.sum(torch.stack(slots), 0, out=work)
-        words[16 + 8 * me] = 2 * epoch + 1
 
     try:
         for _ in range(200):

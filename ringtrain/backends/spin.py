@@ -116,6 +116,8 @@ class SpinPolicy:
 
 
 _POLICY: SpinPolicy | None = None
+
+
 class _ThreadCap(threading.local):
     """A thread's cap on its spins, if it set one (a class default: a missing attribute
     of a thread-local costs an exception on every look)."""
